@@ -1,0 +1,19 @@
+"""User-facing errors: one line that names the field, the value and what is allowed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class HpcdlError(Exception):
+    """An error caused by user input or the environment; the CLI prints it as one line, exit code 2."""
+
+
+class SpecError(HpcdlError, ValueError):
+    """A knob (or job-file field) has a value outside what is allowed."""
+
+    def __init__(self, field: str, value: Any, allowed: str) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"{field}={value!r} is invalid: {allowed}")

@@ -1,0 +1,49 @@
+"""The workload families, by name. A new family is one module here plus one line below."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpcdl.errors import SpecError
+from hpcdl.families.attention import AttentionSpec
+from hpcdl.families.cnn import CNNSpec
+from hpcdl.families.mlp import MLPSpec
+from hpcdl.families.rnn import RNNSpec
+from hpcdl.families.speech import SpeechSpec
+from hpcdl.spec import Spec
+
+FAMILIES: dict[str, type[Spec]] = {
+    cls.family: cls for cls in (CNNSpec, RNNSpec, AttentionSpec, MLPSpec, SpeechSpec)
+}
+
+
+def family_class(name: Any) -> type[Spec]:
+    """The spec class of a family name, or a one-line error listing the families."""
+    if name not in FAMILIES:
+        raise SpecError("family", name, "allowed: " + ", ".join(FAMILIES))
+    return FAMILIES[name]
+
+
+def spec_from_dict(d: dict[str, Any]) -> Spec:
+    """Build a validated spec from ``{"family": ..., **knobs}`` (as ``Spec.to_dict`` writes it)."""
+    if not isinstance(d, dict):
+        raise SpecError("spec", d, "expected a table of knobs with a 'family' key")
+    cls = family_class(d.get("family"))
+    knobs = {k: v for k, v in d.items() if k != "family"}
+    valid = cls.knobs()
+    for key in knobs:
+        if key not in valid:
+            raise SpecError(f"{cls.family}.{key}", knobs[key], "valid knobs are " + ", ".join(valid))
+    return cls(**knobs)
+
+
+def spec_from_args(family: str, assignments: list[str]) -> Spec:
+    """Build a spec from command-line ``key=value`` words."""
+    cls = family_class(family)
+    knobs: dict[str, Any] = {}
+    for word in assignments:
+        key, sep, text = word.partition("=")
+        if not sep or not key:
+            raise SpecError("knob", word, "expected key=value, e.g. layers=4")
+        knobs[key] = cls.parse_knob(key, text)
+    return spec_from_dict({"family": family, **knobs})

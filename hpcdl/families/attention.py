@@ -1,0 +1,10 @@
+"""Placeholder: being written."""
+from dataclasses import dataclass
+from typing import ClassVar
+
+from hpcdl.spec import Spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionSpec(Spec):
+    family: ClassVar[str] = "attention"

@@ -1,0 +1,96 @@
+"""Analytic work counts: the one place where FLOPs of a matrix product are defined.
+
+Convention (see METRICS.md): one multiply-accumulate is 2 FLOPs; only matrix products and
+convolutions are counted (element-wise work -- activations, norms, softmax, optimizer -- is
+not), which is also what ``torch.utils.flop_counter.FlopCounterMode`` counts. The backward
+pass of a product ``Y = X @ W`` costs one product of the same size for each operand whose
+gradient autograd computes: the weight's always, the input's unless the input is data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Count:
+    """Work of one sample of a workload (per training step, per sample)."""
+
+    params: int
+    """trainable parameters (shared weights counted once)"""
+    forward_flops: int
+    """FLOPs of the forward pass"""
+    backward_flops: int
+    """FLOPs of the backward pass (input and weight gradients, layer by layer)"""
+    activation_elements: int
+    """elements of the activations kept for the backward pass (an estimate)"""
+
+    @property
+    def train_flops(self) -> int:
+        """forward + backward FLOPs of one sample: the work one training sample costs."""
+        return self.forward_flops + self.backward_flops
+
+    def activation_bytes(self, precision: str) -> int:
+        """Estimated activation memory of one sample at the given precision."""
+        return self.activation_elements * (4 if precision == "fp32" else 2)
+
+
+class Tally:
+    """Accumulates parameters, FLOPs and saved activations layer by layer."""
+
+    def __init__(self) -> None:
+        self.params = 0
+        self.forward = 0
+        self.backward = 0
+        self.activations = 0
+
+    def matmul(self, m: int, k: int, n: int, *, grads: int = 2, times: int = 1) -> None:
+        """A product of an (m x k) and a (k x n) matrix, ``times`` times.
+
+        ``grads`` is how many of the two operands get a gradient in the backward pass:
+        2 for a layer inside the network (weight and input), 1 for a layer fed with data
+        (weight only), 2 for a product of two activations (attention scores).
+        """
+        flops = 2 * m * k * n * times
+        self.forward += flops
+        self.backward += grads * flops
+
+    def linear(self, tokens: int, fan_in: int, fan_out: int, *, bias: bool = True, data_input: bool = False) -> None:
+        """An ``nn.Linear`` applied to ``tokens`` rows; its input and output are kept for backward."""
+        self.params += fan_in * fan_out + (fan_out if bias else 0)
+        self.matmul(tokens, fan_in, fan_out, grads=1 if data_input else 2)
+        self.activations += tokens * fan_out
+
+    def conv2d(
+        self,
+        out_hw: tuple[int, int],
+        c_in: int,
+        c_out: int,
+        kernel: tuple[int, int],
+        *,
+        groups: int = 1,
+        bias: bool = False,
+        data_input: bool = False,
+    ) -> None:
+        """An ``nn.Conv2d``: each output element is a dot product over (c_in/groups) x kh x kw."""
+        kh, kw = kernel
+        self.params += c_out * (c_in // groups) * kh * kw + (c_out if bias else 0)
+        out_elems = out_hw[0] * out_hw[1]
+        self.matmul(out_elems, (c_in // groups) * kh * kw, c_out, grads=1 if data_input else 2)
+        self.activations += out_elems * c_out
+
+    def add_params(self, n: int) -> None:
+        """Parameters that cost no counted FLOPs (embeddings, norm scales and shifts, biases)."""
+        self.params += n
+
+    def keep(self, elements: int) -> None:
+        """Activations kept for backward by element-wise layers (norms, activations, dropout)."""
+        self.activations += elements
+
+    def result(self) -> Count:
+        return Count(self.params, self.forward, self.backward, self.activations)
+
+
+def conv_out(size: int, kernel: int, stride: int, padding: int) -> int:
+    """Output length of a convolution or pooling window along one dimension."""
+    return (size + 2 * padding - kernel) // stride + 1
