@@ -38,8 +38,64 @@ def knob(
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Spec:
-    """Knobs common to every workload family."""
+class Knobs:
+    """A frozen set of validated settings; errors are reported as ``{prefix}.{knob}``."""
+
+    prefix: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _checked(self, f, getattr(self, f.name)))
+        self.check()
+
+    def check(self) -> None:
+        """Cross-knob constraints; raise :class:`SpecError` naming the knob."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-ready dict of the knobs."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some knobs changed (validated again)."""
+        valid = self.knobs()
+        for key, value in changes.items():
+            if key not in valid:
+                raise SpecError(f"{self.prefix}.{key}", value, _valid_keys(type(self)))
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Self:
+        """Validated instance from a dict of knobs; unknown keys are errors."""
+        valid = cls.knobs()
+        for key, value in d.items():
+            if key not in valid:
+                raise SpecError(f"{cls.prefix}.{key}", value, _valid_keys(cls))
+        return cls(**d)
+
+    @classmethod
+    def knobs(cls) -> dict[str, dataclasses.Field[Any]]:
+        """The knobs, by name, in declaration order."""
+        return {f.name: f for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def parse_knob(cls, name: str, text: str) -> Any:
+        """Convert a command-line string (``"3,4,6,3"``, ``"true"``, ``"256"``) to the knob's type."""
+        if name not in cls.knobs():
+            raise SpecError(f"{cls.prefix}.{name}", text, _valid_keys(cls))
+        kind, elem = _kind(cls, name)
+        if kind is tuple:
+            parts = [p for p in text.replace(" ", "").split(",") if p]
+            return tuple(_parse_scalar(cls, name, elem, p) for p in parts)
+        return _parse_scalar(cls, name, kind, text)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Spec(Knobs):
+    """A workload: the knobs common to every family, and what each family must provide."""
 
     family: ClassVar[str] = ""
 
@@ -47,15 +103,15 @@ class Spec:
     precision: str = knob("fp32", choices=PRECISIONS, doc="compute precision (bf16/fp16 use autocast)")
     seed: int = knob(0, lo=0, hi=2**63 - 1, doc="seeds weights and data: same seed, same model and data")
 
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            object.__setattr__(self, f.name, _checked(self, f, getattr(self, f.name)))
-        self.check()
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.prefix = cls.family
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-ready dict with the family name first; ``spec_from_dict`` inverts it."""
+        return {"family": self.family, **super().to_dict()}
 
     # --- to be provided by each family -------------------------------------------------
-    def check(self) -> None:
-        """Cross-knob constraints; raise :class:`SpecError` naming the knob."""
-
     def build_module(self) -> nn.Module:
         """The network (on the CPU, in fp32); called by :meth:`build` under the spec's seed.
         Its output is logits of shape ``(batch, *target_shape(), num_classes)``."""
@@ -84,45 +140,12 @@ class Spec:
             torch.manual_seed(self.seed)
             return self.build_module()
 
-    # --- conversions ---------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        """Plain, JSON-ready dict with the family name first; ``spec_from_dict`` inverts it."""
-        out: dict[str, Any] = {"family": self.family}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
 
-    def replace(self, **changes: Any) -> Self:
-        """A copy with some knobs changed (validated again)."""
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            raise SpecError(f"{self.family}.{unknown[0]}", changes[unknown[0]], _valid_keys(type(self)))
-        return dataclasses.replace(self, **changes)
-
-    @classmethod
-    def knobs(cls) -> dict[str, dataclasses.Field[Any]]:
-        """The knobs of this family, by name, in declaration order."""
-        return {f.name: f for f in dataclasses.fields(cls)}
-
-    @classmethod
-    def parse_knob(cls, name: str, text: str) -> Any:
-        """Convert a command-line string (``"3,4,6,3"``, ``"true"``, ``"256"``) to the knob's type."""
-        fields = cls.knobs()
-        if name not in fields:
-            raise SpecError(f"{cls.family}.{name}", text, _valid_keys(cls))
-        kind, elem = _kind(cls, name)
-        if kind is tuple:
-            parts = [p for p in text.replace(" ", "").split(",") if p]
-            return tuple(_parse_scalar(cls, name, elem, p) for p in parts)
-        return _parse_scalar(cls, name, kind, text)
-
-
-def _valid_keys(cls: type[Spec]) -> str:
+def _valid_keys(cls: type[Knobs]) -> str:
     return "valid knobs are " + ", ".join(cls.knobs())
 
 
-def _kind(cls: type[Spec], name: str) -> tuple[type, type]:
+def _kind(cls: type[Knobs], name: str) -> tuple[type, type]:
     """(container, element) type of a knob: (int, int), (tuple, int), (str, str), ..."""
     hint = typing.get_type_hints(cls)[name]
     origin = typing.get_origin(hint)
@@ -133,8 +156,8 @@ def _kind(cls: type[Spec], name: str) -> tuple[type, type]:
     return hint, hint
 
 
-def _parse_scalar(cls: type[Spec], name: str, kind: type, text: str) -> Any:
-    field = f"{cls.family}.{name}"
+def _parse_scalar(cls: type[Knobs], name: str, kind: type, text: str) -> Any:
+    field = f"{cls.prefix}.{name}"
     if kind is bool:
         low = text.lower()
         if low in ("1", "true", "yes", "on"):
@@ -167,10 +190,10 @@ def _describe(kind: type) -> str:
     return {int: "an integer", float: "a number", bool: "a boolean", str: "a string"}.get(kind, kind.__name__)
 
 
-def _checked(spec: Spec, f: dataclasses.Field[Any], value: Any) -> Any:
+def _checked(obj: Knobs, f: dataclasses.Field[Any], value: Any) -> Any:
     """Validate one knob's type and range; return it normalised (lists become tuples)."""
-    cls = type(spec)
-    field = f"{cls.family}.{f.name}"
+    cls = type(obj)
+    field = f"{cls.prefix}.{f.name}"
     kind, elem = _kind(cls, f.name)
     if kind is tuple:
         if not isinstance(value, list | tuple) or not value:

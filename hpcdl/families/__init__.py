@@ -29,12 +29,7 @@ def spec_from_dict(d: dict[str, Any]) -> Spec:
     if not isinstance(d, dict):
         raise SpecError("spec", d, "expected a table of knobs with a 'family' key")
     cls = family_class(d.get("family"))
-    knobs = {k: v for k, v in d.items() if k != "family"}
-    valid = cls.knobs()
-    for key in knobs:
-        if key not in valid:
-            raise SpecError(f"{cls.family}.{key}", knobs[key], "valid knobs are " + ", ".join(valid))
-    return cls(**knobs)
+    return cls.from_dict({k: v for k, v in d.items() if k != "family"})
 
 
 def spec_from_args(family: str, assignments: list[str]) -> Spec:

@@ -1,0 +1,60 @@
+"""hpcdl: generated deep-learning workloads that score HPC systems.
+
+The Python API::
+
+    import hpcdl
+    spec = hpcdl.spec_from_dict({"family": "attention", "layers": 4, "width": 256})
+    model = hpcdl.build_model(spec)            # torch.nn.Module, weights from spec.seed
+    work = hpcdl.count(spec)                   # params, forward/training FLOPs per sample
+    x, y = hpcdl.make_batch(spec, 8, "cpu")    # synthetic inputs and labels
+    result = hpcdl.run(spec, hpcdl.RunConfig(duration_s=5))   # measured, record written
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from hpcdl.config import RunConfig
+from hpcdl.data import make_batch
+from hpcdl.errors import HpcdlError, SpecError
+from hpcdl.families import FAMILIES, spec_from_args, spec_from_dict
+from hpcdl.families.attention import AttentionSpec
+from hpcdl.families.cnn import CNNSpec
+from hpcdl.families.mlp import MLPSpec
+from hpcdl.families.rnn import RNNSpec
+from hpcdl.families.speech import SpeechSpec
+from hpcdl.flops import Count
+from hpcdl.runner import RunResult, run
+from hpcdl.spec import Spec
+
+
+def build_model(spec: Spec) -> nn.Module:
+    """The network of ``spec`` on the CPU in fp32, with weights drawn from ``spec.seed``."""
+    return spec.build()
+
+
+def count(spec: Spec) -> Count:
+    """Parameters, forward and training FLOPs, and activation estimate of one sample of ``spec``."""
+    return spec.count()
+
+
+__all__ = [
+    "FAMILIES",
+    "AttentionSpec",
+    "CNNSpec",
+    "Count",
+    "HpcdlError",
+    "MLPSpec",
+    "RNNSpec",
+    "RunConfig",
+    "RunResult",
+    "SpecError",
+    "SpeechSpec",
+    "Spec",
+    "build_model",
+    "count",
+    "make_batch",
+    "run",
+    "spec_from_args",
+    "spec_from_dict",
+]

@@ -1,0 +1,267 @@
+"""The ``hpcdl`` command line. Bad input prints one line and exits with code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+
+from hpcdl import h5data, metrics
+from hpcdl.config import RunConfig
+from hpcdl.device import device_name, memory_capacity, resolve_device
+from hpcdl.environment import availability, environment
+from hpcdl.errors import HpcdlError, SpecError
+from hpcdl.families import FAMILIES, spec_from_args
+from hpcdl.peaks import datasheet_peak, matmul_probe
+from hpcdl.records import write_record
+from hpcdl.report_text import si, table
+from hpcdl.runner import RunResult, run
+from hpcdl.spec import PRECISIONS, Spec
+
+# command-line flag -> RunConfig knob
+RUN_FLAGS = {
+    "warmup": "warmup_steps", "steps": "steps", "duration": "duration_s", "min_duration": "min_duration_s",
+    "data": "data", "data_dir": "data_dir", "workers": "data_workers", "optimizer": "optimizer",
+    "lr": "lr", "device": "device", "peak_flops": "peak_flops",
+}
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line and exit code 2, instead of argparse's usage block."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def err(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
+    """The specs named on the command line: one workload, a preset, or the default suite."""
+    import generators  # imported late: it imports every family
+
+    if args.workload:
+        return {args.workload: spec_from_args(args.workload, args.knobs)}
+    if args.preset:
+        base = generators.preset(args.preset)
+        return {args.preset: spec_from_args(base.family, [f"{k}={v}" for k, v in _flat(base)] + args.knobs)}
+    overrides = {}
+    for word in args.knobs:
+        key, sep, text = word.partition("=")
+        if key not in Spec.knobs() or not sep:
+            raise SpecError("knob", word, "the default suite takes only batch_size=, precision=, seed=")
+        overrides[key] = Spec.parse_knob(key, text)
+    return generators.default_suite(**overrides)
+
+
+def _flat(spec: Spec) -> list[tuple[str, str]]:
+    """Knobs as command-line words, so overrides go through the same parser."""
+    out = []
+    for k, v in spec.to_dict().items():
+        if k != "family":
+            out.append((k, ",".join(map(str, v)) if isinstance(v, list) else str(v)))
+    return out
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    values = {knob: RunConfig.parse_knob(knob, str(getattr(args, flag)))
+              for flag, knob in RUN_FLAGS.items() if getattr(args, flag) is not None}
+    return RunConfig.from_dict(values)
+
+
+def summary_rows(results: dict[str, RunResult]) -> list[list[str]]:
+    rows = []
+    for name, res in results.items():
+        m, c = res.record["metrics"], res.record["counts"]
+        st = m["step_time_s"]
+        rows.append([
+            name, si(c["params"]), si(m["train_flops_per_sample"], "FLOP"), f"{m['samples_per_s']:.1f}",
+            si(m["ai_ops_per_s"], "FLOP/s"),
+            f"{st['median'] * 1e3:.1f} ({st['p10'] * 1e3:.1f}-{st['p90'] * 1e3:.1f})",
+            f"{m['mfu'] * 100:.1f}%", "yes" if res.passed else "NO",
+        ])
+    return rows
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    specs = workload_specs(args)
+    cfg = run_config(args)
+    if len(specs) > 1 and args.duration is None and args.steps is None:
+        cfg = cfg.replace(duration_s=12.0)  # the default suite: ~2 minutes on a 2-core CPU
+    out = Path(args.output)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    results: dict[str, RunResult] = {}
+    for i, (name, spec) in enumerate(specs.items(), 1):
+        prefix = f"[{i}/{len(specs)}] {name}"
+        err(f"{prefix}: {spec.family}, {si(spec.count().params)} params, batch {spec.batch_size}, {spec.precision}")
+        res = run(spec, cfg, output_dir=out, name=f"{stamp}-{name}", progress=lambda m, p=prefix: err(f"{p}: {m}"))
+        results[name] = res
+        err(f"{prefix}: {res.metrics['samples_per_s']:.1f} samples/s -> {res.path}")
+    headers = ["workload", "params", "train/sample", "samples/s", "AI-ops/s", "step ms med (p10-p90)", "MFU",
+               "valid"]
+    print(table(headers, summary_rows(results)))
+    first = next(iter(results.values())).record["metrics"]
+    print(f"MFU is against {si(first['peak_flops'], 'FLOP/s')} ({first['peak_source']}). Records in {out}/")
+    if len(results) > 1:
+        summary = {"schema": "hpcdl.suite", "created": stamp, "records": {n: r.path.name if r.path else None
+                                                                          for n, r in results.items()}}
+        write_record(summary, out / f"{stamp}-suite.json")
+    return 0 if all(r.passed for r in results.values()) else 1
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import generators
+
+    if args.sample is not None:
+        spec = generators.sample_spec(args.family, args.sample, **_knob_dict(args.family, args.knobs))
+    elif args.family in generators.PRESETS:
+        base = generators.preset(args.family)
+        spec = spec_from_args(base.family, [f"{k}={v}" for k, v in _flat(base)] + args.knobs)
+    else:
+        spec = spec_from_args(args.family, args.knobs)
+    c = spec.count()
+    act = c.activation_bytes(spec.precision)
+    info: dict[str, Any] = {
+        "spec": spec.to_dict(),
+        "params": c.params,
+        "forward_flops_per_sample": c.forward_flops,
+        "train_flops_per_sample": c.train_flops,
+        "activation_bytes_per_sample": act,
+        "memory_estimate_bytes": {opt: metrics.memory_estimate(c.params, act, spec.batch_size, opt)
+                                  for opt in ("adamw", "sgd")},
+    }
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    if args.print_model:
+        print(spec.build())
+    print(table(["knob", "value"], [[k, str(v)] for k, v in spec.to_dict().items()], numeric=False))
+    print()
+    print(table(["figure", "value"], [
+        ["parameters", f"{c.params:,}"],
+        ["forward FLOPs / sample", f"{c.forward_flops:,} ({si(c.forward_flops / 2, 'MAC')})"],
+        ["training FLOPs / sample", f"{c.train_flops:,} ({c.train_flops / max(c.forward_flops, 1):.2f}x fwd)"],
+        ["activations / sample", si(act, "B")],
+        [f"memory, batch {spec.batch_size} (AdamW)", si(info["memory_estimate_bytes"]["adamw"], "B")],
+    ], numeric=False))
+    return 0
+
+
+def _knob_dict(family: str, words: list[str]) -> dict[str, Any]:
+    return {k: v for k, v in spec_from_args(family, words).to_dict().items() if k in
+            {w.partition("=")[0] for w in words}}
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    env = environment(device)
+    rows = [[k, str(v)] for k, v in env.items() if k not in ("gpus",)]
+    rows.append(["gpus", ", ".join(env["gpus"]) or "none"])
+    rows.append(["memory available", si(memory_capacity(device), "B")])
+    for prec in PRECISIONS:
+        sheet = datasheet_peak(device_name(device), prec)
+        rows.append([f"datasheet peak {prec}", f"{si(sheet.flops, 'FLOP/s')} ({sheet.source})" if sheet else "unknown"])
+        if args.probe:
+            rows.append([f"measured matmul {prec}", si(matmul_probe(device, prec), "FLOP/s")])
+    for name, where in availability().items():
+        rows.append([name, where or "not found"])
+    print(table(["item", "value"], rows, numeric=False))
+    return 0
+
+
+def cmd_io(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args.family, args.knobs)
+    w = h5data.write_shards(spec, args.dir, batches=args.batches, shards=args.shards)
+    r = h5data.read_throughput(args.dir, args.workers, epochs=args.epochs)
+    print(table(["path", "samples", "bytes", "seconds", "samples/s", "bytes/s"], [
+        [p, str(s.samples), si(s.bytes, "B"), f"{s.seconds:.3f}", f"{s.samples_per_s:.1f}", si(s.bytes_per_s, "B/s")]
+        for p, s in (("write", w), ("read", r))]))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import generators
+
+    for family, cls in FAMILIES.items():
+        print(f"{family}: {(cls.__doc__ or '').strip().splitlines()[0]}")
+        for name, f in cls.knobs().items():
+            print(f"  {name} = {f.default!r:<12} {f.metadata['doc']}")
+    print("\npresets: " + ", ".join(generators.PRESETS))
+    print("default suite: " + ", ".join(generators.DEFAULT_SUITE))
+    return 0
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="hpcdl", description="Benchmark a system on generated deep-learning training workloads.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    r = sub.add_parser("run", help="measure the default suite, one workload, or a preset")
+    g = r.add_mutually_exclusive_group()
+    g.add_argument("--workload", choices=list(FAMILIES), help="family of one workload; knobs follow as key=value")
+    g.add_argument("--preset", help="a preset (resnet50, gpt2_small, ...); knobs override it")
+    r.add_argument("knobs", nargs="*", help="key=value knob settings (for the suite: batch_size, precision, seed)")
+    r.add_argument("-o", "--output", default="results", help="directory for records (default: results)")
+    r.add_argument("--warmup", help="untimed warm-up steps (default 3)")
+    r.add_argument("--steps", help="timed steps (default: as many as fit in --duration)")
+    r.add_argument("--duration", help="timed window in seconds when --steps is not given (default 10; suite 12)")
+    r.add_argument("--min-duration", dest="min_duration", help="validity: shortest valid timed window (default 1)")
+    r.add_argument("--data", help="random | learnable (default) | hdf5")
+    r.add_argument("--data-dir", dest="data_dir", help="HDF5 shard directory for --data hdf5")
+    r.add_argument("--workers", help="DataLoader workers for --data hdf5 (default 2)")
+    r.add_argument("--optimizer", help="adamw (default) | sgd")
+    r.add_argument("--lr", help="learning rate (default 1e-3)")
+    r.add_argument("--device", help="auto (default) | cpu | cuda | cuda:N")
+    r.add_argument("--peak-flops", dest="peak_flops", help="peak FLOP/s for MFU (default: datasheet, else probe)")
+    r.set_defaults(func=cmd_run)
+
+    gen = sub.add_parser("generate", help="print a workload's size, FLOPs and memory without running it")
+    gen.add_argument("family", help="a family (cnn, rnn, attention, mlp, speech) or a preset name")
+    gen.add_argument("knobs", nargs="*", help="key=value knob settings")
+    gen.add_argument("--sample", type=int, metavar="SEED", help="draw the architecture from the family's ranges")
+    gen.add_argument("--json", action="store_true", help="print JSON")
+    gen.add_argument("--print-model", action="store_true", help="also print the torch module")
+    gen.set_defaults(func=cmd_generate)
+
+    i = sub.add_parser("info", help="devices, peaks, and which optional parts are installed")
+    i.add_argument("--device", default="auto")
+    i.add_argument("--probe", action="store_true", help="also measure matmul FLOP/s in each precision")
+    i.set_defaults(func=cmd_info)
+
+    io = sub.add_parser("io", help="HDF5 write and read throughput of a workload's samples")
+    io.add_argument("--dir", required=True, help="directory for the shards")
+    io.add_argument("--batches", type=int, default=32)
+    io.add_argument("--shards", type=int, default=4)
+    io.add_argument("--workers", type=int, default=2)
+    io.add_argument("--epochs", type=int, default=1)
+    io.add_argument("family", nargs="?", default="cnn", choices=list(FAMILIES))
+    io.add_argument("knobs", nargs="*")
+    io.set_defaults(func=cmd_io)
+
+    lst = sub.add_parser("list", help="families and their knobs, presets, the default suite")
+    lst.set_defaults(func=cmd_list)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except HpcdlError as e:
+        err(f"hpcdl: error: {e}")
+        return 2
+    except KeyboardInterrupt:
+        err("hpcdl: interrupted; records already written are kept")
+        return 130
+    except torch.OutOfMemoryError as e:
+        err(f"hpcdl: error: out of device memory ({str(e).splitlines()[0]}); lower batch_size")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The timed training loop: one place that owns warm-up, synchronisation and per-phase timing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpcdl.device import synchronize
+
+PHASES = ("data", "forward", "backward", "optimizer")
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class BatchSource(Protocol):
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@dataclass
+class StepLog:
+    """Per-step measurements of the timed steps, and the loss of every step (warm-up included)."""
+
+    step_s: list[float] = field(default_factory=list)
+    phases_s: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    losses: list[float] = field(default_factory=list)
+    window_s: float = 0.0
+    """wall time from the start of the first timed step to the end of the last"""
+
+
+class Trainer:
+    """One model, optimizer and batch source; ``run`` executes steps and times them."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        source: BatchSource,
+        device: torch.device,
+        precision: str,
+        phase_sync: bool = True,
+    ) -> None:
+        self.model, self.optimizer, self.source, self.device = model, optimizer, source, device
+        self.amp_dtype = AMP_DTYPES.get(precision)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        self.phase_sync = phase_sync
+        self._losses: list[torch.Tensor] = []
+
+    def _mark(self) -> float:
+        if self.phase_sync:
+            synchronize(self.device)
+        return time.perf_counter()
+
+    def step(self) -> tuple[float, dict[str, float]]:
+        """One training step; returns its wall time and the time of each phase."""
+        t0 = self._mark()
+        x, y = self.source.next()
+        t1 = self._mark()
+        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
+                            enabled=self.amp_dtype is not None):
+            logits = self.model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+        t2 = self._mark()
+        self.scaler.scale(loss).backward()
+        t3 = self._mark()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        synchronize(self.device)  # the step's end is always synchronised
+        t4 = time.perf_counter()
+        self._losses.append(loss.detach())
+        return t4 - t0, {"data": t1 - t0, "forward": t2 - t1, "backward": t3 - t2, "optimizer": t4 - t3}
+
+    def run(
+        self,
+        warmup: int,
+        steps: int,
+        duration_s: float,
+        progress: Callable[[int, float], None] | None = None,
+    ) -> StepLog:
+        """``warmup`` untimed steps, then ``steps`` timed steps (or, if 0, steps until
+        ``duration_s`` has passed)."""
+        log = StepLog()
+        self.model.train()
+        for _ in range(warmup):
+            self.step()
+        synchronize(self.device)
+        start = time.perf_counter()
+        last_report = start
+        while True:
+            dt, phases = self.step()
+            log.step_s.append(dt)
+            for name, value in phases.items():
+                log.phases_s[name].append(value)
+            now = time.perf_counter()
+            done = len(log.step_s)
+            if progress and now - last_report >= 1.0:
+                progress(done, now - start)
+                last_report = now
+            if (steps and done >= steps) or (not steps and now - start >= duration_s):
+                break
+        log.window_s = time.perf_counter() - start
+        log.losses = torch.stack(self._losses).float().tolist()
+        return log

@@ -1,0 +1,39 @@
+"""Validity checks recorded with every run: a fast wrong answer is not a result."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+
+def loss_finite(losses: Sequence[float]) -> Check:
+    bad = [i for i, v in enumerate(losses) if not math.isfinite(v)]
+    detail = "all finite" if not bad else f"{len(bad)} non-finite losses, first at step {bad[0]}"
+    return Check("loss_finite", not bad and len(losses) > 0, detail)
+
+
+def loss_falls(losses: Sequence[float]) -> Check:
+    """On learnable data the mean loss of the last quarter of steps is below the first quarter's."""
+    k = max(1, len(losses) // 4)
+    if len(losses) < 4:
+        return Check("loss_falls", False, f"only {len(losses)} steps; need at least 4")
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    return Check("loss_falls", last < first, f"mean loss of first {k} steps {first:.4g}, last {k} {last:.4g}")
+
+
+def min_duration(seconds: float, minimum: float) -> Check:
+    return Check("min_duration", seconds >= minimum, f"timed {seconds:.3g} s, minimum {minimum:g} s")
+
+
+def block(checks: Sequence[Check]) -> dict[str, Any]:
+    """The record's ``validity`` block: every check, and ``passed`` when all passed."""
+    return {"checks": [asdict(c) for c in checks], "passed": all(c.passed for c in checks)}
