@@ -1,0 +1,127 @@
+"""On-demand benchmark of hpcdl's own overheads and accuracy (not part of the test suite).
+
+Prints, measured side by side in one run:
+  1. hpcdl's step time against a bare hand-written PyTorch loop on the identical model and
+     batch (target: ratio <= 1.02), interleaved A/B rounds, medians;
+  2. analytic against FlopCounterMode-counted FLOPs per family over sampled specs (target <= 1 %);
+  3. achieved FLOP/s of a compute-bound MLP against the measured matmul peak (target >= 80 %).
+
+    .venv/bin/python benchmarks/bench_local.py [--rounds 5] [--device auto]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import hpcdl
+from generators import RANGES, sample_spec
+from hpcdl.config import RunConfig
+from hpcdl.data import make_batch
+from hpcdl.device import resolve_device, synchronize
+from hpcdl.flopcheck import counted_flops
+from hpcdl.loop import Trainer
+from hpcdl.peaks import matmul_probe
+from hpcdl.report_text import si, table
+
+OVERHEAD_SPECS = {
+    "mlp 4x1024 b128": {"family": "mlp", "layers": 4, "width": 1024, "input_size": 1024, "batch_size": 128},
+    "attention 2x256 L64 b8": {"family": "attention", "layers": 2, "width": 256, "heads": 4, "seq_len": 64,
+                               "vocab": 2000, "batch_size": 8},
+}
+
+
+class Fixed:
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.batch = (x, y)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.batch
+
+
+def bare_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+               n: int, device: torch.device) -> list[float]:
+    """The loop a user would write by hand: no phases, one sync per step."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def overhead(device: torch.device, rounds: int, steps: int) -> list[list[str]]:
+    rows = []
+    for name, d in OVERHEAD_SPECS.items():
+        spec = hpcdl.spec_from_dict(d)
+        x, y = make_batch(spec, device=device)
+        models = [spec.build().to(device) for _ in range(2)]
+        opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in models]
+        trainer = Trainer(models[0], opts[0], Fixed(x, y), device, spec.precision)
+        trainer.run(3, 3, 0)
+        bare_steps(models[1], opts[1], x, y, 3, device)
+        ours, bare = [], []
+        for _ in range(rounds):  # interleaved, so drift hits both alike
+            ours += trainer.run(0, steps, 0).step_s
+            bare += bare_steps(models[1], opts[1], x, y, steps, device)
+        mo, mb = statistics.median(ours), statistics.median(bare)
+        rows.append([name, f"{mo * 1e3:.2f}", f"{mb * 1e3:.2f}", f"{mo / mb:.3f}", "<= 1.02"])
+    return rows
+
+
+def flop_accuracy(seeds: int) -> list[list[str]]:
+    rows = []
+    for family in RANGES:
+        worst_f, worst_t = 0.0, 0.0
+        for seed in range(seeds):
+            spec = sample_spec(family, seed, batch_size=2)
+            c = spec.count()
+            fwd, total = counted_flops(spec)
+            worst_f = max(worst_f, abs(c.forward_flops - fwd) / fwd)
+            worst_t = max(worst_t, abs(c.train_flops - total) / total)
+        rows.append([family, str(seeds), f"{worst_f * 100:.3f}%", f"{worst_t * 100:.3f}%", "<= 1%"])
+    return rows
+
+
+def compute_bound(device: torch.device) -> list[list[str]]:
+    rows = []
+    for precision in ("fp32", "bf16"):
+        width, batch = (8192, 4096) if device.type == "cuda" else (2048, 512)
+        spec = hpcdl.spec_from_dict({"family": "mlp", "layers": 4, "width": width, "input_size": width,
+                                     "output_size": 1000, "batch_size": batch, "precision": precision})
+        res = hpcdl.run(spec, RunConfig(device=str(device), duration_s=5, data="random", optimizer="sgd"),
+                        output_dir=None)
+        probe = matmul_probe(device, precision)
+        achieved = res.metrics["ai_ops_per_s"]
+        rows.append([f"mlp 4x{width} b{batch} {precision}", si(achieved, "FLOP/s"), si(probe, "FLOP/s"),
+                     f"{achieved / probe * 100:.1f}%", ">= 80%"])
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--device", default="auto")
+    a = p.parse_args()
+    device = resolve_device(a.device)
+    print(f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    print(table(["1. step time", "hpcdl ms", "bare ms", "ratio", "target"], overhead(device, a.rounds, a.steps)))
+    print()
+    print(table(["2. FLOPs family", "specs", "max fwd err", "max train err", "target"], flop_accuracy(a.seeds)))
+    print()
+    print(table(["3. compute-bound", "achieved", "matmul peak", "fraction", "target"], compute_bound(device)))
+
+
+if __name__ == "__main__":
+    main()
