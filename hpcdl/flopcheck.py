@@ -46,6 +46,7 @@ def saved_activation_elements(spec: Spec, batch: int = 2) -> int:
             seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes() // max(t.element_size(), 1))
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    # oneDNN's fused RNN saves one opaque byte workspace; the decomposed path saves real tensors
+    with torch.backends.mkldnn.flags(enabled=False), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(inputs)
     return sum(seen.values()) // batch
