@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from hpcdl.spec import Spec
+
+
+@contextlib.contextmanager
+def decomposed() -> Iterator[None]:
+    """Run RNNs and attention through their decomposed (counted, inspectable) kernels."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # oneDNN's TF32 notice when its flags are set
+        with torch.backends.mkldnn.flags(enabled=False), sdpa_kernel(SDPBackend.MATH):
+            yield
 
 
 def counted_flops(spec: Spec, batch: int = 2) -> tuple[int, int]:
@@ -21,14 +32,11 @@ def counted_flops(spec: Spec, batch: int = 2) -> tuple[int, int]:
     """
     model = spec.build().train()
     inputs = spec.sample_inputs(batch, torch.Generator().manual_seed(spec.seed), torch.device("cpu"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # oneDNN's TF32 notice when its flags are set
-        with torch.backends.mkldnn.flags(enabled=False), sdpa_kernel(SDPBackend.MATH):
-            with FlopCounterMode(display=False) as counter:
-                out = model(inputs)
-                forward = counter.get_total_flops()
-                out.float().sum().backward()
-                total = counter.get_total_flops()
+    with decomposed(), FlopCounterMode(display=False) as counter:
+        out = model(inputs)
+        forward = counter.get_total_flops()
+        out.float().sum().backward()
+        total = counter.get_total_flops()
     return forward // batch, total // batch
 
 
@@ -47,6 +55,6 @@ def saved_activation_elements(spec: Spec, batch: int = 2) -> int:
         return t
 
     # oneDNN's fused RNN saves one opaque byte workspace; the decomposed path saves real tensors
-    with torch.backends.mkldnn.flags(enabled=False), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with decomposed(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(inputs)
     return sum(seen.values()) // batch
