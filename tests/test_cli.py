@@ -1,0 +1,70 @@
+"""The hpcdl command, run as a real process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def hpcdl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (["run", "--workload", "mlp", "layers=0"], "mlp.layers=0"),
+        (["run", "--workload", "mlp", "width=abc"], "mlp.width='abc'"),
+        (["run", "--workload", "mlp", "colour=red"], "mlp.colour"),
+        (["run", "--workload", "attention", "width=100", "heads=3"], "attention.heads=3"),
+        (["run", "--workload", "attention", "seq_len=0"], "attention.seq_len=0"),
+        (["run", "--workload", "cnn", "kernel_size=4"], "cnn.kernel_size=4"),
+        (["run", "--workload", "rnn", "cell=transformer"], "rnn.cell='transformer'"),
+        (["run", "--workload", "mlp", "--steps", "-1"], "run.steps=-1"),
+        (["run", "--workload", "mlp", "--data", "tape"], "run.data='tape'"),
+        (["run", "--workload", "mlp", "--data", "hdf5"], "run.data_dir"),
+        (["run", "--workload", "mlp", "--device", "cuda"], "run.device='cuda'"),
+        (["run", "--workload", "mlp", "width=131072", "layers=1000", "batch_size=1"], "mlp.batch_size=1"),
+        (["run", "--preset", "alexnet"], "preset='alexnet'"),
+        (["run", "width=3"], "knob='width=3'"),
+        (["run", "--workload", "nope"], "invalid choice: 'nope'"),
+        (["generate", "mlp", "layers=-2"], "mlp.layers=-2"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], field: str, tmp_path: Path) -> None:
+    p = hpcdl(*args, cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert field in p.stderr
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not (tmp_path / "results").exists()  # nothing ran
+
+
+def test_run_one_workload_prints_table_and_writes_record(tmp_path: Path) -> None:
+    p = hpcdl("run", "--workload", "mlp", "layers=2", "width=64", "input_size=32", "output_size=10",
+              "--steps", "15", "--min-duration", "0", "-o", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert "samples/s" in p.stdout and "mlp" in p.stdout
+    assert "[1/1] mlp" in p.stderr  # progress
+    (record,) = [json.loads(f.read_text()) for f in tmp_path.glob("*.json")]
+    assert record["spec"]["width"] == 64 and record["metrics"]["timed_steps"] == 15
+    assert record["validity"]["passed"]
+
+
+def test_generate_prints_counts_without_running() -> None:
+    p = hpcdl("generate", "mlp", "layers=2", "width=64", "input_size=32", "output_size=10", "--json")
+    assert p.returncode == 0, p.stderr
+    info = json.loads(p.stdout)
+    assert info["params"] == 32 * 64 + 64 + 64 * 64 + 64 + 64 * 10 + 10
+    assert info["train_flops_per_sample"] > info["forward_flops_per_sample"] > 0
+
+
+def test_info_and_list() -> None:
+    p = hpcdl("info")
+    assert p.returncode == 0 and "torch" in p.stdout and "horovod" in p.stdout
+    p = hpcdl("list")
+    assert p.returncode == 0 and "attention" in p.stdout and "gpt2_small" in p.stdout
