@@ -77,7 +77,9 @@ RANGES: dict[str, Ranges] = {
 def _cnn(knobs: dict[str, Any], table: Ranges, rng: random.Random) -> dict[str, Any]:
     per_stage = knobs.pop("blocks_per_stage")  # the first stage's; the others are drawn below
     if "blocks" not in knobs:
-        knobs["blocks"] = [per_stage] + [rng.choice(table["blocks_per_stage"]) for _ in range(knobs["stages"] - 1)]
+        knobs["blocks"] = [per_stage] + [
+            rng.choice(table["blocks_per_stage"]) for _ in range(knobs["stages"] - 1)
+        ]
     return knobs
 
 

@@ -21,14 +21,22 @@ from hpcdl.families import FAMILIES, spec_from_args
 from hpcdl.peaks import datasheet_peak, matmul_probe
 from hpcdl.records import write_record
 from hpcdl.report_text import si, table
-from hpcdl.runner import RunResult, run
+from hpcdl.runner import RunResult, preflight, run
 from hpcdl.spec import PRECISIONS, Spec
 
 # command-line flag -> RunConfig knob
 RUN_FLAGS = {
-    "warmup": "warmup_steps", "steps": "steps", "duration": "duration_s", "min_duration": "min_duration_s",
-    "data": "data", "data_dir": "data_dir", "workers": "data_workers", "optimizer": "optimizer",
-    "lr": "lr", "device": "device", "peak_flops": "peak_flops",
+    "warmup": "warmup_steps",
+    "steps": "steps",
+    "duration": "duration_s",
+    "min_duration": "min_duration_s",
+    "data": "data",
+    "data_dir": "data_dir",
+    "workers": "data_workers",
+    "optimizer": "optimizer",
+    "lr": "lr",
+    "device": "device",
+    "peak_flops": "peak_flops",
 }
 
 
@@ -70,8 +78,11 @@ def _flat(spec: Spec) -> list[tuple[str, str]]:
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:
-    values = {knob: RunConfig.parse_knob(knob, str(getattr(args, flag)))
-              for flag, knob in RUN_FLAGS.items() if getattr(args, flag) is not None}
+    values = {
+        knob: RunConfig.parse_knob(knob, str(getattr(args, flag)))
+        for flag, knob in RUN_FLAGS.items()
+        if getattr(args, flag) is not None
+    }
     return RunConfig.from_dict(values)
 
 
@@ -80,12 +91,18 @@ def summary_rows(results: dict[str, RunResult]) -> list[list[str]]:
     for name, res in results.items():
         m, c = res.record["metrics"], res.record["counts"]
         st = m["step_time_s"]
-        rows.append([
-            name, si(c["params"]), si(m["train_flops_per_sample"], "FLOP"), f"{m['samples_per_s']:.1f}",
-            si(m["ai_ops_per_s"], "FLOP/s"),
-            f"{st['median'] * 1e3:.1f} ({st['p10'] * 1e3:.1f}-{st['p90'] * 1e3:.1f})",
-            f"{m['mfu'] * 100:.1f}%", "yes" if res.passed else "NO",
-        ])
+        rows.append(
+            [
+                name,
+                si(c["params"]),
+                si(m["train_flops_per_sample"], "FLOP"),
+                f"{m['samples_per_s']:.1f}",
+                si(m["ai_ops_per_s"], "FLOP/s"),
+                f"{st['median'] * 1e3:.1f} ({st['p10'] * 1e3:.1f}-{st['p90'] * 1e3:.1f})",
+                f"{m['mfu'] * 100:.1f}%",
+                "yes" if res.passed else "NO",
+            ]
+        )
     return rows
 
 
@@ -94,23 +111,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = run_config(args)
     if len(specs) > 1 and args.duration is None and args.steps is None:
         cfg = cfg.replace(duration_s=12.0)  # the default suite: ~2 minutes on a 2-core CPU
+    for spec in specs.values():
+        preflight(spec, cfg)  # refuse bad input before anything is measured
     out = Path(args.output)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results: dict[str, RunResult] = {}
     for i, (name, spec) in enumerate(specs.items(), 1):
         prefix = f"[{i}/{len(specs)}] {name}"
-        err(f"{prefix}: {spec.family}, {si(spec.count().params)} params, batch {spec.batch_size}, {spec.precision}")
-        res = run(spec, cfg, output_dir=out, name=f"{stamp}-{name}", progress=lambda m, p=prefix: err(f"{p}: {m}"))
+        params = si(spec.count().params)
+        err(f"{prefix}: {spec.family}, {params} params, batch {spec.batch_size}, {spec.precision}")
+
+        def progress(message: str, prefix: str = prefix) -> None:
+            err(f"{prefix}: {message}")
+
+        res = run(spec, cfg, output_dir=out, name=f"{stamp}-{name}", progress=progress)
         results[name] = res
         err(f"{prefix}: {res.metrics['samples_per_s']:.1f} samples/s -> {res.path}")
-    headers = ["workload", "params", "train/sample", "samples/s", "AI-ops/s", "step ms med (p10-p90)", "MFU",
-               "valid"]
+    headers = [
+        "workload",
+        "params",
+        "train/sample",
+        "samples/s",
+        "AI-ops/s",
+        "step ms med (p10-p90)",
+        "MFU",
+        "valid",
+    ]
     print(table(headers, summary_rows(results)))
     first = next(iter(results.values())).record["metrics"]
     print(f"MFU is against {si(first['peak_flops'], 'FLOP/s')} ({first['peak_source']}). Records in {out}/")
     if len(results) > 1:
-        summary = {"schema": "hpcdl.suite", "created": stamp, "records": {n: r.path.name if r.path else None
-                                                                          for n, r in results.items()}}
+        summary = {
+            "schema": "hpcdl.suite",
+            "created": stamp,
+            "records": {n: r.path.name if r.path else None for n, r in results.items()},
+        }
         write_record(summary, out / f"{stamp}-suite.json")
     return 0 if all(r.passed for r in results.values()) else 1
 
@@ -133,8 +168,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "forward_flops_per_sample": c.forward_flops,
         "train_flops_per_sample": c.train_flops,
         "activation_bytes_per_sample": act,
-        "memory_estimate_bytes": {opt: metrics.memory_estimate(c.params, act, spec.batch_size, opt)
-                                  for opt in ("adamw", "sgd")},
+        "memory_estimate_bytes": {
+            opt: metrics.memory_estimate(c.params, act, spec.batch_size, opt) for opt in ("adamw", "sgd")
+        },
     }
     if args.json:
         print(json.dumps(info, indent=1))
@@ -143,19 +179,31 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(spec.build())
     print(table(["knob", "value"], [[k, str(v)] for k, v in spec.to_dict().items()], numeric=False))
     print()
-    print(table(["figure", "value"], [
-        ["parameters", f"{c.params:,}"],
-        ["forward FLOPs / sample", f"{c.forward_flops:,} ({si(c.forward_flops / 2, 'MAC')})"],
-        ["training FLOPs / sample", f"{c.train_flops:,} ({c.train_flops / max(c.forward_flops, 1):.2f}x fwd)"],
-        ["activations / sample", si(act, "B")],
-        [f"memory, batch {spec.batch_size} (AdamW)", si(info["memory_estimate_bytes"]["adamw"], "B")],
-    ], numeric=False))
+    print(
+        table(
+            ["figure", "value"],
+            [
+                ["parameters", f"{c.params:,}"],
+                ["forward FLOPs / sample", f"{c.forward_flops:,} ({si(c.forward_flops / 2, 'MAC')})"],
+                [
+                    "training FLOPs / sample",
+                    f"{c.train_flops:,} ({c.train_flops / max(c.forward_flops, 1):.2f}x fwd)",
+                ],
+                ["activations / sample", si(act, "B")],
+                [f"memory, batch {spec.batch_size} (AdamW)", si(info["memory_estimate_bytes"]["adamw"], "B")],
+            ],
+            numeric=False,
+        )
+    )
     return 0
 
 
 def _knob_dict(family: str, words: list[str]) -> dict[str, Any]:
-    return {k: v for k, v in spec_from_args(family, words).to_dict().items() if k in
-            {w.partition("=")[0] for w in words}}
+    return {
+        k: v
+        for k, v in spec_from_args(family, words).to_dict().items()
+        if k in {w.partition("=")[0] for w in words}
+    }
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -166,7 +214,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     rows.append(["memory available", si(memory_capacity(device), "B")])
     for prec in PRECISIONS:
         sheet = datasheet_peak(device_name(device), prec)
-        rows.append([f"datasheet peak {prec}", f"{si(sheet.flops, 'FLOP/s')} ({sheet.source})" if sheet else "unknown"])
+        rows.append(
+            [
+                f"datasheet peak {prec}",
+                f"{si(sheet.flops, 'FLOP/s')} ({sheet.source})" if sheet else "unknown",
+            ]
+        )
         if args.probe:
             rows.append([f"measured matmul {prec}", si(matmul_probe(device, prec), "FLOP/s")])
     for name, where in availability().items():
@@ -179,9 +232,22 @@ def cmd_io(args: argparse.Namespace) -> int:
     spec = spec_from_args(args.family, args.knobs)
     w = h5data.write_shards(spec, args.dir, batches=args.batches, shards=args.shards)
     r = h5data.read_throughput(args.dir, args.workers, epochs=args.epochs)
-    print(table(["path", "samples", "bytes", "seconds", "samples/s", "bytes/s"], [
-        [p, str(s.samples), si(s.bytes, "B"), f"{s.seconds:.3f}", f"{s.samples_per_s:.1f}", si(s.bytes_per_s, "B/s")]
-        for p, s in (("write", w), ("read", r))]))
+    print(
+        table(
+            ["path", "samples", "bytes", "seconds", "samples/s", "bytes/s"],
+            [
+                [
+                    p,
+                    str(s.samples),
+                    si(s.bytes, "B"),
+                    f"{s.seconds:.3f}",
+                    f"{s.samples_per_s:.1f}",
+                    si(s.bytes_per_s, "B/s"),
+                ]
+                for p, s in (("write", w), ("read", r))
+            ],
+        )
+    )
     return 0
 
 
@@ -203,27 +269,39 @@ def build_parser() -> Parser:
 
     r = sub.add_parser("run", help="measure the default suite, one workload, or a preset")
     g = r.add_mutually_exclusive_group()
-    g.add_argument("--workload", choices=list(FAMILIES), help="family of one workload; knobs follow as key=value")
+    g.add_argument(
+        "--workload", choices=list(FAMILIES), help="family of one workload; knobs follow as key=value"
+    )
     g.add_argument("--preset", help="a preset (resnet50, gpt2_small, ...); knobs override it")
-    r.add_argument("knobs", nargs="*", help="key=value knob settings (for the suite: batch_size, precision, seed)")
+    r.add_argument(
+        "knobs", nargs="*", help="key=value knob settings (for the suite: batch_size, precision, seed)"
+    )
     r.add_argument("-o", "--output", default="results", help="directory for records (default: results)")
     r.add_argument("--warmup", help="untimed warm-up steps (default 3)")
     r.add_argument("--steps", help="timed steps (default: as many as fit in --duration)")
-    r.add_argument("--duration", help="timed window in seconds when --steps is not given (default 10; suite 12)")
-    r.add_argument("--min-duration", dest="min_duration", help="validity: shortest valid timed window (default 1)")
+    r.add_argument(
+        "--duration", help="timed window in seconds when --steps is not given (default 10; suite 12)"
+    )
+    r.add_argument(
+        "--min-duration", dest="min_duration", help="validity: shortest valid timed window (default 1)"
+    )
     r.add_argument("--data", help="random | learnable (default) | hdf5")
     r.add_argument("--data-dir", dest="data_dir", help="HDF5 shard directory for --data hdf5")
     r.add_argument("--workers", help="DataLoader workers for --data hdf5 (default 2)")
     r.add_argument("--optimizer", help="adamw (default) | sgd")
     r.add_argument("--lr", help="learning rate (default 1e-3)")
     r.add_argument("--device", help="auto (default) | cpu | cuda | cuda:N")
-    r.add_argument("--peak-flops", dest="peak_flops", help="peak FLOP/s for MFU (default: datasheet, else probe)")
+    r.add_argument(
+        "--peak-flops", dest="peak_flops", help="peak FLOP/s for MFU (default: datasheet, else probe)"
+    )
     r.set_defaults(func=cmd_run)
 
     gen = sub.add_parser("generate", help="print a workload's size, FLOPs and memory without running it")
     gen.add_argument("family", help="a family (cnn, rnn, attention, mlp, speech) or a preset name")
     gen.add_argument("knobs", nargs="*", help="key=value knob settings")
-    gen.add_argument("--sample", type=int, metavar="SEED", help="draw the architecture from the family's ranges")
+    gen.add_argument(
+        "--sample", type=int, metavar="SEED", help="draw the architecture from the family's ranges"
+    )
     gen.add_argument("--json", action="store_true", help="print JSON")
     gen.add_argument("--print-model", action="store_true", help="also print the torch module")
     gen.set_defaults(func=cmd_generate)

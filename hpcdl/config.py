@@ -23,11 +23,15 @@ class RunConfig(Knobs):
     min_duration_s: float = knob(
         1.0, lo=0.0, hi=1e6, doc="validity: a timed window shorter than this is not a valid measurement"
     )
-    data: str = knob("learnable", choices=DATA_KINDS, doc="random tensors, teacher-labelled data, or HDF5 shards")
+    data: str = knob(
+        "learnable", choices=DATA_KINDS, doc="random tensors, teacher-labelled data, or HDF5 shards"
+    )
     data_dir: str = knob("", doc="directory of HDF5 shards (data=hdf5); written first if empty")
     data_workers: int = knob(2, lo=0, hi=256, doc="DataLoader worker processes (data=hdf5)")
     pool_batches: int = knob(4, lo=1, hi=10_000, doc="distinct batches kept on the device and cycled")
-    optimizer: str = knob("adamw", choices=("adamw", "sgd"), doc="optimizer (its element-wise work is not counted)")
+    optimizer: str = knob(
+        "adamw", choices=("adamw", "sgd"), doc="optimizer (its element-wise work is not counted)"
+    )
     lr: float = knob(1e-3, lo=0.0, hi=10.0, doc="learning rate")
     device: str = knob("auto", doc="torch device: auto (cuda if present, else cpu), cpu, cuda, cuda:1, ...")
     peak_flops: float = knob(0.0, lo=0.0, doc="peak FLOP/s to compute MFU against; 0 = datasheet or probe")

@@ -55,7 +55,9 @@ class Tally:
         self.forward += flops
         self.backward += grads * flops
 
-    def linear(self, tokens: int, fan_in: int, fan_out: int, *, bias: bool = True, data_input: bool = False) -> None:
+    def linear(
+        self, tokens: int, fan_in: int, fan_out: int, *, bias: bool = True, data_input: bool = False
+    ) -> None:
         """An ``nn.Linear`` applied to ``tokens`` rows; its input and output are kept for backward."""
         self.params += fan_in * fan_out + (fan_out if bias else 0)
         self.matmul(tokens, fan_in, fan_out, grads=1 if data_input else 2)

@@ -60,8 +60,9 @@ class Trainer:
         t0 = self._mark()
         x, y = self.source.next()
         t1 = self._mark()
-        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
-                            enabled=self.amp_dtype is not None):
+        with torch.autocast(
+            self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None
+        ):
             logits = self.model(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
         t2 = self._mark()

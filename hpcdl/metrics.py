@@ -10,12 +10,26 @@ import numpy as np
 def summarize(values: Sequence[float]) -> dict[str, float]:
     """Median and spread of a sample: median, p10, p90, mean, min, max and n."""
     if len(values) == 0:
-        return {"median": float("nan"), "p10": float("nan"), "p90": float("nan"),
-                "mean": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0}
+        return {
+            "median": float("nan"),
+            "p10": float("nan"),
+            "p90": float("nan"),
+            "mean": float("nan"),
+            "min": float("nan"),
+            "max": float("nan"),
+            "n": 0,
+        }
     a = np.asarray(values, dtype=float)
     p10, median, p90 = np.percentile(a, [10, 50, 90])
-    return {"median": float(median), "p10": float(p10), "p90": float(p90), "mean": float(a.mean()),
-            "min": float(a.min()), "max": float(a.max()), "n": int(a.size)}
+    return {
+        "median": float(median),
+        "p10": float(p10),
+        "p90": float(p90),
+        "mean": float(a.mean()),
+        "min": float(a.min()),
+        "max": float(a.max()),
+        "n": int(a.size),
+    }
 
 
 def throughput(samples: int, seconds: float) -> float:

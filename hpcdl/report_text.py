@@ -22,7 +22,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: bool =
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(
-            str(c).ljust(w) if i == 0 or not numeric else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            str(c).ljust(w) if i == 0 or not numeric else str(c).rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         )
 
     return "\n".join([line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])

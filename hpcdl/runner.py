@@ -59,21 +59,34 @@ def reference_peak(device: torch.device, device_name: str, precision: str, overr
     if sheet is not None:
         return sheet
     if device.type == "cuda":
-        warnings.warn(f"no datasheet peak for {device_name!r}; MFU uses the measured matmul probe", stacklevel=2)
+        warnings.warn(
+            f"no datasheet peak for {device_name!r}; MFU uses the measured matmul probe", stacklevel=2
+        )
     return Peak(measured_peak(device, precision), "measured matmul probe")
 
 
 def check_memory(spec: Spec, cfg: RunConfig, device: torch.device) -> int:
     """Refuse a spec whose memory estimate exceeds what the device has; return the estimate."""
     count = spec.count()
-    need = metrics.memory_estimate(count.params, count.activation_bytes(spec.precision), spec.batch_size,
-                                   cfg.optimizer)
+    need = metrics.memory_estimate(
+        count.params, count.activation_bytes(spec.precision), spec.batch_size, cfg.optimizer
+    )
     have = memory_capacity(device)
     if need > have:
-        raise SpecError(f"{spec.family}.batch_size", spec.batch_size,
-                        f"estimated memory {need / 2**30:.1f} GiB exceeds the {have / 2**30:.1f} GiB "
-                        f"available on {device}; lower batch_size or the model's size")
+        raise SpecError(
+            f"{spec.family}.batch_size",
+            spec.batch_size,
+            f"estimated memory {need / 2**30:.1f} GiB exceeds the {have / 2**30:.1f} GiB "
+            f"available on {device}; lower batch_size or the model's size",
+        )
     return need
+
+
+def preflight(spec: Spec, cfg: RunConfig) -> torch.device:
+    """Everything that can refuse a run before it starts: the device, and the memory estimate."""
+    device = resolve_device(cfg.device)
+    check_memory(spec, cfg, device)
+    return device
 
 
 def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
@@ -82,10 +95,14 @@ def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimi
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
 
-def make_source(spec: Spec, cfg: RunConfig, device: torch.device, stream: int = 0) -> tuple[BatchSource, dict]:
+def make_source(
+    spec: Spec, cfg: RunConfig, device: torch.device, stream: int = 0
+) -> tuple[BatchSource, dict]:
     """The batch source of the run and, for HDF5, the I/O figures measured while preparing it."""
     if cfg.data != "hdf5":
-        return device_pool(spec, device, cfg.pool_batches, learnable=cfg.data == "learnable", stream=stream), {}
+        return device_pool(
+            spec, device, cfg.pool_batches, learnable=cfg.data == "learnable", stream=stream
+        ), {}
     io: dict[str, Any] = {}
     if not h5data.has_shards(spec, cfg.data_dir):
         io["write"] = h5data.write_shards(spec, cfg.data_dir, batches=max(cfg.pool_batches, 2)).to_dict()
@@ -104,8 +121,12 @@ def measure(
     trainer = Trainer(model, make_optimizer(model, cfg), source, device, spec.precision, cfg.phase_sync)
     reset_peak_memory(device)
     say(f"warm-up {cfg.warmup_steps} steps, then timing")
-    log = trainer.run(cfg.warmup_steps, cfg.steps, cfg.duration_s,
-                      progress=lambda n, s: say(f"timed {n} steps in {s:.1f} s"))
+    log = trainer.run(
+        cfg.warmup_steps,
+        cfg.steps,
+        cfg.duration_s,
+        progress=lambda n, s: say(f"timed {n} steps in {s:.1f} s"),
+    )
     return log, io
 
 
@@ -132,12 +153,20 @@ def build_record(
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "spec": spec.to_dict(),
         "run": cfg.to_dict(),
-        "settings": {"precision": spec.precision, "batch_per_rank": spec.batch_size, "world_size": 1,
-                     "backend": "none", "device": str(device)},
+        "settings": {
+            "precision": spec.precision,
+            "batch_per_rank": spec.batch_size,
+            "world_size": 1,
+            "backend": "none",
+            "device": str(device),
+        },
         "environment": env,
-        "counts": {"params": count.params, "forward_flops_per_sample": count.forward_flops,
-                   "train_flops_per_sample": count.train_flops,
-                   "activation_bytes_per_sample": count.activation_bytes(spec.precision)},
+        "counts": {
+            "params": count.params,
+            "forward_flops_per_sample": count.forward_flops,
+            "train_flops_per_sample": count.train_flops,
+            "activation_bytes_per_sample": count.activation_bytes(spec.precision),
+        },
         "metrics": {
             "samples_per_s": samples_per_s,
             "ai_ops_per_s": ai_ops,
@@ -176,16 +205,17 @@ def run(
     anything when the spec cannot fit the device.
     """
     cfg = config or RunConfig()
-    device = resolve_device(cfg.device)
-    check_memory(spec, cfg, device)
+    device = preflight(spec, cfg)
     log, io = measure(spec, cfg, device, progress)
     name = name or f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.family}"
     record = build_record(spec, cfg, device, log, io, name)
     if output_dir is None:
         return RunResult(seal(record), None, None)
     out = Path(output_dir)
-    steps_path = write_steps({"step_s": log.step_s, **{f"{p}_s": v for p, v in log.phases_s.items()},
-                              "loss": log.losses}, out / f"{name}.steps.h5")
+    steps_path = write_steps(
+        {"step_s": log.step_s, **{f"{p}_s": v for p, v in log.phases_s.items()}, "loss": log.losses},
+        out / f"{name}.steps.h5",
+    )
     record["steps_file"] = steps_path.name
     record = seal(record)
     return RunResult(record, write_record(record, out / f"{name}.json"), steps_path)

@@ -11,8 +11,9 @@ import pytest
 
 
 def hpcdl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 @pytest.mark.parametrize(
@@ -45,8 +46,21 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], field: str, tmp_path:
 
 
 def test_run_one_workload_prints_table_and_writes_record(tmp_path: Path) -> None:
-    p = hpcdl("run", "--workload", "mlp", "layers=2", "width=64", "input_size=32", "output_size=10",
-              "--steps", "15", "--min-duration", "0", "-o", str(tmp_path))
+    p = hpcdl(
+        "run",
+        "--workload",
+        "mlp",
+        "layers=2",
+        "width=64",
+        "input_size=32",
+        "output_size=10",
+        "--steps",
+        "15",
+        "--min-duration",
+        "0",
+        "-o",
+        str(tmp_path),
+    )
     assert p.returncode == 0, p.stderr
     assert "samples/s" in p.stdout and "mlp" in p.stdout
     assert "[1/1] mlp" in p.stderr  # progress

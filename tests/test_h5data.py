@@ -25,7 +25,9 @@ def test_shards_round_trip_through_workers(tmp_path: Path) -> None:
     assert len(batches) == 6 and all(x.shape == (8, 16) and y.shape == (8,) for x, y in batches)
     # every written sample comes back exactly once, and the labels are the teacher's
     got = torch.cat([x for x, _ in batches])
-    want = torch.cat([torch.from_numpy(h5py.File(p)["inputs"][:]) for p in sorted(tmp_path.glob("shard-*.h5"))])
+    want = torch.cat(
+        [torch.from_numpy(h5py.File(p)["inputs"][:]) for p in sorted(tmp_path.glob("shard-*.h5"))]
+    )
     assert sorted(got.sum(1).tolist()) == sorted(want.sum(1).tolist())
     r = h5data.read_throughput(tmp_path, workers=2)
     assert r.samples == 40 and r.bytes_per_s > 0  # the first batch starts the workers, untimed
@@ -33,10 +35,13 @@ def test_shards_round_trip_through_workers(tmp_path: Path) -> None:
 
 def test_training_from_hdf5_records_io_and_trains(tmp_path: Path) -> None:
     spec = hpcdl.spec_from_dict(SPEC)
-    cfg = RunConfig(data="hdf5", data_dir=str(tmp_path / "d"), data_workers=1, pool_batches=4, steps=24,
-                    min_duration_s=0)
+    cfg = RunConfig(
+        data="hdf5", data_dir=str(tmp_path / "d"), data_workers=1, pool_batches=4, steps=24, min_duration_s=0
+    )
     res = hpcdl.run(spec, cfg, output_dir=None)
     io = res.metrics["io"]
     assert io["write"]["samples"] == 32 and io["read"]["samples_per_s"] > 0
     assert res.passed, res.record["validity"]
-    assert h5data.has_shards(spec, tmp_path / "d") and not h5data.has_shards(spec.replace(seed=3), tmp_path / "d")
+    assert h5data.has_shards(spec, tmp_path / "d") and not h5data.has_shards(
+        spec.replace(seed=3), tmp_path / "d"
+    )

@@ -23,8 +23,15 @@ def test_run_writes_a_complete_valid_record(tmp_path: Path) -> None:
     assert rec == res.record and digest_ok(rec)
     assert rec["schema"] == "hpcdl.result" and rec["schema_version"] == 1
     m = rec["metrics"]
-    for key in ("samples_per_s", "ai_ops_per_s", "train_flops_per_sample", "step_time_s", "phases_s",
-                "peak_memory_bytes", "mfu"):
+    for key in (
+        "samples_per_s",
+        "ai_ops_per_s",
+        "train_flops_per_sample",
+        "step_time_s",
+        "phases_s",
+        "peak_memory_bytes",
+        "mfu",
+    ):
         assert key in m
     assert m["timed_steps"] == 20
     assert m["train_flops_per_sample"] == hpcdl.count(spec).train_flops
@@ -79,8 +86,9 @@ def test_spec_larger_than_memory_is_refused_before_running() -> None:
 
 
 def test_hand_edited_record_fails_its_digest(tmp_path: Path) -> None:
-    res = hpcdl.run(hpcdl.spec_from_dict(SMALL), RunConfig(steps=2, min_duration_s=0), output_dir=tmp_path,
-                    name="r")
+    res = hpcdl.run(
+        hpcdl.spec_from_dict(SMALL), RunConfig(steps=2, min_duration_s=0), output_dir=tmp_path, name="r"
+    )
     rec = json.loads((tmp_path / "r.json").read_text())
     rec["metrics"]["samples_per_s"] *= 2
     assert not digest_ok(rec) and digest_ok(res.record)

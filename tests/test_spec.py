@@ -83,8 +83,14 @@ def test_run_config_validation() -> None:
 @given(
     family=st.sampled_from(list(FAMILIES)),
     key=st.sampled_from(["batch_size", "seed", "precision"]),
-    value=st.one_of(st.integers(-(2**64), 2**64), st.floats(allow_nan=True), st.text(max_size=5), st.none(),
-                    st.booleans(), st.lists(st.integers(), max_size=2)),
+    value=st.one_of(
+        st.integers(-(2**64), 2**64),
+        st.floats(allow_nan=True),
+        st.text(max_size=5),
+        st.none(),
+        st.booleans(),
+        st.lists(st.integers(), max_size=2),
+    ),
 )
 def test_any_value_is_accepted_or_refused_with_a_spec_error(family: str, key: str, value: object) -> None:
     """Whatever a user writes, the answer is a valid spec or a one-line SpecError naming the knob."""
