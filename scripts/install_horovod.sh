@@ -128,7 +128,7 @@ if [[ -z ${HOROVOD_GPU_OPERATIONS:-} && ${HPCDL_HOROVOD_GPU:-0} == 1 ]]; then
 fi
 if [[ -n ${HOROVOD_GPU_OPERATIONS:-} ]]; then
     [[ $TORCH_CUDA != none ]] || die "HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS but torch $TORCH_VERSION is a CPU build"
-    GPU_TAG=$(printf '%s' "$HOROVOD_GPU_OPERATIONS" | tr 'A-Z' 'a-z')
+    GPU_TAG=${HOROVOD_GPU_OPERATIONS,,}
     log "GPU build: HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS"
 else
     GPU_TAG=cpu
@@ -160,7 +160,7 @@ log "pip: ensuring Horovod's Python dependencies (cloudpickle psutil pyyaml pack
 
 # --- 4. Build the wheel once (serialised with a lock so parallel installs don't both build) ---
 exec 9>"$WHEEL_DIR/.lock"
-flock 9
+flock -n 9 || { log "another install is building this wheel; waiting for it"; flock 9; }
 WHEEL=$(find_cached_wheel)
 if [[ -n $WHEEL ]]; then
     log "cache hit: $WHEEL"
@@ -232,8 +232,13 @@ EOF
     if wait "$BUILD_PID"; then rc=0; else rc=$?; fi
     BUILD_PID=
     if ((rc != 0)); then
-        echo "----- last 40 lines of $BUILD_LOG -----" >&2
-        tail -n 40 "$BUILD_LOG" >&2
+        # pip ends the log with setup.py-clean noise, so show the first real errors as well.
+        {
+            echo "----- first error lines of $BUILD_LOG -----"
+            grep -n -m 15 -E 'CMake Error|: (fatal )?error:|^ *error:|#error|\*\*\* .*Error [0-9]|Configuring incomplete' "$BUILD_LOG" | cut -c1-300 || true
+            echo "----- last 15 lines -----"
+            tail -n 15 "$BUILD_LOG"
+        } >&2
         die "Horovod build failed (exit $rc) after $((SECONDS - build_start))s; full log: $BUILD_LOG"
     fi
     built=$(compgen -G "$TMP/wheelhouse/horovod-*.whl" | head -n1 || true)
