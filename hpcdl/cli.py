@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -15,6 +16,8 @@ import torch
 from hpcdl import h5data, metrics
 from hpcdl.config import RunConfig
 from hpcdl.device import device_name, memory_capacity, resolve_device
+from hpcdl.dist.launch import launch
+from hpcdl.dist.world import World, abort_mpi, init_world, rank_of_process, under_mpi
 from hpcdl.environment import availability, environment
 from hpcdl.errors import HpcdlError, SpecError
 from hpcdl.families import FAMILIES, spec_from_args
@@ -37,6 +40,7 @@ RUN_FLAGS = {
     "lr": "lr",
     "device": "device",
     "peak_flops": "peak_flops",
+    "backend": "backend",
 }
 
 
@@ -112,21 +116,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(specs) > 1 and args.duration is None and args.steps is None:
         cfg = cfg.replace(duration_s=12.0)  # the default suite: ~2 minutes on a 2-core CPU
     for spec in specs.values():
-        preflight(spec, cfg)  # refuse bad input before anything is measured
+        preflight(spec, cfg, World(size=args.np))  # refuse bad input before anything is measured
+    if args.np > 1 and not under_mpi():
+        return launch(args.np, args.argv, timeout_s=args.timeout)
+    world = init_world()
+    say = err if world.rank == 0 else (lambda _m: None)
     out = Path(args.output)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = world.bcast(stamp)
     results: dict[str, RunResult] = {}
     for i, (name, spec) in enumerate(specs.items(), 1):
         prefix = f"[{i}/{len(specs)}] {name}"
         params = si(spec.count().params)
-        err(f"{prefix}: {spec.family}, {params} params, batch {spec.batch_size}, {spec.precision}")
+        say(f"{prefix}: {spec.family}, {params} params, batch {spec.batch_size}/rank x {world.size}, {spec.precision}")
 
         def progress(message: str, prefix: str = prefix) -> None:
             err(f"{prefix}: {message}")
 
-        res = run(spec, cfg, output_dir=out, name=f"{stamp}-{name}", progress=progress)
+        record_name = args.name if args.name and len(specs) == 1 else f"{stamp}-{name}"
+        res = run(spec, cfg, output_dir=out, name=record_name, progress=progress, world=world)
         results[name] = res
-        err(f"{prefix}: {res.metrics['samples_per_s']:.1f} samples/s -> {res.path}")
+        say(f"{prefix}: {res.metrics['samples_per_s']:.1f} samples/s -> {res.path}")
+    if world.rank != 0:
+        return 0  # rank 0 reports, and its exit code is the run's
     headers = [
         "workload",
         "params",
@@ -294,6 +306,10 @@ def build_parser() -> Parser:
     r.add_argument(
         "--peak-flops", dest="peak_flops", help="peak FLOP/s for MFU (default: datasheet, else probe)"
     )
+    r.add_argument("--np", type=int, default=1, help="ranks to start on this machine with mpirun (default 1)")
+    r.add_argument("--backend", help="gradient reduction: auto (default) | horovod | torch")
+    r.add_argument("--name", help="record file stem (one workload only)")
+    r.add_argument("--timeout", type=float, help="end a --np run that takes longer than this many seconds")
     r.set_defaults(func=cmd_run)
 
     gen = sub.add_parser("generate", help="print a workload's size, FLOPs and memory without running it")
@@ -327,12 +343,24 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
+    if getattr(args, "np", 1) < 1:
+        err(f"hpcdl: error: np={args.np} is invalid: must be >= 1")
+        return 2
     try:
         return int(args.func(args))
     except HpcdlError as e:
-        err(f"hpcdl: error: {e}")
+        if rank_of_process() == 0:  # every rank meets the same bad input: say it once
+            err(f"hpcdl: error: {e}")
         return 2
+    except Exception as e:
+        if under_mpi():
+            # one rank failed: say which and why, then end every rank rather than let them hang
+            err(f"hpcdl: rank {rank_of_process()} on {socket.gethostname()} failed: {type(e).__name__}: {e}")
+            abort_mpi(1)
+        raise
     except KeyboardInterrupt:
         err("hpcdl: interrupted; records already written are kept")
         return 130

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcdl.device import synchronize
+from hpcdl.dist.backend import Backend, NoBackend
 
-PHASES = ("data", "forward", "backward", "optimizer")
+PHASES = ("data", "forward", "backward", "allreduce", "optimizer")
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -43,8 +44,10 @@ class Trainer:
         device: torch.device,
         precision: str,
         phase_sync: bool = True,
+        backend: Backend | None = None,
     ) -> None:
         self.model, self.optimizer, self.source, self.device = model, optimizer, source, device
+        self.backend = backend or NoBackend()
         self.amp_dtype = AMP_DTYPES.get(precision)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.phase_sync = phase_sync
@@ -68,13 +71,36 @@ class Trainer:
         t2 = self._mark()
         self.scaler.scale(loss).backward()
         t3 = self._mark()
-        self.scaler.step(self.optimizer)
+        self.backend.finish_reduction(self.optimizer)
+        t4 = self._mark()
+        self.backend.step(self.optimizer, self.scaler)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()  # None grads: the default since torch 2.0
         synchronize(self.device)  # the step's end is always synchronised
-        t4 = time.perf_counter()
+        t5 = time.perf_counter()
         self._losses.append(loss.detach())
-        return t4 - t0, {"data": t1 - t0, "forward": t2 - t1, "backward": t3 - t2, "optimizer": t4 - t3}
+        phases = {"data": t1 - t0, "forward": t2 - t1, "backward": t3 - t2, "allreduce": t4 - t3, "optimizer": t5 - t4}
+        return t5 - t0, phases
+
+    def local_backward_s(self, steps: int) -> list[float]:
+        """Backward times with DDP's reduction switched off (``no_sync``), gradients discarded:
+        what backward costs without communication, to tell DDP's exposed allreduce time."""
+        no_sync = getattr(self.model, "no_sync", None)
+        if no_sync is None:
+            return []
+        times = []
+        for _ in range(steps):
+            x, y = self.source.next()
+            with no_sync(), torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
+                                           enabled=self.amp_dtype is not None):
+                logits = self.model(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+            t0 = self._mark()
+            with no_sync():
+                self.scaler.scale(loss).backward()
+            times.append(self._mark() - t0)
+            self.optimizer.zero_grad()  # None grads: the default since torch 2.0
+        return times
 
     def run(
         self,

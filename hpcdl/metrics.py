@@ -52,3 +52,60 @@ def memory_estimate(params: int, activation_bytes_per_sample: int, batch: int, o
     (AdamW two moments; SGD one momentum buffer) and the batch's saved activations."""
     state_per_param = 8 if optimizer == "adamw" else 4
     return params * (4 + 4 + state_per_param) + activation_bytes_per_sample * batch
+
+
+def aggregate_throughput(samples_per_rank: Sequence[int], windows_s: Sequence[float]) -> float:
+    """Samples/s of a data-parallel run: every rank's samples over the slowest rank's window
+    (never one rank's rate times the number of ranks)."""
+    return throughput(sum(samples_per_rank), max(windows_s))
+
+
+def spread(values: Sequence[float]) -> float:
+    """(max - min) / median: 0 when all ranks are alike; the straggler figure."""
+    med = float(np.median(values)) if len(values) else 0.0
+    return (max(values) - min(values)) / med if med > 0 else 0.0
+
+
+def algbw(nbytes: int, seconds: float) -> float:
+    """Allreduce algorithm bandwidth: bytes of the buffer over the time (nccl-tests' algbw)."""
+    return nbytes / seconds if seconds > 0 else 0.0
+
+
+def busbw(algbw_bytes_per_s: float, ranks: int) -> float:
+    """Bus bandwidth of an allreduce, algbw x 2(n-1)/n (nccl-tests' PERFORMANCE.md): the
+    per-link traffic of a ring allreduce, comparable across rank counts."""
+    return algbw_bytes_per_s * 2 * (ranks - 1) / ranks if ranks > 0 else 0.0
+
+
+def energy_from_power(times_s: Sequence[float], power_w: Sequence[float]) -> float | None:
+    """Joules in a power trace: the trapezoidal integral of watts over seconds. Failed readings
+    (NaN) are skipped, the trapezoid bridging them; None with fewer than two readings."""
+    t = np.asarray(times_s, dtype=float)
+    p = np.asarray(power_w, dtype=float)
+    ok = np.isfinite(t) & np.isfinite(p)
+    t, p = t[ok], p[ok]
+    if t.size < 2:
+        return None
+    return float(np.sum((p[1:] + p[:-1]) * np.diff(t)) / 2)
+
+
+def average_power(energy_j: float | None, seconds: float) -> float | None:
+    """Watts over a window: its energy over its length (None when the energy is unknown)."""
+    return energy_j / seconds if energy_j is not None and seconds > 0 else None
+
+
+def energy_per_sample(energy_j: float | None, samples: int) -> float | None:
+    """Joules per training sample of the timed work."""
+    return energy_j / samples if energy_j is not None and samples > 0 else None
+
+
+def energy_delay_product(energy_j: float | None, seconds: float) -> float | None:
+    """J·s: energy to solution x time to solution. Lower is better; unlike energy alone it does
+    not reward a machine that saves joules by running slowly."""
+    return energy_j * seconds if energy_j is not None else None
+
+
+def ai_ops_per_watt(train_flops_per_sample: float, samples: int, energy_j: float | None) -> float | None:
+    """FLOPs per joule (the same number as FLOP/s per watt): analytic training FLOPs of the
+    timed work over the energy it took."""
+    return train_flops_per_sample * samples / energy_j if energy_j is not None and energy_j > 0 else None

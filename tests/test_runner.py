@@ -39,7 +39,7 @@ def test_run_writes_a_complete_valid_record(tmp_path: Path) -> None:
     assert m["ai_ops_per_s"] == pytest.approx(m["samples_per_s"] * m["train_flops_per_sample"])
     st = m["step_time_s"]
     assert 0 < st["p10"] <= st["median"] <= st["p90"]
-    assert set(m["phases_s"]) == {"data", "forward", "backward", "optimizer"}
+    assert set(m["phases_s"]) == {"data", "forward", "backward", "allreduce", "optimizer"}
     # phases partition the step
     assert sum(p["mean"] for p in m["phases_s"].values()) == pytest.approx(st["mean"], rel=0.05)
     assert 0 < m["mfu"] < 1.5 and m["peak_memory_bytes"] > 0

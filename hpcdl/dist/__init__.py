@@ -1,0 +1,1 @@
+"""Data-parallel runs: ranks (MPI processes), gradient-reduction backends, launching."""

@@ -1,0 +1,93 @@
+"""Who this process is among the ranks of a run, from MPI (mpi4py), and the collectives hpcdl
+uses on host objects: gather of results, agreement checks, abort.
+
+Without an MPI launcher (no mpirun/srun environment) the world is this process alone, and
+mpi4py is not even imported: a plain ``hpcdl run`` needs no MPI.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+# Environment variables an MPI launcher sets for every rank it starts.
+LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
+
+
+def under_mpi() -> bool:
+    """True when this process was started by an MPI launcher (mpirun, srun --mpi, horovodrun)."""
+    return any(v in os.environ for v in LAUNCHER_VARS)
+
+
+@dataclass(frozen=True)
+class World:
+    """This rank's place in the run. ``comm`` is an mpi4py communicator, or None alone."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    node: int = 0
+    nodes: int = 1
+    hostname: str = socket.gethostname()
+    comm: Any = None
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` on rank 0 (None elsewhere)."""
+        return [obj] if self.comm is None else self.comm.gather(obj, root=0)
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return [obj] if self.comm is None else list(self.comm.allgather(obj))
+
+    def bcast(self, obj: Any) -> Any:
+        return obj if self.comm is None else self.comm.bcast(obj, root=0)
+
+    def barrier(self) -> None:
+        if self.comm is not None:
+            self.comm.Barrier()
+
+    def abort(self, code: int = 1) -> None:
+        """End every rank of the run now (used when one rank fails, so none hangs)."""
+        if self.comm is not None:
+            self.comm.Abort(code)
+
+
+def rank_of_process() -> int:
+    """This process's rank as the launcher set it (0 when not launched by MPI)."""
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+def abort_mpi(code: int) -> None:
+    """Abort the whole MPI job (every rank), if MPI is in use."""
+    if under_mpi():
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(code)
+
+
+def init_world() -> World:
+    """The world of this process: from MPI when launched by an MPI launcher, else alone."""
+    if not under_mpi():
+        return World()
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    host = MPI.Get_processor_name()
+    hosts = comm.allgather(host)
+    node_names = sorted(set(hosts), key=hosts.index)  # in order of first rank
+    return World(
+        rank=comm.Get_rank(),
+        size=comm.Get_size(),
+        local_rank=local.Get_rank(),
+        local_size=local.Get_size(),
+        node=node_names.index(host),
+        nodes=len(node_names),
+        hostname=host,
+        comm=comm,
+    )
