@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 import torch
 
 from hpcdl import h5data, metrics
+from hpcdl import sweep as sweep_mod
 from hpcdl.config import RunConfig
 from hpcdl.device import device_name, memory_capacity, resolve_device
 from hpcdl.dist.launch import launch
@@ -128,7 +129,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     for i, (name, spec) in enumerate(specs.items(), 1):
         prefix = f"[{i}/{len(specs)}] {name}"
         params = si(spec.count().params)
-        say(f"{prefix}: {spec.family}, {params} params, batch {spec.batch_size}/rank x {world.size}, {spec.precision}")
+        say(
+            f"{prefix}: {spec.family}, {params} params, {spec.precision}, "
+            f"batch {spec.batch_size}/rank x {world.size} ranks"
+        )
 
         def progress(message: str, prefix: str = prefix) -> None:
             err(f"{prefix}: {message}")
@@ -160,6 +164,55 @@ def cmd_run(args: argparse.Namespace) -> int:
         }
         write_record(summary, out / f"{stamp}-suite.json")
     return 0 if all(r.passed for r in results.values()) else 1
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    specs = workload_specs(args)
+    if len(specs) != 1:
+        raise SpecError(
+            "sweep", "default suite", "a sweep takes one workload: --workload FAMILY or --preset NAME"
+        )
+    try:
+        nps = [int(x) for x in args.np.split(",") if x]
+    except ValueError:
+        raise SpecError("sweep.np", args.np, "expected rank counts like 1,2,4") from None
+    if not nps or min(nps) < 1:
+        raise SpecError("sweep.np", args.np, "expected rank counts >= 1, like 1,2,4")
+    cfg = run_config(args)
+    (spec,) = specs.values()
+    for np in nps:
+        preflight(
+            sweep_mod.point_spec(spec, args.mode, np) if args.mode in sweep_mod.MODES else spec,
+            cfg,
+            World(size=np),
+        )
+    run_args = [
+        f"--{flag.replace('_', '-')}={getattr(args, flag)}"
+        for flag in RUN_FLAGS
+        if getattr(args, flag) is not None
+    ]
+    summary = sweep_mod.sweep(
+        spec,
+        nps,
+        args.mode,
+        Path(args.output),
+        run_args,
+        prefix=args.prefix,
+        redo=args.redo,
+        timeout_s=args.timeout,
+        say=err,
+    )
+    rows = [
+        [
+            str(p["np"]),
+            f"{p['samples_per_s']:.1f}" if p["record"] else "failed",
+            f"{p['speedup']:.2f}" if p["record"] else "",
+            f"{p['efficiency'] * 100:.1f}%" if p["record"] else "",
+        ]
+        for p in summary["points"]
+    ]
+    print(table(["ranks", "samples/s", "speed-up", f"{args.mode} efficiency"], rows))
+    return 0 if all(p["record"] for p in summary["points"]) else 1
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -275,19 +328,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> Parser:
-    p = Parser(prog="hpcdl", description="Benchmark a system on generated deep-learning training workloads.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
-
-    r = sub.add_parser("run", help="measure the default suite, one workload, or a preset")
-    g = r.add_mutually_exclusive_group()
-    g.add_argument(
-        "--workload", choices=list(FAMILIES), help="family of one workload; knobs follow as key=value"
-    )
-    g.add_argument("--preset", help="a preset (resnet50, gpt2_small, ...); knobs override it")
-    r.add_argument(
-        "knobs", nargs="*", help="key=value knob settings (for the suite: batch_size, precision, seed)"
-    )
+def add_run_options(r: argparse.ArgumentParser) -> None:
+    """Options shared by ``run`` and ``sweep``."""
     r.add_argument("-o", "--output", default="results", help="directory for records (default: results)")
     r.add_argument("--warmup", help="untimed warm-up steps (default 3)")
     r.add_argument("--steps", help="timed steps (default: as many as fit in --duration)")
@@ -306,11 +348,42 @@ def build_parser() -> Parser:
     r.add_argument(
         "--peak-flops", dest="peak_flops", help="peak FLOP/s for MFU (default: datasheet, else probe)"
     )
-    r.add_argument("--np", type=int, default=1, help="ranks to start on this machine with mpirun (default 1)")
     r.add_argument("--backend", help="gradient reduction: auto (default) | horovod | torch")
+    r.add_argument("--timeout", type=float, help="end a multi-rank run that takes longer than this (seconds)")
+
+
+def add_workload_options(r: argparse.ArgumentParser) -> None:
+    g = r.add_mutually_exclusive_group()
+    g.add_argument(
+        "--workload", choices=list(FAMILIES), help="family of one workload; knobs follow as key=value"
+    )
+    g.add_argument("--preset", help="a preset (resnet50, gpt2_small, ...); knobs override it")
+    r.add_argument(
+        "knobs", nargs="*", help="key=value knob settings (for the suite: batch_size, precision, seed)"
+    )
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="hpcdl", description="Benchmark a system on generated deep-learning training workloads.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    r = sub.add_parser("run", help="measure the default suite, one workload, or a preset")
+    add_workload_options(r)
+    add_run_options(r)
+    r.add_argument("--np", type=int, default=1, help="ranks to start on this machine with mpirun (default 1)")
     r.add_argument("--name", help="record file stem (one workload only)")
-    r.add_argument("--timeout", type=float, help="end a --np run that takes longer than this many seconds")
     r.set_defaults(func=cmd_run)
+
+    sw = sub.add_parser("sweep", help="weak or strong scaling over rank counts, one record per point")
+    add_workload_options(sw)
+    add_run_options(sw)
+    sw.add_argument("--np", required=True, help="rank counts, e.g. 1,2,4")
+    sw.add_argument(
+        "--mode", default="weak", help="weak (batch per rank fixed) | strong (global batch fixed)"
+    )
+    sw.add_argument("--prefix", default="sweep", help="record name prefix (default: sweep)")
+    sw.add_argument("--redo", action="store_true", help="rerun points that already have a valid record")
+    sw.set_defaults(func=cmd_sweep)
 
     gen = sub.add_parser("generate", help="print a workload's size, FLOPs and memory without running it")
     gen.add_argument("family", help="a family (cnn, rnn, attention, mlp, speech) or a preset name")
@@ -346,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
-    if getattr(args, "np", 1) < 1:
+    if isinstance(getattr(args, "np", None), int) and args.np < 1:
         err(f"hpcdl: error: np={args.np} is invalid: must be >= 1")
         return 2
     try:

@@ -35,8 +35,11 @@ class RunConfig(Knobs):
     lr: float = knob(1e-3, lo=0.0, hi=10.0, doc="learning rate")
     device: str = knob("auto", doc="torch device: auto (cuda if present, else cpu), cpu, cuda, cuda:1, ...")
     peak_flops: float = knob(0.0, lo=0.0, doc="peak FLOP/s to compute MFU against; 0 = datasheet or probe")
-    backend: str = knob("auto", choices=("auto", "horovod", "torch", "none"),
-                        doc="gradient reduction across ranks: horovod, torch (DDP), auto (horovod if installed)")
+    backend: str = knob(
+        "auto",
+        choices=("auto", "horovod", "torch", "none"),
+        doc="gradient reduction across ranks: horovod, torch (DDP), auto (horovod if installed)",
+    )
     phase_sync: bool = knob(True, doc="synchronise the device between phases to time each (costs a little)")
 
     def check(self) -> None:

@@ -79,7 +79,13 @@ class Trainer:
         synchronize(self.device)  # the step's end is always synchronised
         t5 = time.perf_counter()
         self._losses.append(loss.detach())
-        phases = {"data": t1 - t0, "forward": t2 - t1, "backward": t3 - t2, "allreduce": t4 - t3, "optimizer": t5 - t4}
+        phases = {
+            "data": t1 - t0,
+            "forward": t2 - t1,
+            "backward": t3 - t2,
+            "allreduce": t4 - t3,
+            "optimizer": t5 - t4,
+        }
         return t5 - t0, phases
 
     def local_backward_s(self, steps: int) -> list[float]:
@@ -91,8 +97,14 @@ class Trainer:
         times = []
         for _ in range(steps):
             x, y = self.source.next()
-            with no_sync(), torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
-                                           enabled=self.amp_dtype is not None):
+            with (
+                no_sync(),
+                torch.autocast(
+                    self.device.type,
+                    dtype=self.amp_dtype or torch.float32,
+                    enabled=self.amp_dtype is not None,
+                ),
+            ):
                 logits = self.model(x)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
             t0 = self._mark()

@@ -109,3 +109,14 @@ def ai_ops_per_watt(train_flops_per_sample: float, samples: int, energy_j: float
     """FLOPs per joule (the same number as FLOP/s per watt): analytic training FLOPs of the
     timed work over the energy it took."""
     return train_flops_per_sample * samples / energy_j if energy_j is not None and energy_j > 0 else None
+
+
+def scaling_efficiency(x_n: float, n: int, x_base: float, n_base: int) -> float:
+    """E(N) = X(N) / ((N / N0) X(N0)): throughput against perfect linear scaling from the
+    smallest measured point N0 (N0 = 1 gives the usual X(N) / (N X(1)))."""
+    return x_n / ((n / n_base) * x_base) if x_base > 0 else float("nan")
+
+
+def speedup(x_n: float, x_base: float) -> float:
+    """S(N) = X(N) / X(N0): strong scaling's gain over the smallest measured point."""
+    return x_n / x_base if x_base > 0 else float("nan")

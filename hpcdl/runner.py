@@ -19,7 +19,13 @@ import torch
 from hpcdl import h5data, metrics, validity
 from hpcdl.config import RunConfig
 from hpcdl.data import device_pool
-from hpcdl.device import device_name, memory_capacity, peak_memory, reset_peak_memory, resolve_device, synchronize
+from hpcdl.device import (
+    memory_capacity,
+    peak_memory,
+    reset_peak_memory,
+    resolve_device,
+    synchronize,
+)
 from hpcdl.dist.backend import Backend, make_backend, resolve_backend_name
 from hpcdl.dist.checks import one_step_equivalence, parameter_digest, parameters_identical
 from hpcdl.dist.world import World, init_world
@@ -91,13 +97,17 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
     device = rank_device(cfg, world)
     resolve_backend_name(cfg.backend, world.size)
     count = spec.count()
-    need = metrics.memory_estimate(count.params, count.activation_bytes(spec.precision), spec.batch_size,
-                                   cfg.optimizer)
+    need = metrics.memory_estimate(
+        count.params, count.activation_bytes(spec.precision), spec.batch_size, cfg.optimizer
+    )
     have = memory_capacity(device) // (world.local_size if device.type == "cpu" else 1)
     if need > have:
-        raise SpecError(f"{spec.family}.batch_size", spec.batch_size,
-                        f"estimated memory {need / 2**30:.1f} GiB exceeds the {have / 2**30:.1f} GiB "
-                        f"available to a rank on {device}; lower batch_size or the model's size")
+        raise SpecError(
+            f"{spec.family}.batch_size",
+            spec.batch_size,
+            f"estimated memory {need / 2**30:.1f} GiB exceeds the {have / 2**30:.1f} GiB "
+            f"available to a rank on {device}; lower batch_size or the model's size",
+        )
     return device
 
 
@@ -152,29 +162,47 @@ def measure_rank(
     reset_peak_memory(device)
     say(f"warm-up {cfg.warmup_steps} steps, then timing")
     local_backward = trainer.local_backward_s(CALIBRATION_STEPS) if backend.name == "torch" else []
-    log = trainer.run(cfg.warmup_steps, cfg.steps, cfg.duration_s,
-                      progress=lambda n, s: say(f"timed {n} steps in {s:.1f} s"))
+    log = trainer.run(
+        cfg.warmup_steps,
+        cfg.steps,
+        cfg.duration_s,
+        progress=lambda n, s: say(f"timed {n} steps in {s:.1f} s"),
+    )
     grad_bytes = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
     mem_bytes, mem_kind = peak_memory(device)
     return {
-        "rank": world.rank, "host": world.hostname, "node": world.node, "local_rank": world.local_rank,
-        "log": log, "io": io, "checks": checks, "local_backward_s": local_backward,
+        "rank": world.rank,
+        "host": world.hostname,
+        "node": world.node,
+        "local_rank": world.local_rank,
+        "log": log,
+        "io": io,
+        "checks": checks,
+        "local_backward_s": local_backward,
         "digest": parameter_digest(model) if world.size > 1 else "",
         "allreduce_s": allreduce_time(backend, grad_bytes, device) if world.size > 1 else 0.0,
-        "grad_bytes": grad_bytes, "peak_memory": (mem_bytes, mem_kind), "threads": torch.get_num_threads(),
+        "grad_bytes": grad_bytes,
+        "peak_memory": (mem_bytes, mem_kind),
+        "threads": torch.get_num_threads(),
     }
 
 
 def per_rank_row(spec: Spec, r: dict[str, Any]) -> dict[str, Any]:
     log: StepLog = r["log"]
     return {
-        "rank": r["rank"], "host": r["host"], "node": r["node"], "local_rank": r["local_rank"],
+        "rank": r["rank"],
+        "host": r["host"],
+        "node": r["node"],
+        "local_rank": r["local_rank"],
         "samples_per_s": metrics.throughput(spec.batch_size * len(log.step_s), log.window_s),
         "step_time_median_s": metrics.summarize(log.step_s)["median"],
-        "compute_median_s": metrics.summarize([f + b for f, b in zip(log.phases_s["forward"],
-                                                                      log.phases_s["backward"], strict=True)])["median"],
-        "timed_steps": len(log.step_s), "timed_window_s": log.window_s,
-        "peak_memory_bytes": r["peak_memory"][0], "torch_threads": r["threads"],
+        "compute_median_s": metrics.summarize(
+            [f + b for f, b in zip(log.phases_s["forward"], log.phases_s["backward"], strict=True)]
+        )["median"],
+        "timed_steps": len(log.step_s),
+        "timed_window_s": log.window_s,
+        "peak_memory_bytes": r["peak_memory"][0],
+        "torch_threads": r["threads"],
     }
 
 
@@ -187,8 +215,9 @@ def build_record(
     n = len(ranks)
     logs: list[StepLog] = [r["log"] for r in ranks]
     lead = logs[0]
-    samples_per_s = metrics.aggregate_throughput([spec.batch_size * len(g.step_s) for g in logs],
-                                                 [g.window_s for g in logs])
+    samples_per_s = metrics.aggregate_throughput(
+        [spec.batch_size * len(g.step_s) for g in logs], [g.window_s for g in logs]
+    )
     ai_ops = metrics.ai_ops_per_s(count.train_flops, samples_per_s)
     # the peak of one device (a GPU, or a node's CPU) times the devices in use: the job's MFU
     devices = n if device.type == "cuda" else len({r["host"] for r in ranks})
@@ -197,8 +226,10 @@ def build_record(
     all_steps = [t for g in logs for t in g.step_s]
     phases = {p: metrics.summarize([t for g in logs for t in g.phases_s[p]]) for p in lead.phases_s}
     rows = [per_rank_row(spec, r) for r in ranks]
-    checks = [validity.loss_finite([v for g in logs for v in g.losses]),
-              validity.min_duration(min(g.window_s for g in logs), cfg.min_duration_s)]
+    checks = [
+        validity.loss_finite([v for g in logs for v in g.losses]),
+        validity.min_duration(min(g.window_s for g in logs), cfg.min_duration_s),
+    ]
     if cfg.data in ("learnable", "hdf5"):
         checks.append(validity.loss_falls(lead.losses))
     if n > 1:
@@ -208,15 +239,18 @@ def build_record(
     comm: dict[str, Any] = {"grad_bytes_per_step": grad_bytes}
     if n > 1:
         t_ar = max(r["allreduce_s"] for r in ranks)  # the slowest rank sets the pace
-        comm.update({
-            "allreduce_s": t_ar,
-            "algbw_bytes_per_s": metrics.algbw(grad_bytes, t_ar),
-            "busbw_bytes_per_s": metrics.busbw(metrics.algbw(grad_bytes, t_ar), n),
-            "exposed_s": exposed_allreduce(backend, ranks, phases),
-            "exposed_method": {"horovod": "allreduce phase: optimizer.synchronize() after backward",
-                               "torch": "median backward with DDP minus median backward under no_sync()"}
-            .get(backend, "none"),
-        })
+        comm.update(
+            {
+                "allreduce_s": t_ar,
+                "algbw_bytes_per_s": metrics.algbw(grad_bytes, t_ar),
+                "busbw_bytes_per_s": metrics.busbw(metrics.algbw(grad_bytes, t_ar), n),
+                "exposed_s": exposed_allreduce(backend, ranks, phases),
+                "exposed_method": {
+                    "horovod": "allreduce phase: optimizer.synchronize() after backward",
+                    "torch": "median backward with DDP minus median backward under no_sync()",
+                }.get(backend, "none"),
+            }
+        )
     mem = max(r["peak_memory"][0] for r in ranks)
     record: dict[str, Any] = {
         "schema": SCHEMA,
@@ -226,13 +260,23 @@ def build_record(
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "spec": spec.to_dict(),
         "run": cfg.to_dict(),
-        "settings": {"precision": spec.precision, "batch_per_rank": spec.batch_size, "world_size": n,
-                     "global_batch": spec.batch_size * n, "backend": backend, "device": str(device),
-                     "nodes": len({r["host"] for r in ranks}), "hosts": sorted({r["host"] for r in ranks})},
+        "settings": {
+            "precision": spec.precision,
+            "batch_per_rank": spec.batch_size,
+            "world_size": n,
+            "global_batch": spec.batch_size * n,
+            "backend": backend,
+            "device": str(device),
+            "nodes": len({r["host"] for r in ranks}),
+            "hosts": sorted({r["host"] for r in ranks}),
+        },
         "environment": env,
-        "counts": {"params": count.params, "forward_flops_per_sample": count.forward_flops,
-                   "train_flops_per_sample": count.train_flops,
-                   "activation_bytes_per_sample": count.activation_bytes(spec.precision)},
+        "counts": {
+            "params": count.params,
+            "forward_flops_per_sample": count.forward_flops,
+            "train_flops_per_sample": count.train_flops,
+            "activation_bytes_per_sample": count.activation_bytes(spec.precision),
+        },
         "metrics": {
             "samples_per_s": samples_per_s,
             "ai_ops_per_s": ai_ops,
@@ -261,7 +305,9 @@ def build_record(
     return record
 
 
-def exposed_allreduce(backend: str, ranks: list[dict[str, Any]], phases: dict[str, dict[str, float]]) -> float:
+def exposed_allreduce(
+    backend: str, ranks: list[dict[str, Any]], phases: dict[str, dict[str, float]]
+) -> float:
     """Median communication time not hidden behind backward (see METRICS.md)."""
     if backend == "torch":
         local = [t for r in ranks for t in r["local_backward_s"]]
@@ -311,7 +357,12 @@ def run(
 
 
 def finish(
-    spec: Spec, cfg: RunConfig, device: torch.device, ranks: list[dict[str, Any]], backend: str, name: str,
+    spec: Spec,
+    cfg: RunConfig,
+    device: torch.device,
+    ranks: list[dict[str, Any]],
+    backend: str,
+    name: str,
     output_dir: str | Path | None,
 ) -> RunResult:
     """Rank 0: build, seal and write the record and the per-step file (rank 0's steps)."""
@@ -320,8 +371,10 @@ def finish(
         return RunResult(seal(record), None, None)
     out = Path(output_dir)
     log: StepLog = ranks[0]["log"]
-    steps_path = write_steps({"step_s": log.step_s, **{f"{p}_s": v for p, v in log.phases_s.items()},
-                              "loss": log.losses}, out / f"{name}.steps.h5")
+    steps_path = write_steps(
+        {"step_s": log.step_s, **{f"{p}_s": v for p, v in log.phases_s.items()}, "loss": log.losses},
+        out / f"{name}.steps.h5",
+    )
     record["steps_file"] = steps_path.name
     record = seal(record)
     return RunResult(record, write_record(record, out / f"{name}.json"), steps_path)

@@ -294,8 +294,12 @@ class NvmlGpu:
         if self._start_mj is not None and self._end_mj is not None and self._end_mj > self._start_mj:
             # a counter that did not move (a window shorter than its update period) measured nothing
             counted = (self._end_mj - self._start_mj) / 1000
-        energy = counted if counted is not None else integrated
-        source = "nvml_total_energy" if counted is not None else "integrated_power" if integrated else None
+        energy: float | None
+        source: str | None
+        if counted is not None:
+            energy, source = counted, "nvml_total_energy"
+        else:
+            energy, source = integrated, "integrated_power" if integrated is not None else None
         return {
             "available": self.available,
             "reason": self.reason,
@@ -322,7 +326,11 @@ class TelemetrySampler:
     """
 
     def __init__(
-        self, device: torch.device | str, interval_s: float = 0.1, *, powercap_root: str | Path = POWERCAP_ROOT
+        self,
+        device: torch.device | str,
+        interval_s: float = 0.1,
+        *,
+        powercap_root: str | Path = POWERCAP_ROOT,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be positive, not {interval_s}")
@@ -333,6 +341,7 @@ class TelemetrySampler:
         self.error: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._started = False
         self._t0 = 0.0
         self._window_s: float | None = None
 
@@ -341,20 +350,24 @@ class TelemetrySampler:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
-        if self._thread is not None or self._window_s is not None:
+        if self._started:
             raise RuntimeError("a TelemetrySampler measures one window; make a new one")
         self.gpu.open()  # before the window: NVML's initialisation takes tens of milliseconds
         self._t0 = time.perf_counter()
         self.gpu.begin(0.0)
         self.rapl.start()
-        self._thread = threading.Thread(target=self._run, name="hpcdl-telemetry", daemon=True)
-        self._thread.start()
+        self._started = True
+        if self.gpu.available or self.rapl.available:  # no thread waking up for nothing
+            self._thread = threading.Thread(target=self._run, name="hpcdl-telemetry", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
-        if self._thread is None or self._window_s is not None:
+        """End the window: stop the thread, take the final readings. Idempotent."""
+        if not self._started or self._window_s is not None:
             return
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         t = time.perf_counter() - self._t0
         self.gpu.end(t)
         self.rapl.poll()
@@ -382,7 +395,9 @@ class TelemetrySampler:
                 self.error = f"sampling stopped: {exc!r}"
                 return
             # fixed deadlines keep samples evenly spaced; after a stall, skip rather than catch up
-            due = max(due + self.interval_s, now)
+            due += self.interval_s
+            if due <= (after := time.perf_counter()):
+                due = after + self.interval_s
 
     def summary(self) -> dict[str, Any]:
         """Figures of the window (see METRICS.md); call after the window ends."""

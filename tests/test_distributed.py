@@ -1,0 +1,182 @@
+"""Real multi-rank runs: mpirun, mpi4py, Horovod and torch.distributed (gloo) on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcdl.dist.launch import mpi_env
+
+# No skips: scripts/test.sh installs Open MPI and Horovod, and these tests are the proof they work.
+BACKENDS = ["torch", "horovod"]
+MLP = ["--workload", "mlp", "layers=2", "width=128", "input_size=64", "output_size=10", "batch_size=16"]
+
+
+def hpcdl(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=timeout, env=mpi_env()
+    )
+
+
+def only_record(out: Path) -> dict:
+    (path,) = [p for p in out.glob("*.json") if "suite" not in p.name]
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("np", [2, 4])
+def test_every_rank_measured_and_checked(backend: str, np: int, tmp_path: Path) -> None:
+    p = hpcdl(
+        "run",
+        *MLP,
+        "--np",
+        str(np),
+        "--backend",
+        backend,
+        "--steps",
+        "12",
+        "--min-duration",
+        "0",
+        "-o",
+        str(tmp_path),
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = only_record(tmp_path)
+    assert rec["settings"]["world_size"] == np and rec["settings"]["backend"] == backend
+    assert rec["settings"]["global_batch"] == 16 * np
+    m = rec["metrics"]
+    ranks = m["per_rank"]
+    assert sorted(r["rank"] for r in ranks) == list(range(np))
+    assert all(r["timed_steps"] == 12 and r["samples_per_s"] > 0 for r in ranks)
+    # aggregate = all ranks' samples over the slowest window, never rank 0 x size
+    assert m["samples_per_s"] == pytest.approx(16 * 12 * np / max(r["timed_window_s"] for r in ranks))
+    assert m["slowest_rank_samples_per_s"] == min(r["samples_per_s"] for r in ranks)
+    assert m["straggler_spread"] >= 0
+    comm = m["communication"]
+    assert comm["grad_bytes_per_step"] == 4 * rec["counts"]["params"]
+    assert comm["busbw_bytes_per_s"] == pytest.approx(comm["algbw_bytes_per_s"] * 2 * (np - 1) / np)
+    assert comm["exposed_s"] >= 0
+    checks = {c["name"]: c for c in rec["validity"]["checks"]}
+    assert checks["one_step_equivalence"]["passed"] and checks["parameters_identical"]["passed"]
+    assert rec["validity"]["passed"], rec["validity"]
+
+
+def test_batch_norm_model_with_ddp_buffers(tmp_path: Path) -> None:
+    p = hpcdl(
+        "run",
+        "--workload",
+        "cnn",
+        "image_size=16",
+        "stages=2",
+        "base_width=8",
+        "batch_size=4",
+        "--np",
+        "2",
+        "--backend",
+        "torch",
+        "--steps",
+        "4",
+        "--min-duration",
+        "0",
+        "-o",
+        str(tmp_path),
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert only_record(tmp_path)["validity"]["passed"]
+
+
+def _rank_pids(rank: int) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes().split(b"\0")
+            cmd = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"hpcdl" in cmd and f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+            pids.append(int(d.name))
+    return pids
+
+
+def test_a_killed_rank_ends_the_run_quickly(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hpcdl",
+            "run",
+            *MLP,
+            "--np",
+            "2",
+            "--backend",
+            "torch",
+            "--duration",
+            "120",
+            "-o",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=mpi_env(),
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:  # wait until the timed steps run
+        if "timed" in line and "steps in" in line:
+            break
+    (victim,) = _rank_pids(1)
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    rest = proc.communicate(timeout=60)[0]
+    assert time.monotonic() - t0 < 60
+    assert proc.returncode != 0
+    assert "signal 9" in rest or "Killed" in rest or "rank 1" in rest, rest[-2000:]
+    assert not list(tmp_path.glob("*.json"))  # no record of a broken run
+
+
+FAULT = """
+import sys
+import hpcdl.runner, hpcdl.cli
+real = hpcdl.runner.measure_rank
+def faulty(spec, cfg, device, world, backend, say):
+    if world.rank == 1:
+        raise RuntimeError("injected fault")
+    return real(spec, cfg, device, world, backend, say)
+hpcdl.runner.measure_rank = faulty
+sys.exit(hpcdl.cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_rank_that_raises_names_itself_and_ends_all(tmp_path: Path) -> None:
+    script = tmp_path / "fault.py"
+    script.write_text(FAULT)
+    cmd = [
+        "mpirun",
+        "-np",
+        "2",
+        "--oversubscribe",
+        sys.executable,
+        str(script),
+        "run",
+        *MLP,
+        "--backend",
+        "torch",
+        "--steps",
+        "5",
+        "-o",
+        str(tmp_path),
+    ]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=mpi_env())
+    assert time.monotonic() - t0 < 60
+    assert p.returncode != 0
+    assert "rank 1 on" in p.stderr and "RuntimeError: injected fault" in p.stderr, p.stderr[-2000:]
