@@ -25,7 +25,7 @@ from hpcdl.families import FAMILIES, spec_from_args
 from hpcdl.peaks import datasheet_peak, matmul_probe
 from hpcdl.records import write_record
 from hpcdl.report_text import si, table
-from hpcdl.runner import RunResult, preflight, run
+from hpcdl.runner import RunResult, preflight, rank_device, run
 from hpcdl.spec import PRECISIONS, Spec
 
 # command-line flag -> RunConfig knob
@@ -213,6 +213,55 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     ]
     print(table(["ranks", "samples/s", "speed-up", f"{args.mode} efficiency"], rows))
     return 0 if all(p["record"] for p in summary["points"]) else 1
+
+
+def cmd_comm(args: argparse.Namespace) -> int:
+    """Allreduce sweep through the backend and raw mpi4py, side by side."""
+    from hpcdl.dist.backend import make_backend, resolve_backend_name
+    from hpcdl.dist.commbench import DEFAULT_SIZES, allreduce_sweep
+
+    if args.np > 1 and not under_mpi():
+        return launch(args.np, args.argv, timeout_s=args.timeout)
+    world = init_world()
+    cfg = RunConfig.from_dict(
+        {
+            "backend": RunConfig.parse_knob("backend", args.backend),
+            "device": RunConfig.parse_knob("device", args.device),
+        }
+    )
+    name = resolve_backend_name(cfg.backend, world.size)
+    if world.size < 2:
+        raise SpecError("np", world.size, "an allreduce benchmark needs at least 2 ranks (--np 2)")
+    device = rank_device(cfg, world)
+    backend = make_backend(name, world, device)
+    try:
+        sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
+        rows = allreduce_sweep(world, backend, device, sizes, reps=args.reps)
+    finally:
+        backend.close()
+    if rows is None:
+        return 0
+    print(f"allreduce, {world.size} ranks, {name} vs raw mpi4py (median of {args.reps}, slowest rank)")
+    print(
+        table(
+            ["bytes", f"{name} us", "algbw", "busbw", "mpi us", "algbw", "busbw", "ratio busbw", "#wrong"],
+            [
+                [
+                    si(r["bytes"], "B"),
+                    f"{r['backend_s'] * 1e6:.1f}",
+                    si(r["backend_algbw"], "B/s"),
+                    si(r["backend_busbw"], "B/s"),
+                    f"{r['mpi_s'] * 1e6:.1f}",
+                    si(r["mpi_algbw"], "B/s"),
+                    si(r["mpi_busbw"], "B/s"),
+                    f"{r['backend_busbw'] / r['mpi_busbw']:.2f}",
+                    str(r["wrong"]),
+                ]
+                for r in rows
+            ],
+        )
+    )
+    return 0 if all(r["wrong"] == 0 for r in rows) else 1
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -409,6 +458,15 @@ def build_parser() -> Parser:
     io.add_argument("family", nargs="?", default="cnn", choices=list(FAMILIES))
     io.add_argument("knobs", nargs="*")
     io.set_defaults(func=cmd_io)
+
+    cm = sub.add_parser("comm", help="allreduce bandwidth sweep: the backend against raw MPI")
+    cm.add_argument("--np", type=int, default=2, help="ranks (default 2)")
+    cm.add_argument("--backend", default="auto", help="auto | horovod | torch")
+    cm.add_argument("--device", default="auto")
+    cm.add_argument("--sizes", help="comma-separated buffer sizes in bytes (default 1 KiB .. 64 MiB)")
+    cm.add_argument("--reps", type=int, default=10)
+    cm.add_argument("--timeout", type=float)
+    cm.set_defaults(func=cmd_comm)
 
     lst = sub.add_parser("list", help="families and their knobs, presets, the default suite")
     lst.set_defaults(func=cmd_list)
