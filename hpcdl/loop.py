@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -120,14 +121,24 @@ class Trainer:
         steps: int,
         duration_s: float,
         progress: Callable[[int, float], None] | None = None,
+        window: AbstractContextManager[object] | None = None,
     ) -> StepLog:
         """``warmup`` untimed steps, then ``steps`` timed steps (or, if 0, steps until
-        ``duration_s`` has passed)."""
+        ``duration_s`` has passed); ``window`` (e.g. a power sampler) is entered around the
+        timed steps only."""
         log = StepLog()
         self.model.train()
         for _ in range(warmup):
             self.step()
         synchronize(self.device)
+        with window or nullcontext():
+            self._timed(log, steps, duration_s, progress)
+        log.losses = torch.stack(self._losses).float().tolist()
+        return log
+
+    def _timed(
+        self, log: StepLog, steps: int, duration_s: float, progress: Callable[[int, float], None] | None
+    ) -> None:
         start = time.perf_counter()
         last_report = start
         while True:
@@ -143,5 +154,3 @@ class Trainer:
             if (steps and done >= steps) or (not steps and now - start >= duration_s):
                 break
         log.window_s = time.perf_counter() - start
-        log.losses = torch.stack(self._losses).float().tolist()
-        return log

@@ -35,6 +35,7 @@ from hpcdl.loop import BatchSource, StepLog, Trainer
 from hpcdl.peaks import Peak, datasheet_peak, matmul_probe
 from hpcdl.records import SCHEMA, SCHEMA_VERSION, seal, write_record, write_steps
 from hpcdl.spec import Spec
+from hpcdl.telemetry import TelemetrySampler, energy_figures
 
 Progress = Callable[[str], None]
 CALIBRATION_STEPS = 5  # DDP backward timed without reduction, to tell its exposed allreduce
@@ -162,11 +163,13 @@ def measure_rank(
     reset_peak_memory(device)
     say(f"warm-up {cfg.warmup_steps} steps, then timing")
     local_backward = trainer.local_backward_s(CALIBRATION_STEPS) if backend.name == "torch" else []
+    sampler = TelemetrySampler(device)
     log = trainer.run(
         cfg.warmup_steps,
         cfg.steps,
         cfg.duration_s,
         progress=lambda n, s: say(f"timed {n} steps in {s:.1f} s"),
+        window=sampler,
     )
     grad_bytes = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
     mem_bytes, mem_kind = peak_memory(device)
@@ -181,6 +184,8 @@ def measure_rank(
         "local_backward_s": local_backward,
         "digest": parameter_digest(model) if world.size > 1 else "",
         "allreduce_s": allreduce_time(backend, grad_bytes, device) if world.size > 1 else 0.0,
+        "energy": sampler.summary(),
+        "power_trace": sampler.trace(),
         "grad_bytes": grad_bytes,
         "peak_memory": (mem_bytes, mem_kind),
         "threads": torch.get_num_threads(),
@@ -299,10 +304,43 @@ def build_record(
             "loss_first": lead.losses[0] if lead.losses else None,
             "loss_last": lead.losses[-1] if lead.losses else None,
             "io": ranks[0]["io"],
+            "energy": energy_block(
+                ranks,
+                count.train_flops,
+                sum(spec.batch_size * len(g.step_s) for g in logs),
+                max(g.window_s for g in logs),
+            ),
         },
     }
     record["validity"] = validity.block(checks)
     return record
+
+
+def energy_block(
+    ranks: list[dict[str, Any]], train_flops: int, samples: int, window_s: float
+) -> dict[str, Any]:
+    """Energy of the whole job: every rank's GPU, and each node's CPU packages once (RAPL is
+    per node, so only local rank 0's reading counts). A part that any rank could not measure
+    is None, never 0."""
+    gpus = [r["energy"]["gpu"] for r in ranks]
+    cpus = [r["energy"]["cpu_rapl"] for r in ranks if r["local_rank"] == 0]
+
+    def total(parts: list[dict[str, Any]]) -> float | None:
+        known = [float(p["energy_j"]) for p in parts if p.get("energy_j") is not None]
+        return sum(known) if parts and len(known) == len(parts) else None
+
+    gpu_j, cpu_j = total(gpus), total(cpus)
+    parts = [e for e in (gpu_j, cpu_j) if e is not None]
+    energy = sum(parts) if parts else None
+    return {
+        "gpu_energy_j": gpu_j,
+        "cpu_energy_j": cpu_j,
+        "measured": "+".join(n for n, e in (("gpu", gpu_j), ("cpu_rapl", cpu_j)) if e is not None)
+        or "unavailable",
+        "avg_power_w": metrics.average_power(energy, window_s),
+        **energy_figures(energy, window_s, samples, train_flops),
+        "per_rank": [r["energy"] for r in ranks],
+    }
 
 
 def exposed_allreduce(
@@ -371,10 +409,14 @@ def finish(
         return RunResult(seal(record), None, None)
     out = Path(output_dir)
     log: StepLog = ranks[0]["log"]
-    steps_path = write_steps(
-        {"step_s": log.step_s, **{f"{p}_s": v for p, v in log.phases_s.items()}, "loss": log.losses},
-        out / f"{name}.steps.h5",
-    )
+    trace = {f"gpu_{k}": v for k, v in ranks[0]["power_trace"].items() if v}  # rank 0's GPU, if any
+    columns = {
+        "step_s": log.step_s,
+        **{f"{p}_s": v for p, v in log.phases_s.items()},
+        "loss": log.losses,
+        **trace,
+    }
+    steps_path = write_steps(columns, out / f"{name}.steps.h5")
     record["steps_file"] = steps_path.name
     record = seal(record)
     return RunResult(record, write_record(record, out / f"{name}.json"), steps_path)

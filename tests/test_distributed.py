@@ -180,3 +180,66 @@ def test_a_rank_that_raises_names_itself_and_ends_all(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 60
     assert p.returncode != 0
     assert "rank 1 on" in p.stderr and "RuntimeError: injected fault" in p.stderr, p.stderr[-2000:]
+
+
+def test_energy_is_unavailable_not_zero_without_meters(tmp_path: Path) -> None:
+    p = hpcdl(
+        "run",
+        *MLP,
+        "--np",
+        "2",
+        "--backend",
+        "horovod",
+        "--steps",
+        "3",
+        "--min-duration",
+        "0",
+        "-o",
+        str(tmp_path),
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    energy = only_record(tmp_path)["metrics"]["energy"]
+    assert energy["measured"] == "unavailable" and energy["energy_to_solution_j"] is None
+    assert [r["gpu"]["available"] for r in energy["per_rank"]] == [False, False]
+    assert all(r["gpu"]["reason"] for r in energy["per_rank"])
+
+
+def test_comm_benchmark_checks_its_sums() -> None:
+    p = hpcdl("comm", "--np", "2", "--backend", "horovod", "--sizes", "4096,1048576", "--reps", "3")
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [ln for ln in p.stdout.splitlines() if ln.split() and ln.split()[-1] == "0"]
+    assert len(lines) == 2  # two sizes, zero wrong elements each
+
+
+def test_weak_sweep_writes_points_and_skips_valid_ones(tmp_path: Path) -> None:
+    args = [
+        "sweep",
+        *MLP,
+        "--np",
+        "1,2",
+        "--mode",
+        "weak",
+        "--steps",
+        "6",
+        "--min-duration",
+        "0",
+        "-o",
+        str(tmp_path),
+    ]
+    p = hpcdl(*args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((tmp_path / "sweep-weak-summary.json").read_text())
+    x = {pt["np"]: pt["samples_per_s"] for pt in summary["points"]}
+    eff = {pt["np"]: pt["efficiency"] for pt in summary["points"]}
+    assert eff[1] == 1.0 and eff[2] == pytest.approx(x[2] / (2 * x[1]))
+    assert json.loads((tmp_path / "sweep-weak-np2.json").read_text())["settings"]["world_size"] == 2
+    mtime = (tmp_path / "sweep-weak-np2.json").stat().st_mtime
+    again = hpcdl(*args)
+    assert again.returncode == 0 and again.stderr.count("skipped") == 2
+    assert (tmp_path / "sweep-weak-np2.json").stat().st_mtime == mtime
+
+
+def test_strong_sweep_refuses_an_indivisible_batch_before_running(tmp_path: Path) -> None:
+    p = hpcdl("sweep", *MLP[:-1], "batch_size=6", "--np", "1,4", "--mode", "strong", "-o", str(tmp_path))
+    assert p.returncode == 2 and "divisible by np=4" in p.stderr
+    assert not list(tmp_path.iterdir())
