@@ -2,25 +2,44 @@
 # Set up hpcdl on a fresh Debian 12 machine (as root) or in an existing checkout:
 # a virtual environment in .venv with the CPU build of torch 2.13.0 and hpcdl (editable).
 #
-#   bash scripts/setup.sh          # runtime only
-#   bash scripts/setup.sh --test   # also the test tools (pytest, hypothesis, ruff, mypy)
+#   bash scripts/setup.sh          # a local, single-process benchmark
+#   bash scripts/setup.sh --mpi    # also Open MPI, mpi4py and Horovod (multi-rank runs)
+#   bash scripts/setup.sh --test   # --mpi, plus the test tools (pytest, hypothesis, ruff, mypy)
 #
-# Idempotent: a second run only checks. HPCDL_VENV overrides the environment's location.
+# Idempotent: a second run only checks. HPCDL_VENV overrides the environment's location;
+# HPCDL_TORCH the torch requirement (e.g. a CUDA build on a GPU cluster).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${HPCDL_VENV:-.venv}"
 TORCH_SPEC="${HPCDL_TORCH:-torch==2.13.0}"
-extra=""
-[ "${1:-}" = "--test" ] && extra="[test]"
+mpi=0
+extras="mpi"
+case "${1:-}" in
+  --mpi) mpi=1 ;;
+  --test) mpi=1; extras="mpi,test" ;;
+  "") ;;
+  *) echo "usage: bash scripts/setup.sh [--mpi|--test]" >&2; exit 2 ;;
+esac
 
 log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
+apt_install() {  # apt_install PACKAGE... : only the missing ones, quietly
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+}
+
 # Debian's Python needs python3-venv for `python3 -m venv`; install it only when missing.
 if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
-  log "installing python3-venv"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null && apt-get install -y -q python3-venv python3-dev >/dev/null
+  apt_install python3-venv python3-dev
 fi
+[ "$mpi" = 1 ] && apt_install openmpi-bin libopenmpi-dev
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating $VENV"
   python3 -m venv "$VENV"
@@ -34,6 +53,13 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   log "installing $TORCH_SPEC"
   "$PY" -m pip install -q "${find_links[@]}" "$TORCH_SPEC"
 fi
-log "installing hpcdl$extra"
-"$PY" -m pip install -q "${find_links[@]}" -e ".$extra"
-log "ready: $("$PY" -c 'import torch, hpcdl; print("torch", torch.__version__)'); run $VENV/bin/hpcdl"
+if [ "$mpi" = 1 ]; then
+  log "installing hpcdl[$extras]"
+  "$PY" -m pip install -q "${find_links[@]}" -e ".[$extras]"
+  # Horovod builds from source once (~7 min on 2 cores), then installs from a cached wheel.
+  HPCDL_HOROVOD_TESTS="${HPCDL_HOROVOD_TESTS:-0}" bash scripts/install_horovod.sh "$PY"
+else
+  log "installing hpcdl"
+  "$PY" -m pip install -q "${find_links[@]}" -e .
+fi
+log "ready: $("$PY" -c 'import torch; print("torch", torch.__version__)'); run $VENV/bin/hpcdl"
