@@ -241,6 +241,9 @@ def cmd_comm(args: argparse.Namespace) -> int:
         backend.close()
     if rows is None:
         return 0
+    if args.json:
+        print(json.dumps({"ranks": world.size, "backend": name, "rows": rows}, indent=1))
+        return 0 if all(r["wrong"] == 0 for r in rows) else 1
     print(f"allreduce, {world.size} ranks, {name} vs raw mpi4py (median of {args.reps}, slowest rank)")
     print(
         table(
@@ -465,6 +468,7 @@ def build_parser() -> Parser:
     cm.add_argument("--device", default="auto")
     cm.add_argument("--sizes", help="comma-separated buffer sizes in bytes (default 1 KiB .. 64 MiB)")
     cm.add_argument("--reps", type=int, default=10)
+    cm.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     cm.add_argument("--timeout", type=float)
     cm.set_defaults(func=cmd_comm)
 
