@@ -21,7 +21,7 @@ from hpcdl.dist.launch import launch
 from hpcdl.dist.world import World, abort_mpi, init_world, rank_of_process, under_mpi
 from hpcdl.environment import availability, environment
 from hpcdl.errors import HpcdlError, SpecError
-from hpcdl.families import FAMILIES, spec_from_args
+from hpcdl.families import FAMILIES, family_class, parse_assignments, spec_from_args
 from hpcdl.peaks import datasheet_peak, matmul_probe
 from hpcdl.records import write_record
 from hpcdl.report_text import si, table
@@ -63,7 +63,7 @@ def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
         return {args.workload: spec_from_args(args.workload, args.knobs)}
     if args.preset:
         base = generators.preset(args.preset)
-        return {args.preset: spec_from_args(base.family, [f"{k}={v}" for k, v in _flat(base)] + args.knobs)}
+        return {args.preset: generators.preset(args.preset, **parse_assignments(type(base), args.knobs))}
     overrides = {}
     for word in args.knobs:
         key, sep, text = word.partition("=")
@@ -71,15 +71,6 @@ def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
             raise SpecError("knob", word, "the default suite takes only batch_size=, precision=, seed=")
         overrides[key] = Spec.parse_knob(key, text)
     return generators.default_suite(**overrides)
-
-
-def _flat(spec: Spec) -> list[tuple[str, str]]:
-    """Knobs as command-line words, so overrides go through the same parser."""
-    out = []
-    for k, v in spec.to_dict().items():
-        if k != "family":
-            out.append((k, ",".join(map(str, v)) if isinstance(v, list) else str(v)))
-    return out
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:
@@ -271,10 +262,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import generators
 
     if args.sample is not None:
-        spec = generators.sample_spec(args.family, args.sample, **_knob_dict(args.family, args.knobs))
+        fixed = parse_assignments(family_class(args.family), args.knobs)
+        spec = generators.sample_spec(args.family, args.sample, **fixed)
     elif args.family in generators.PRESETS:
         base = generators.preset(args.family)
-        spec = spec_from_args(base.family, [f"{k}={v}" for k, v in _flat(base)] + args.knobs)
+        spec = generators.preset(args.family, **parse_assignments(type(base), args.knobs))
     else:
         spec = spec_from_args(args.family, args.knobs)
     c = spec.count()
@@ -313,14 +305,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         )
     )
     return 0
-
-
-def _knob_dict(family: str, words: list[str]) -> dict[str, Any]:
-    return {
-        k: v
-        for k, v in spec_from_args(family, words).to_dict().items()
-        if k in {w.partition("=")[0] for w in words}
-    }
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -479,7 +463,14 @@ def build_parser() -> Parser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value words after options (``generate cnn --json layers=3``) are knobs too
+    words = [w for w in extra if "=" in w and not w.startswith("-")]
+    if len(words) < len(extra) or (words and not hasattr(args, "knobs")):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if words:
+        args.knobs = [*args.knobs, *words]
     args.argv = argv
     if isinstance(getattr(args, "np", None), int) and args.np < 1:
         err(f"hpcdl: error: np={args.np} is invalid: must be >= 1")

@@ -61,7 +61,7 @@ def write_shards(spec: Spec, directory: str | Path, batches: int, shards: int = 
     if shards < 1 or batches < shards:
         raise HpcdlError(f"hdf5: batches={batches} must be >= shards={shards} >= 1")
     per_shard = [batches // shards + (1 if i < batches % shards else 0) for i in range(shards)]
-    nbytes, seconds, stream = 0, 0.0, 0
+    nbytes, seconds = 0, 0.0
     for i, n_batches in enumerate(per_shard):
         x, y = make_batch(spec, n_batches * spec.batch_size, "cpu", learnable=True, stream=10_000 + i)
         xa, ya = x.numpy(), y.numpy()
@@ -74,7 +74,6 @@ def write_shards(spec: Spec, directory: str | Path, batches: int, shards: int = 
             os.fsync(f.id.get_vfd_handle())
         seconds += time.perf_counter() - t0
         nbytes += xa.nbytes + ya.nbytes
-        stream += 1
     manifest = {"spec": spec.to_dict(), "shards": per_shard, "batch_size": spec.batch_size}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return IOStats(batches * spec.batch_size, nbytes, seconds)

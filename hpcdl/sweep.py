@@ -12,6 +12,7 @@ from typing import Any
 from hpcdl import metrics
 from hpcdl.dist.launch import launch
 from hpcdl.errors import SpecError
+from hpcdl.families import spec_to_args
 from hpcdl.records import digest_ok, load_record, write_record
 from hpcdl.spec import Spec
 
@@ -52,19 +53,10 @@ def valid_point(path: Path, spec: Spec, np: int) -> bool:
     )
 
 
-def knob_words(spec: Spec) -> list[str]:
-    """The spec as command-line words, for the child run."""
-    words = []
-    for k, v in spec.to_dict().items():
-        if k != "family":
-            words.append(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}")
-    return ["--workload", spec.family, *words]
-
-
 def run_point(
     spec: Spec, np: int, name: str, out: Path, run_args: Sequence[str], timeout_s: float | None
 ) -> int:
-    argv = ["run", *knob_words(spec), "--np", str(np), "--name", name, "-o", str(out), *run_args]
+    argv = ["run", *spec_to_args(spec), "--np", str(np), "--name", name, "-o", str(out), *run_args]
     if np == 1:  # one rank needs no MPI launcher
         return subprocess.run([sys.executable, "-m", "hpcdl", *argv], timeout=timeout_s).returncode
     return launch(np, argv, timeout_s)

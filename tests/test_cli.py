@@ -82,3 +82,34 @@ def test_info_and_list() -> None:
     assert p.returncode == 0 and "torch" in p.stdout and "horovod" in p.stdout
     p = hpcdl("list")
     assert p.returncode == 0 and "attention" in p.stdout and "gpt2_small" in p.stdout
+
+
+def test_presets_and_sampling_take_knob_overrides_anywhere() -> None:
+    p = hpcdl("generate", "attention", "--sample", "3", "layers=2", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["spec"]["layers"] == 2
+    p = hpcdl("generate", "resnet50", "--json", "batch_size=2")
+    info = json.loads(p.stdout)
+    assert info["params"] == 25_557_032 and info["spec"]["batch_size"] == 2
+    p = hpcdl("generate", "gpt2_small", "colour=red")
+    assert p.returncode == 2 and "attention.colour" in p.stderr
+
+
+def test_io_command_measures_real_files(tmp_path: Path) -> None:
+    p = hpcdl(
+        "io",
+        "--dir",
+        str(tmp_path),
+        "--batches",
+        "4",
+        "--shards",
+        "2",
+        "--workers",
+        "1",
+        "mlp",
+        "input_size=16",
+        "batch_size=4",
+    )
+    assert p.returncode == 0, p.stderr
+    assert "write" in p.stdout and "read" in p.stdout
+    assert len(list(tmp_path.glob("shard-*.h5"))) == 2

@@ -32,13 +32,27 @@ def spec_from_dict(d: dict[str, Any]) -> Spec:
     return cls.from_dict({k: v for k, v in d.items() if k != "family"})
 
 
-def spec_from_args(family: str, assignments: list[str]) -> Spec:
-    """Build a spec from command-line ``key=value`` words."""
-    cls = family_class(family)
+def parse_assignments(cls: type[Spec], words: list[str]) -> dict[str, Any]:
+    """Command-line ``key=value`` words as typed knob values of the family ``cls``."""
     knobs: dict[str, Any] = {}
-    for word in assignments:
+    for word in words:
         key, sep, text = word.partition("=")
         if not sep or not key:
             raise SpecError("knob", word, "expected key=value, e.g. layers=4")
         knobs[key] = cls.parse_knob(key, text)
-    return spec_from_dict({"family": family, **knobs})
+    return knobs
+
+
+def spec_from_args(family: str, words: list[str]) -> Spec:
+    """Build a spec from command-line ``key=value`` words."""
+    cls = family_class(family)
+    return spec_from_dict({"family": family, **parse_assignments(cls, words)})
+
+
+def spec_to_args(spec: Spec) -> list[str]:
+    """The inverse of :func:`spec_from_args`: ``--workload FAMILY key=value ...``."""
+    words = []
+    for key, value in spec.to_dict().items():
+        if key != "family":
+            words.append(f"{key}={','.join(map(str, value)) if isinstance(value, list) else value}")
+    return ["--workload", spec.family, *words]
