@@ -48,8 +48,10 @@ def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: tor
     ref_opt.step()
     synchronize(device)
 
-    update = max(float((q - p0).abs().max()) for q, p0 in zip(ref.parameters(), start, strict=True))
-    diff = max(float((p - q).abs().max()) for p, q in zip(model.parameters(), ref.parameters(), strict=True))
+    update = max(float((q.detach() - p0).abs().max()) for q, p0 in zip(ref.parameters(), start, strict=True))
+    diff = max(
+        float((p.detach() - q.detach()).abs().max()) for p, q in zip(model.parameters(), ref.parameters(), strict=True)
+    )
     worst = max(world.allgather(diff / update if update > 0 else float("inf")))
     return Check(
         "one_step_equivalence",

@@ -3,6 +3,7 @@ from the MPI world (rank 0's host and a free port, broadcast over MPI)."""
 
 from __future__ import annotations
 
+import os
 import socket
 from datetime import timedelta
 
@@ -25,7 +26,10 @@ class TorchBackend:
 
     def __init__(self, world: World, device: torch.device, timeout_s: float = 120.0) -> None:
         self.device = device
-        addr = world.bcast((socket.gethostbyname(socket.gethostname()), _free_port()) if world.rank == 0 else None)
+        # Rank 0's address for the rendezvous: MASTER_ADDR when set (e.g. where the host name
+        # resolves to 127.0.1.1, as on stock Debian), else rank 0's host name resolved.
+        host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
+        addr = world.bcast((host, _free_port()) if world.rank == 0 else None)
         self.pg_backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
