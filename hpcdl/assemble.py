@@ -3,8 +3,6 @@ The record's schema and every formula it uses are in METRICS.md."""
 
 from __future__ import annotations
 
-import functools
-import os
 import uuid
 import warnings
 from datetime import UTC, datetime
@@ -17,36 +15,32 @@ from hpcdl.config import RunConfig
 from hpcdl.dist.checks import parameters_identical
 from hpcdl.environment import environment
 from hpcdl.loop import StepLog
-from hpcdl.peaks import Peak, datasheet_peak, matmul_probe
+from hpcdl.peaks import Peak, datasheet_peak
 from hpcdl.records import SCHEMA, SCHEMA_VERSION
 from hpcdl.spec import Spec
 from hpcdl.telemetry import energy_figures
 
 
-@functools.cache
-def measured_peak(device: torch.device, precision: str) -> float:
-    """The matmul probe, once per device and precision in a process. On a CPU the probe uses
-    every core: the peak of the node, whatever share of it this rank has."""
-    if device.type != "cpu":
-        return matmul_probe(device, precision)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or threads)
-    try:
-        return matmul_probe(device, precision)
-    finally:
-        torch.set_num_threads(threads)
+def job_peak(
+    device: torch.device, name: str, precision: str, override: float, ranks: list[dict[str, Any]]
+) -> tuple[Peak, float]:
+    """(the peak FLOP/s of the whole job MFU is computed against, the job's measured probe).
 
-
-def reference_peak(device: torch.device, name: str, precision: str, override: float) -> Peak:
-    """The peak MFU is computed against: the user's, else the datasheet's, else the probe's."""
+    The peak is the user's or the datasheet's per-device figure times the devices in use
+    (GPUs; for CPU runs, nodes), else the probe. The probe is the sum of every rank's matmul
+    probe, all ranks probing at once with their share of the node, as they train.
+    """
+    probe = float(sum(r["probe"] for r in ranks))
+    devices = len(ranks) if device.type == "cuda" else len({r["host"] for r in ranks})
+    times = f" x {devices} devices" if devices > 1 else ""
     if override > 0:
-        return Peak(override, "user")
+        return Peak(override * devices, "user" + times), probe
     sheet = datasheet_peak(name, precision)
     if sheet is not None:
-        return sheet
+        return Peak(sheet.flops * devices, sheet.source + times), probe
     if device.type == "cuda":
         warnings.warn(f"no datasheet peak for {name!r}; MFU uses the measured matmul probe", stacklevel=2)
-    return Peak(measured_peak(device, precision), "measured matmul probe")
+    return Peak(probe, "measured matmul probe" + (f", {len(ranks)} ranks" if len(ranks) > 1 else "")), probe
 
 
 def per_rank_row(spec: Spec, r: dict[str, Any]) -> dict[str, Any]:
@@ -81,10 +75,7 @@ def build_record(
         [spec.batch_size * len(g.step_s) for g in logs], [g.window_s for g in logs]
     )
     ai_ops = metrics.ai_ops_per_s(count.train_flops, samples_per_s)
-    # the peak of one device (a GPU, or a node's CPU) times the devices in use: the job's MFU
-    devices = n if device.type == "cuda" else len({r["host"] for r in ranks})
-    peak = reference_peak(device, env["device_name"], spec.precision, cfg.peak_flops)
-    probe = measured_peak(device, spec.precision) if peak.source != "measured matmul probe" else peak.flops
+    peak, probe = job_peak(device, env["device_name"], spec.precision, cfg.peak_flops, ranks)
     all_steps = [t for g in logs for t in g.step_s]
     phases = {p: metrics.summarize([t for g in logs for t in g.phases_s[p]]) for p in lead.phases_s}
     rows = [per_rank_row(spec, r) for r in ranks]
@@ -153,11 +144,11 @@ def build_record(
             "communication": comm,
             "peak_memory_bytes": mem,
             "peak_memory_kind": ranks[0]["peak_memory"][1],
-            "peak_flops": peak.flops * devices,
-            "peak_source": peak.source + (f" x {devices} devices" if devices > 1 else ""),
-            "measured_matmul_flops": probe * devices,
-            "mfu": metrics.mfu(ai_ops, peak.flops * devices),
-            "fraction_of_measured_matmul": metrics.mfu(ai_ops, probe * devices),
+            "peak_flops": peak.flops,
+            "peak_source": peak.source,
+            "measured_matmul_flops": probe,
+            "mfu": metrics.mfu(ai_ops, peak.flops),
+            "fraction_of_measured_matmul": metrics.mfu(ai_ops, probe),
             "loss_first": lead.losses[0] if lead.losses else None,
             "loss_last": lead.losses[-1] if lead.losses else None,
             "io": ranks[0]["io"],

@@ -3,6 +3,7 @@ every rank of an MPI job with gradients reduced through a backend (the same code
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from hpcdl.dist.checks import one_step_equivalence, parameter_digest
 from hpcdl.dist.world import World, init_world
 from hpcdl.errors import SpecError
 from hpcdl.loop import BatchSource, StepLog, Trainer
+from hpcdl.peaks import matmul_probe
 from hpcdl.records import seal, write_record, write_steps
 from hpcdl.spec import Spec
 from hpcdl.telemetry import TelemetrySampler
@@ -51,6 +53,12 @@ class RunResult:
     @property
     def passed(self) -> bool:
         return bool(self.record["validity"]["passed"])
+
+
+@functools.cache
+def measured_peak(device: torch.device, precision: str, threads: int) -> float:
+    """This rank's matmul probe, once per device, precision and thread count in a process."""
+    return matmul_probe(device, precision)
 
 
 def rank_device(cfg: RunConfig, world: World) -> torch.device:
@@ -124,6 +132,8 @@ def measure_rank(
     if world.size > 1:
         say("checking that N ranks step like one process")
         checks.append(one_step_equivalence(spec, world, backend, device))
+    world.barrier()  # every rank probes at once, sharing the node as in training
+    probe = measured_peak(device, spec.precision, torch.get_num_threads())
     say(f"building {spec.family} model and {cfg.data} data")
     model = spec.build().to(device)
     source, io = make_source(spec, cfg, device, world)
@@ -155,6 +165,7 @@ def measure_rank(
         "allreduce_s": allreduce_time(backend, grad_bytes, device) if world.size > 1 else 0.0,
         "energy": sampler.summary(),
         "power_trace": sampler.trace(),
+        "probe": probe,
         "grad_bytes": grad_bytes,
         "peak_memory": (mem_bytes, mem_kind),
         "threads": torch.get_num_threads(),

@@ -196,8 +196,10 @@ def _checked(obj: Knobs, f: dataclasses.Field[Any], value: Any) -> Any:
     field = f"{cls.prefix}.{f.name}"
     kind, elem = _kind(cls, f.name)
     if kind is tuple:
-        if not isinstance(value, list | tuple) or not value:
-            raise SpecError(field, value, f"expected a non-empty list of {_describe(elem)}s")
+        may_be_empty = f.default == ()  # a list knob that defaults to empty (job.env) may stay empty
+        if not isinstance(value, list | tuple) or not (value or may_be_empty):
+            what = "a list" if may_be_empty else "a non-empty list"
+            raise SpecError(field, value, f"expected {what} of {_describe(elem)}s")
         return tuple(_check_scalar(field, f, elem, v) for v in value)
     return _check_scalar(field, f, kind, value)
 

@@ -46,12 +46,16 @@ def allreduce_sweep(world: World, backend: Backend, device: torch.device, sizes:
 
         t_backend = _median_time(backend_op, reps, lambda: synchronize(device))
         wrong_backend = int((t != world.size).sum())
-        send, recv = np.ones(n, dtype=np.float32), np.empty(n, dtype=np.float32)
+        buf = np.ones(n, dtype=np.float32)
         if world.comm is not None:
             from mpi4py import MPI
 
-            t_mpi = _median_time(lambda: world.comm.Allreduce(send, recv, op=MPI.SUM), reps, world.barrier)
-            wrong_mpi = int((recv != world.size).sum())
+            def mpi_op() -> None:  # in place, like the backends' allreduce
+                buf.fill(1.0)
+                world.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+            t_mpi = _median_time(mpi_op, reps, world.barrier)
+            wrong_mpi = int((buf != world.size).sum())
         else:
             t_mpi, wrong_mpi = float("nan"), 0
         slowest = world.allgather((t_backend, t_mpi))
