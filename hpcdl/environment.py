@@ -66,7 +66,34 @@ def environment(device: torch.device) -> dict[str, Any]:
         "hpcdl": hpcdl_version(),
         "git": git_revision(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm": slurm_allocation(),
     }
+
+
+# record key -> the variable Slurm sets in every job (sbatch and srun)
+SLURM_VARS = {
+    "job_id": "SLURM_JOB_ID",
+    "job_name": "SLURM_JOB_NAME",
+    "cluster": "SLURM_CLUSTER_NAME",
+    "partition": "SLURM_JOB_PARTITION",
+    "account": "SLURM_JOB_ACCOUNT",
+    "qos": "SLURM_JOB_QOS",
+    "nodelist": "SLURM_JOB_NODELIST",
+    "num_nodes": "SLURM_JOB_NUM_NODES",
+    "ntasks": "SLURM_NTASKS",
+    "tasks_per_node": "SLURM_TASKS_PER_NODE",
+    "cpus_per_task": "SLURM_CPUS_PER_TASK",
+    "gpus_per_node": "SLURM_GPUS_PER_NODE",
+    "restart_count": "SLURM_RESTART_COUNT",
+}
+
+
+def slurm_allocation() -> dict[str, str] | None:
+    """The Slurm allocation this process runs in (node list, layout, requeues), as Slurm
+    wrote it (``tasks_per_node`` like ``2(x4)``), or None outside Slurm."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return None
+    return {key: os.environ[var] for key, var in SLURM_VARS.items() if var in os.environ}
 
 
 def _version(module: str) -> str | None:
