@@ -4,7 +4,6 @@ seeding, knob validation, and the ResNet-50 / VGG-16 presets against published f
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,15 +19,6 @@ from hpcdl.flopcheck import counted_flops, saved_activation_elements
 from hpcdl.flops import Tally
 
 N_RANDOM = 20
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """These tiny nets run ~20x faster on one thread than on two threads of a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _draw(rng: random.Random) -> CNNSpec:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,15 +15,6 @@ from hpcdl.families.speech import SpeechSpec
 from hpcdl.flopcheck import counted_flops, saved_activation_elements
 
 N_RANDOM = 20
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """These tiny nets run ~20x faster on one thread than on two threads of a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _draw(rng: random.Random) -> SpeechSpec:
