@@ -18,7 +18,7 @@ TEACHER_SEED_OFFSET = 1_000_003  # teacher weights differ from the student's, wh
 
 def data_generator(spec: Spec, device: torch.device, stream: int = 0) -> torch.Generator:
     """The generator of one data stream (e.g. one rank's shard): a function of seed and stream."""
-    return torch.Generator(device=device).manual_seed(spec.seed * 7919 + stream + 1)
+    return torch.Generator(device=device).manual_seed((spec.seed * 7919 + stream + 1) % 2**63)
 
 
 def random_targets(spec: Spec, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:

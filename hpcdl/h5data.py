@@ -88,13 +88,17 @@ def has_shards(spec: Spec, directory: str | Path) -> bool:
 
 
 class ShardBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Item ``i`` is the i-th whole batch across the shards, read as one contiguous slice."""
+    """Item ``i`` is the i-th whole batch across the shards, read as one contiguous slice.
+    Rank ``rank`` of ``ranks`` sees every ``ranks``-th batch: disjoint parts for data parallelism."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, rank: int = 0, ranks: int = 1) -> None:
         self.directory = Path(directory)
         manifest: dict[str, Any] = json.loads((self.directory / MANIFEST).read_text())
         self.batch = int(manifest["batch_size"])
-        self.index = [(s, b) for s, n in enumerate(manifest["shards"]) for b in range(n)]
+        every = [(s, b) for s, n in enumerate(manifest["shards"]) for b in range(n)]
+        self.index = every[rank::ranks]
+        if not self.index:
+            raise HpcdlError(f"hdf5: {len(every)} batches in {directory} cannot feed {ranks} ranks")
         self._files: dict[int, h5py.File] = {}
 
     def __len__(self) -> int:
@@ -112,10 +116,12 @@ class ShardBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return {**self.__dict__, "_files": {}}  # workers open their own handles
 
 
-def loader(directory: str | Path, workers: int, *, pin: bool = False) -> DataLoader[Any]:
+def loader(
+    directory: str | Path, workers: int, *, pin: bool = False, rank: int = 0, ranks: int = 1
+) -> DataLoader[Any]:
     """A DataLoader over whole batches (the dataset already batches), ``workers`` processes."""
     return DataLoader(
-        ShardBatches(directory),
+        ShardBatches(directory, rank, ranks),
         batch_size=None,
         shuffle=True,
         num_workers=workers,
@@ -125,9 +131,12 @@ def loader(directory: str | Path, workers: int, *, pin: bool = False) -> DataLoa
     )
 
 
-def read_throughput(directory: str | Path, workers: int, epochs: int = 1) -> IOStats:
-    """Time full passes over the shards through the DataLoader (worker start-up excluded)."""
-    dl = loader(directory, workers)
+def read_throughput(
+    directory: str | Path, workers: int, epochs: int = 1, rank: int = 0, ranks: int = 1
+) -> IOStats:
+    """Time full passes over (this rank's part of) the shards through the DataLoader,
+    worker start-up excluded."""
+    dl = loader(directory, workers, rank=rank, ranks=ranks)
     it = iter(dl)
     x, y = next(it)  # starts the workers; not timed
     samples, nbytes = 0, 0
@@ -144,9 +153,11 @@ class HDF5Source:
     """Batches for the training loop from the shards, moved to the device on each step:
     the data phase of a step then measures the real I/O path."""
 
-    def __init__(self, directory: str | Path, device: torch.device, workers: int) -> None:
+    def __init__(
+        self, directory: str | Path, device: torch.device, workers: int, rank: int = 0, ranks: int = 1
+    ) -> None:
         self.device = device
-        self.loader = loader(directory, workers, pin=device.type == "cuda")
+        self.loader = loader(directory, workers, pin=device.type == "cuda", rank=rank, ranks=ranks)
         self._it: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(self.loader)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -103,10 +103,13 @@ def make_source(spec: Spec, cfg: RunConfig, device: torch.device, world: World) 
         return device_pool(spec, device, cfg.pool_batches, learnable=learnable, stream=world.rank), {}
     io: dict[str, Any] = {}
     if world.rank == 0 and not h5data.has_shards(spec, cfg.data_dir):
-        io["write"] = h5data.write_shards(spec, cfg.data_dir, batches=max(cfg.pool_batches, 2)).to_dict()
+        batches = max(cfg.pool_batches, 2) * world.size  # every rank gets its own batches
+        io["write"] = h5data.write_shards(spec, cfg.data_dir, batches=batches).to_dict()
     world.barrier()
-    io["read"] = h5data.read_throughput(cfg.data_dir, cfg.data_workers).to_dict()
-    return h5data.HDF5Source(cfg.data_dir, device, cfg.data_workers), io
+    io["read"] = h5data.read_throughput(
+        cfg.data_dir, cfg.data_workers, rank=world.rank, ranks=world.size
+    ).to_dict()
+    return h5data.HDF5Source(cfg.data_dir, device, cfg.data_workers, world.rank, world.size), io
 
 
 def allreduce_time(backend: Backend, nbytes: int, device: torch.device, reps: int = 5) -> float:

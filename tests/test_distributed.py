@@ -243,3 +243,31 @@ def test_strong_sweep_refuses_an_indivisible_batch_before_running(tmp_path: Path
     p = hpcdl("sweep", *MLP[:-1], "batch_size=6", "--np", "1,4", "--mode", "strong", "-o", str(tmp_path))
     assert p.returncode == 2 and "divisible by np=4" in p.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_hdf5_data_path_with_ranks_reading_disjoint_batches(tmp_path: Path) -> None:
+    p = hpcdl(
+        "run",
+        *MLP,
+        "--np",
+        "2",
+        "--backend",
+        "torch",
+        "--data",
+        "hdf5",
+        "--data-dir",
+        str(tmp_path / "shards"),
+        "--workers",
+        "1",
+        "--steps",
+        "8",
+        "--min-duration",
+        "0",
+        "-o",
+        str(tmp_path / "out"),
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = only_record(tmp_path / "out")
+    assert rec["metrics"]["io"]["write"]["samples"] == 2 * 4 * 16  # pool_batches x ranks batches
+    assert rec["metrics"]["io"]["read"]["samples"] == 3 * 16  # this rank's 4 batches, first untimed
+    assert rec["validity"]["passed"], rec["validity"]
