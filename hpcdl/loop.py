@@ -59,16 +59,20 @@ class Trainer:
             synchronize(self.device)
         return time.perf_counter()
 
+    def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward pass in the run's precision, then the mean cross-entropy in fp32."""
+        with torch.autocast(
+            self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None
+        ):
+            logits = self.model(x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+
     def step(self) -> tuple[float, dict[str, float]]:
         """One training step; returns its wall time and the time of each phase."""
         t0 = self._mark()
         x, y = self.source.next()
         t1 = self._mark()
-        with torch.autocast(
-            self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None
-        ):
-            logits = self.model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+        loss = self._loss(x, y)
         t2 = self._mark()
         self.scaler.scale(loss).backward()
         t3 = self._mark()
@@ -97,21 +101,11 @@ class Trainer:
             return []
         times = []
         for _ in range(steps):
-            x, y = self.source.next()
-            with (
-                no_sync(),
-                torch.autocast(
-                    self.device.type,
-                    dtype=self.amp_dtype or torch.float32,
-                    enabled=self.amp_dtype is not None,
-                ),
-            ):
-                logits = self.model(x)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
-            t0 = self._mark()
             with no_sync():
+                loss = self._loss(*self.source.next())
+                t0 = self._mark()
                 self.scaler.scale(loss).backward()
-            times.append(self._mark() - t0)
+                times.append(self._mark() - t0)
             self.optimizer.zero_grad()  # None grads: the default since torch 2.0
         return times
 
