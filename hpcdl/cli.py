@@ -382,10 +382,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     out = job.output_dir()
     if args.dry_run:
         for n in sorted(job.nodes):
-            print(f"# ---- {job.point_name(n)}: {n} node(s) x {job.tasks_per_node} task(s), not submitted (--dry-run)")
+            layout = f"{n} node(s) x {job.tasks_per_node} task(s)"
+            print(f"# ---- {job.point_name(n)}: {layout}, not submitted (--dry-run)")
             print(submit_mod.sbatch_script(job, n, out))
         return 0
-    done = submit_mod.submit(job, executor=args.executor, redo=args.redo, job_file=str(Path(args.jobfile).resolve()))
+    done = submit_mod.submit(
+        job, executor=args.executor, redo=args.redo, job_file=str(Path(args.jobfile).resolve())
+    )
     print(f"records: {out}/{job.name}-n<nodes>.json; state: {submit_mod.state_path(out)}")
     names = [d.point.name for d in done]
     if any(d.point.cluster == "local" for d in done):
@@ -527,7 +530,9 @@ def build_parser() -> Parser:
 
     sb = sub.add_parser("submit", help="submit a job file to Slurm: one job per node count (submitit)")
     sb.add_argument("jobfile", help="TOML job file (see jobs/)")
-    sb.add_argument("--dry-run", action="store_true", help="print the sbatch script of each point; submit nothing")
+    sb.add_argument(
+        "--dry-run", action="store_true", help="print the sbatch script of each point; submit nothing"
+    )
     sb.add_argument("--wait", action="store_true", help="wait until every point has ended, then show status")
     sb.add_argument(
         "--executor", default="auto", help="auto (slurm where sbatch is on PATH, else local) | slurm | local"

@@ -65,7 +65,6 @@ MANAGED_OPTIONS = {
     "ntasks-per-node": "job.tasks_per_node",
     "gpus-per-node": "job.gpus_per_node",
     "gpus": "job.gpus_per_node",
-    "gres": "job.gpus_per_node",
     "cpus-per-task": "job.cpus_per_task",
     "partition": "job.partition",
     "account": "job.account",
@@ -97,7 +96,9 @@ class Job(Knobs):
     nodes: tuple[int, ...] = knob((1,), lo=1, hi=100_000, doc="node counts to sweep: one Slurm job each")
     tasks_per_node: int = knob(1, lo=1, hi=4096, doc="MPI ranks per node (one per GPU on GPU nodes)")
     gpus_per_node: int = knob(0, lo=0, hi=64, doc="GPUs to allocate per node (0: a CPU job)")
-    cpus_per_task: int = knob(0, lo=0, hi=4096, doc="cores per rank (0: Slurm's default); sets OMP_NUM_THREADS")
+    cpus_per_task: int = knob(
+        0, lo=0, hi=4096, doc="cores per rank (0: Slurm's default); sets OMP_NUM_THREADS"
+    )
     partition: str = knob("", doc="Slurm partition ('': the cluster's default)")
     account: str = knob("", doc="account to charge ('': your default)")
     qos: str = knob("", doc="quality of service ('': the default)")
@@ -109,11 +110,15 @@ class Job(Knobs):
     env: tuple[str, ...] = knob((), doc="table NAME = value exported in each job before the ranks start")
     sbatch_extra: tuple[str, ...] = knob((), doc='extra sbatch options, e.g. ["--exclusive", "--mem=0"]')
     output: str = knob("", doc="results directory ('': results/NAME), relative to where you submit from")
-    launcher: str = knob("srun", choices=LAUNCHERS, doc="srun --mpi=pmix per rank, or mpirun in the allocation")
+    launcher: str = knob(
+        "srun", choices=LAUNCHERS, doc="srun --mpi=pmix per rank, or mpirun in the allocation"
+    )
 
     def check(self) -> None:
         if not NAME_RE.fullmatch(self.name):
-            raise SpecError("job.name", self.name, "1-64 letters, digits, '_', '.', '-', starting alphanumeric")
+            raise SpecError(
+                "job.name", self.name, "1-64 letters, digits, '_', '.', '-', starting alphanumeric"
+            )
         if len(set(self.nodes)) != len(self.nodes):
             raise SpecError("job.nodes", list(self.nodes), "each node count once")
         if self.gpus_per_node > 0 and self.tasks_per_node > self.gpus_per_node:
@@ -233,7 +238,8 @@ def job_from_dict(data: dict[str, Any]) -> Job:
     precision = fields.get("precision", "")
     fields["workload"] = workload_spec(table(fields, "workload"), precision_set=bool(precision))
     if "run" in fields:
-        fields["run"] = nested(lambda: RunConfig.from_dict(table(fields, "run")), "job.")
+        run = table(fields, "run")
+        fields["run"] = nested(lambda: RunConfig.from_dict(run), "job.")
     if "env" in fields:
         fields["env"] = env_items(table(fields, "env"))
     return Job(**fields)
@@ -250,6 +256,8 @@ def env_items(env: dict[str, Any]) -> tuple[str, ...]:
     """``[env]`` as ``NAME=value`` strings; numbers are written as TOML gives them."""
     items = []
     for name, value in env.items():
+        if not ENV_NAME_RE.fullmatch(name):
+            raise SpecError("job.env", name, "variable names are letters, digits and '_'")
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise SpecError(f"job.env.{name}", value, "expected a string or a number")
         items.append(f"{name}={value}")
@@ -292,7 +300,9 @@ def workload_spec(w: dict[str, Any], *, precision_set: bool = False) -> Spec:
     except SpecError as e:
         # cnn.batch_size -> job.workload.batch_size; preset -> job.workload.preset
         family, _, knob_name = e.field.partition(".")
-        raise SpecError(f"job.workload.{knob_name if family in FAMILIES else e.field}", e.value, e.allowed) from None
+        raise SpecError(
+            f"job.workload.{knob_name if family in FAMILIES else e.field}", e.value, e.allowed
+        ) from None
 
 
 def sampled(sample: Any, fixed: dict[str, Any]) -> Spec:
@@ -302,7 +312,9 @@ def sampled(sample: Any, fixed: dict[str, Any]) -> Spec:
         raise SpecError("sample", sample, "expected a table {family=..., seed=...}")
     unknown = set(sample) - {"family", "seed", "ranges"}
     if unknown:
-        raise SpecError(f"sample.{sorted(unknown)[0]}", sample, "unknown key; valid keys are family, seed, ranges")
+        raise SpecError(
+            f"sample.{sorted(unknown)[0]}", sample, "unknown key; valid keys are family, seed, ranges"
+        )
     family_class(sample.get("family"))
     seed = sample.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

@@ -1,0 +1,358 @@
+"""hpcdl submit, status and collect against a real Slurm cluster: scripts/slurm/start-cluster.sh
+runs two slurmd "nodes" (n1, n2) on this machine, with accounting (sacct) through slurmdbd.
+
+The cluster is started once for the session and stopped at its end, pass or fail (set
+HPCDL_SLURM_KEEP=1 to leave it running). Every job is tiny: the fake nodes share two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcdl import cli
+from hpcdl import submit as submit_mod
+from hpcdl.families import spec_from_dict
+from hpcdl.jobs import load_job
+from hpcdl.sweep import valid_point
+
+ROOT = Path(__file__).resolve().parent.parent
+# the one reason to skip: the cluster's daemons, /etc/hosts and UTS namespaces need root
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local Slurm test cluster needs root")
+
+MLP = {"family": "mlp", "layers": 2, "width": 64, "input_size": 32, "output_size": 10, "batch_size": 16}
+SHORT_RUN = {"steps": 12, "warmup_steps": 2, "min_duration_s": 0.0}
+# Multi-rank jobs run a fixed number of steps: with a duration (steps=0) each rank decides on
+# its own clock when to stop, and ranks that stop one step apart wait for each other forever.
+LONG_RUN = {"steps": 10_000_000, "min_duration_s": 0.0}  # runs until cancelled
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[None]:
+    """The 2-node test cluster, up for the whole session."""
+    start = subprocess.run(
+        ["bash", str(ROOT / "scripts/slurm/start-cluster.sh"), "2"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    try:
+        if start.returncode != 0:
+            pytest.fail(f"start-cluster.sh failed:\n{start.stdout[-3000:]}\n{start.stderr[-3000:]}")
+        yield
+    finally:
+        if not os.environ.get("HPCDL_SLURM_KEEP"):
+            subprocess.run(
+                ["bash", str(ROOT / "scripts/slurm/stop-cluster.sh")], capture_output=True, timeout=300
+            )
+
+
+def toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def write_job(path: Path, **fields: Any) -> Path:
+    """A job file: scalar fields first, then tables (workload, run, env)."""
+    fields = {"workload": MLP, "run": SHORT_RUN, "env": {"OMP_NUM_THREADS": "1"}, "time_min": 5, **fields}
+    lines = [f"{k} = {toml_value(v)}" for k, v in fields.items() if not isinstance(v, dict)]
+    for k, v in fields.items():
+        if isinstance(v, dict):
+            lines += [f"[{k}]", *(f"{kk} = {toml_value(vv)}" for kk, vv in v.items())]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def hpcdl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def all_job_ids() -> set[str]:
+    """Every job Slurm knows of, queued or finished."""
+    out = subprocess.run(
+        ["sacct", "-a", "-X", "-n", "-P", "-o", "JobID", "-S", "2000-01-01"], capture_output=True, text=True
+    )
+    queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True)
+    return set(out.stdout.split()) | set(queued.stdout.split())
+
+
+def job_id(out: Path, point: str) -> str:
+    return str(submit_mod.load_state(out)["points"][point]["job_id"])
+
+
+def wait_for(out: Path, point: str, ok: Any, timeout_s: float) -> submit_mod.PointStatus:
+    """Poll the point's status until ``ok(status)``; fail with the last status after the timeout."""
+    end = time.monotonic() + timeout_s
+    while True:
+        (row,) = submit_mod.status(out, [point])
+        if ok(row):
+            return row
+        if time.monotonic() > end:
+            pytest.fail(f"{point}: still {row.state} ({row.detail}) after {timeout_s:.0f} s")
+        time.sleep(1)
+
+
+def record(out: Path, point: str) -> dict[str, Any]:
+    return json.loads((out / f"{point}.json").read_text())
+
+
+# ------------------------------------------------------------------------------ real runs
+@pytest.fixture(scope="module")
+def sweep(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three job files into one results directory, submitted through the command line:
+    a torch sweep over 1 and 2 nodes, Horovod on 2 nodes, and torch on 2 nodes with mpirun
+    inside the allocation. Returns the directory once every point has ended."""
+    out = tmp_path_factory.mktemp("slurm")
+    files = [
+        write_job(out / "torch.toml", name="torch", nodes=[1, 2], backend="torch", output=str(out)),
+        write_job(out / "horovod.toml", name="horovod", nodes=[2], backend="horovod", output=str(out)),
+        write_job(
+            out / "mpirun.toml", name="mpirun", nodes=[2], backend="torch", launcher="mpirun", output=str(out)
+        ),
+    ]
+    for f in files:
+        p = hpcdl("submit", str(f))
+        assert p.returncode == 0, p.stderr
+        assert "submitted Slurm job" in p.stdout and f"hpcdl status {out}" in p.stdout, p.stdout
+    rows = submit_mod.wait(out, timeout_s=300, poll_s=1)
+    assert all(r.state == "done" for r in rows), "\n" + cli.status_table(rows)
+    return out
+
+
+@pytest.mark.parametrize(
+    "point, backend", [("torch-n2", "torch"), ("horovod-n2", "horovod"), ("mpirun-n2", "torch")]
+)
+def test_two_nodes_one_rank_each(sweep: Path, point: str, backend: str) -> None:
+    rec = record(sweep, point)
+    s = rec["settings"]
+    assert s["world_size"] == 2 and s["nodes"] == 2 and s["hosts"] == ["n1", "n2"]
+    assert s["backend"] == backend
+    per_rank = rec["metrics"]["per_rank"]
+    assert sorted(r["rank"] for r in per_rank) == [0, 1]  # every rank measured and gathered
+    assert sorted(r["host"] for r in per_rank) == ["n1", "n2"]
+    assert all(r["torch_threads"] == 1 for r in per_rank)  # [env] OMP_NUM_THREADS reached the ranks
+    assert rec["validity"]["passed"], rec["validity"]
+    checks = {c["name"] for c in rec["validity"]["checks"]}
+    assert {"one_step_equivalence", "parameters_identical"} <= checks
+    env = rec["environment"]
+    assert env["slurm_job_id"] == job_id(sweep, point)
+    assert env["slurm"]["job_id"] == env["slurm_job_id"] and env["slurm"]["job_name"] == point
+    assert env["slurm"]["nodelist"] == "n[1-2]" and env["slurm"]["num_nodes"] == "2"
+
+
+def test_node_count_sweep_status_and_collect(sweep: Path) -> None:
+    one = record(sweep, "torch-n1")
+    assert one["settings"]["world_size"] == 1 and one["settings"]["hosts"][0] in ("n1", "n2")
+    assert one["environment"]["slurm"]["nodelist"] == one["settings"]["hosts"][0]
+    p = hpcdl("status", str(sweep))
+    assert p.returncode == 0, p.stderr
+    for point in ("torch-n1", "torch-n2", "horovod-n2", "mpirun-n2"):
+        assert any(line.startswith(point) and " done " in line for line in p.stdout.splitlines()), p.stdout
+    p = hpcdl("collect", str(sweep))
+    assert p.returncode == 0, p.stderr
+    assert "4 of 4 points have a valid record" in p.stdout, p.stdout
+    collected = json.loads((sweep / "collected.json").read_text())
+    torch_points = {r["point"]: r for r in collected["points"] if r["job"] == "torch"}
+    assert torch_points["torch-n1"]["efficiency"] == pytest.approx(1.0)
+    assert torch_points["torch-n2"]["efficiency"] > 0 and torch_points["torch-n2"]["hosts"] == ["n1", "n2"]
+
+
+def test_resubmit_skips_valid_points(sweep: Path) -> None:
+    before = all_job_ids()
+    p = hpcdl("submit", str(sweep / "torch.toml"))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("exists, not submitted") == 2, p.stdout
+    assert all_job_ids() == before
+
+
+def test_dry_run_prints_the_script_submitit_submitted(sweep: Path) -> None:
+    job = load_job(sweep / "torch.toml")
+    script = submit_mod.sbatch_script(job, 2, sweep)
+    jid = job_id(sweep, "torch-n2")
+    assert (sweep / "submitit" / jid / f"{jid}_submission.sh").read_text() == script
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --requeue",
+        "#SBATCH --time=5",
+        "export OMP_NUM_THREADS=1",
+        "--mpi=pmix",
+    ):
+        assert line in script, script
+
+
+# ------------------------------------------------------------------------------ failures
+def test_cancelled_point_is_reported_and_other_records_stay(sweep: Path) -> None:
+    f = write_job(sweep / "cancel.toml", name="cancel", nodes=[2], run=LONG_RUN, output=str(sweep))
+    p = hpcdl("submit", str(f))
+    assert p.returncode == 0, p.stderr
+    jid = job_id(sweep, "cancel-n2")
+    try:
+        wait_for(sweep, "cancel-n2", lambda r: r.state == "RUNNING", 60)
+    finally:
+        subprocess.run(["scancel", jid], check=True)
+    wait_for(sweep, "cancel-n2", lambda r: r.state == "CANCELLED", 45)
+    p = hpcdl("status", str(sweep))
+    line = next(x for x in p.stdout.splitlines() if x.startswith("cancel-n2"))
+    assert "CANCELLED" in line and "cancelled by uid 0" in line, p.stdout
+    assert not (sweep / "cancel-n2.json").exists()
+    spec = spec_from_dict(record(sweep, "torch-n1")["spec"])
+    assert valid_point(sweep / "torch-n1.json", spec, 1) and valid_point(sweep / "torch-n2.json", spec, 2)
+
+
+def test_node_down_mid_job_shows_the_failure(sweep: Path) -> None:
+    """Bounded: 85 s from submission to the end, whatever Slurm does."""
+    deadline = time.monotonic() + 85
+    f = write_job(sweep / "nodefail.toml", name="nodefail", nodes=[2], run=LONG_RUN, output=str(sweep))
+    p = hpcdl("submit", str(f))
+    assert p.returncode == 0, p.stderr
+    jid = job_id(sweep, "nodefail-n2")
+
+    def left(most: float) -> float:
+        return max(5.0, min(most, deadline - time.monotonic()))
+
+    try:
+        wait_for(sweep, "nodefail-n2", lambda r: r.state == "RUNNING", left(40))
+        subprocess.run(["scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=hpcdl-test"], check=True)
+        # Slurm ends the job (NODE_FAIL) and requeues it: status shows the failure either as
+        # the state or in the requeued job's history
+        row = wait_for(sweep, "nodefail-n2", lambda r: "NODE_FAIL" in r.state + r.detail, left(30))
+        assert row.state == "NODE_FAIL" or "requeued after: NODE_FAIL" in row.detail, row
+        p = hpcdl("status", str(sweep))
+        line = next(x for x in p.stdout.splitlines() if x.startswith("nodefail-n2"))
+        assert "NODE_FAIL" in line, p.stdout
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=n2", "State=RESUME"], capture_output=True)
+        subprocess.run(["scancel", jid], capture_output=True)  # the requeued job would run for minutes
+    wait_for(sweep, "nodefail-n2", lambda r: not r.active, left(15))
+
+
+def test_preempted_point_is_requeued_and_runs_again(sweep: Path) -> None:
+    """USR2 is what Slurm sends before the time limit (--signal) or on preemption: submitit
+    checkpoints the point and requeues the job, which runs the point again from its start."""
+    run = {"steps": 2500, "min_duration_s": 0.0}  # ~8 s of timed steps here
+    f = write_job(
+        sweep / "resume.toml", name="resume", nodes=[2], backend="torch", run=run, output=str(sweep)
+    )
+    assert hpcdl("submit", str(f)).returncode == 0
+    jid = job_id(sweep, "resume-n2")
+    log = sweep / "submitit" / jid / f"{jid}_0_log.out"
+    end = time.monotonic() + 60
+    while "then timing" not in (log.read_text() if log.exists() else ""):  # submitit's handler is set
+        assert time.monotonic() < end, "the point did not start within 60 s"
+        time.sleep(0.5)
+    subprocess.run(["scancel", "--signal=USR2", jid], check=True)
+    wait_for(sweep, "resume-n2", lambda r: r.state == "PENDING" and "requeued after" in r.detail, 30)
+    # a requeued job waits ~2 minutes before it may start again (BeginTime): let it go now
+    subprocess.run(["scontrol", "update", f"JobId={jid}", "StartTime=now"], check=True)
+    row = wait_for(sweep, "resume-n2", lambda r: not r.active, 90)
+    assert row.state == "done", row
+    rec = record(sweep, "resume-n2")
+    assert rec["validity"]["passed"] and rec["environment"]["slurm"]["restart_count"] == "1"
+    assert rec["environment"]["slurm_job_id"] == jid  # the same job, run a second time
+
+
+# ------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    "fields, expected",
+    [
+        ({"colour": "red"}, "job.colour='red' is invalid: unknown key; valid keys are name, workload, nodes"),
+        ({"tasks_per_node": "two"}, "job.tasks_per_node='two' is invalid: expected an integer"),
+        ({"nodes": [0]}, "job.nodes=0 is invalid"),
+        ({"nodes": 2}, "job.nodes=2 is invalid: expected a non-empty list"),
+        ({"sbatch_extra": ["--wrap=rm -rf /"]}, "job.sbatch_extra='--wrap=rm -rf /' is invalid"),
+        ({"sbatch_extra": ["foo"]}, "job.sbatch_extra='foo' is invalid: expected a long option"),
+        ({"sbatch_extra": ["--time=10"]}, "set through job.time_min"),
+        ({"gpus_per_node": 4, "tasks_per_node": 8}, "job.tasks_per_node=8 is invalid: at most gpus_per_node"),
+        ({"run": {"steps": -1}}, "job.run.steps=-1"),
+        ({"workload": {"preset": "alexnet"}}, "job.workload.preset='alexnet'"),
+        ({"workload": {"family": "mlp", "width": "wide"}}, "job.workload.width='wide'"),
+        ({"env": {"SLURM_NTASKS": "3"}}, "job.env.SLURM_NTASKS"),
+        ({"env": {"X": "a;b"}}, "job.env.X='a;b'"),
+    ],
+)
+def test_bad_job_file_is_one_line_exit_2_and_submits_nothing(
+    cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], fields: dict[str, Any], expected: str
+) -> None:
+    f = write_job(tmp_path / "bad.toml", name="bad", output=str(tmp_path / "out"), **fields)
+    before = all_job_ids()
+    assert cli.main(["submit", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and len(err.strip().splitlines()) == 1, err
+    assert all_job_ids() == before and not (tmp_path / "out").exists()
+
+
+def test_submission_refused_by_sbatch_is_one_line_exit_2(
+    cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = write_job(tmp_path / "gpu.toml", name="nogpu", partition="gpu", output=str(tmp_path / "out"))
+    assert cli.main(["submit", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "nogpu-n1: submission failed: sbatch: error: Batch job submission failed: Invalid partition" in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_not_toml_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bad.toml").write_text("name = 'x'\nnodes = [1,\n")
+    assert cli.main(["submit", str(tmp_path / "bad.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "not valid TOML" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_dry_run_submits_nothing(cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = write_job(tmp_path / "dry.toml", name="dry", nodes=[1, 2], output=str(tmp_path / "out"))
+    before = all_job_ids()
+    assert cli.main(["submit", str(f), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "#SBATCH --nodes=1" in text and "#SBATCH --nodes=2" in text and "--mpi=pmix" in text
+    assert "#SBATCH --job-name=dry-n2" in text
+    assert all_job_ids() == before and not (tmp_path / "out").exists()
+
+
+def test_shipped_job_files_are_valid() -> None:
+    local = load_job(ROOT / "jobs/local-test.toml")
+    assert local.nodes == (1, 2) and local.tasks_per_node == 1 and local.backend == "torch"
+    gpu = load_job(ROOT / "jobs/gpu-cluster-example.toml")
+    assert gpu.nodes == (1, 2, 4, 8) and gpu.gpus_per_node == 4 and gpu.spec().precision == "bf16"
+    script = submit_mod.sbatch_script(gpu, 8, Path("/scratch/results"))
+    for line in (
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=proj-hpcdl",
+        "#SBATCH --qos=normal",
+        "#SBATCH --exclusive",
+        "#SBATCH --mem=0",
+        "#SBATCH --nodes=8",
+        "export OMP_NUM_THREADS=8",
+        "export NCCL_DEBUG=WARN",
+    ):
+        assert line in script, script
+
+
+# ------------------------------------------------------------------------------ no Slurm
+def test_local_executor_runs_the_same_job_file(tmp_path: Path) -> None:
+    """submitit's local executor (what hpcdl uses where sbatch is missing): the 2-node point's
+    ranks start on this machine through mpirun."""
+    f = write_job(tmp_path / "local.toml", name="here", nodes=[2], backend="torch", output=str(tmp_path))
+    p = hpcdl("submit", str(f), "--executor", "local", timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rec = record(tmp_path, "here-n2")
+    assert rec["settings"]["world_size"] == 2 and rec["validity"]["passed"]
+    assert rec["environment"]["slurm"] is None
+    (row,) = submit_mod.status(tmp_path)
+    assert row.state == "done"
