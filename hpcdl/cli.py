@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 import time
@@ -574,6 +575,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rank_of_process() == 0:  # every rank meets the same bad input: say it once
             err(f"hpcdl: error: {e}")
         return 2
+    except torch.OutOfMemoryError as e:  # before Exception, which it is one of
+        err(f"hpcdl: error: out of device memory ({str(e).splitlines()[0]}); lower batch_size")
+        return 2
+    except BrokenPipeError:  # output piped into `head`: not an error of the run
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except Exception as e:
         if under_mpi():
             # one rank failed: say which and why, then end every rank rather than let them hang
@@ -583,9 +590,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err("hpcdl: interrupted; records already written are kept")
         return 130
-    except torch.OutOfMemoryError as e:
-        err(f"hpcdl: error: out of device memory ({str(e).splitlines()[0]}); lower batch_size")
-        return 2
 
 
 if __name__ == "__main__":

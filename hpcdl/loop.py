@@ -116,22 +116,32 @@ class Trainer:
         duration_s: float,
         progress: Callable[[int, float], None] | None = None,
         window: AbstractContextManager[object] | None = None,
+        agree: Callable[[bool], bool] = bool,
     ) -> StepLog:
         """``warmup`` untimed steps, then ``steps`` timed steps (or, if 0, steps until
         ``duration_s`` has passed); ``window`` (e.g. a power sampler) is entered around the
-        timed steps only."""
+        timed steps only.
+
+        ``agree`` turns this rank's "time is up" into the decision every rank takes: with
+        several ranks it must return the same answer on all of them (e.g. rank 0's, broadcast),
+        since a rank that stops one step early leaves the others waiting in an allreduce."""
         log = StepLog()
         self.model.train()
         for _ in range(warmup):
             self.step()
         synchronize(self.device)
         with window or nullcontext():
-            self._timed(log, steps, duration_s, progress)
+            self._timed(log, steps, duration_s, progress, agree)
         log.losses = torch.stack(self._losses).float().tolist()
         return log
 
     def _timed(
-        self, log: StepLog, steps: int, duration_s: float, progress: Callable[[int, float], None] | None
+        self,
+        log: StepLog,
+        steps: int,
+        duration_s: float,
+        progress: Callable[[int, float], None] | None,
+        agree: Callable[[bool], bool],
     ) -> None:
         start = time.perf_counter()
         last_report = start
@@ -145,6 +155,8 @@ class Trainer:
             if progress and now - last_report >= 1.0:
                 progress(done, now - start)
                 last_report = now
-            if (steps and done >= steps) or (not steps and now - start >= duration_s):
+            if steps and done >= steps:
+                break
+            if not steps and agree(now - start >= duration_s):  # outside the timed step
                 break
         log.window_s = time.perf_counter() - start

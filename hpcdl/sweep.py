@@ -3,14 +3,12 @@ finishes; a rerun skips points that already have a valid record."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from hpcdl import metrics
-from hpcdl.dist.launch import launch
+from hpcdl.dist.launch import TERMINATED, launch
 from hpcdl.errors import SpecError
 from hpcdl.families import spec_to_args
 from hpcdl.records import digest_ok, load_record, write_record
@@ -57,8 +55,6 @@ def run_point(
     spec: Spec, np: int, name: str, out: Path, run_args: Sequence[str], timeout_s: float | None
 ) -> int:
     argv = ["run", *spec_to_args(spec), "--np", str(np), "--name", name, "-o", str(out), *run_args]
-    if np == 1:  # one rank needs no MPI launcher
-        return subprocess.run([sys.executable, "-m", "hpcdl", *argv], timeout=timeout_s).returncode
     return launch(np, argv, timeout_s)
 
 
@@ -75,7 +71,9 @@ def sweep(
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run every point (unless it already has a valid record), then write and return the
-    summary. A failed point is reported and left out; the others still run."""
+    summary. A failed point is reported and left out; the others still run. A terminated
+    point (SIGTERM, e.g. ``scancel``) ends the sweep; the summary of the completed points is
+    still written."""
     if mode not in MODES:
         raise SpecError("sweep.mode", mode, "allowed: weak, strong")
     specs = {np: point_spec(spec, mode, np) for np in sorted(set(nps))}  # all checked before any runs
@@ -86,6 +84,9 @@ def sweep(
             continue
         say(f"np={np}: running ({s.batch_size} per rank)")
         code = run_point(s, np, point_name(prefix, mode, np), out, run_args, timeout_s)
+        if code == TERMINATED:
+            say(f"np={np}: terminated; the sweep stops, completed points are kept")
+            break
         if code != 0:
             say(f"np={np}: failed with exit code {code}")
     summary = summarize(out, prefix, mode, specs)

@@ -68,6 +68,24 @@ def test_every_rank_measured_and_checked(backend: str, np: int, tmp_path: Path) 
     assert rec["validity"]["passed"], rec["validity"]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_duration_window_ends_on_every_rank_together(backend: str, tmp_path: Path) -> None:
+    """With a duration (steps=0) each rank's clock would end its window a step apart from the
+    others and leave them waiting in an allreduce; rank 0 decides for all. Tiny steps (~1 ms)
+    over 4 ranks make that race all but certain without the agreement."""
+    tiny = ["--workload", "mlp", "layers=1", "width=16", "input_size=8", "output_size=2", "batch_size=4"]
+    for i in range(3):
+        out = tmp_path / str(i)
+        p = hpcdl(
+            "run", *tiny, "--np", "4", "--backend", backend, "--duration", "1", "-o", str(out), timeout=120
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        rec = only_record(out)
+        steps = {r["timed_steps"] for r in rec["metrics"]["per_rank"]}
+        assert len(steps) == 1 and steps.pop() > 10, rec["metrics"]["per_rank"]
+        assert rec["validity"]["passed"], rec["validity"]
+
+
 def test_batch_norm_model_with_ddp_buffers(tmp_path: Path) -> None:
     p = hpcdl(
         "run",
@@ -141,6 +159,42 @@ def test_a_killed_rank_ends_the_run_quickly(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "signal 9" in rest or "Killed" in rest or "rank 1" in rest, rest[-2000:]
     assert not list(tmp_path.glob("*.json"))  # no record of a broken run
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and text.encode() in (d / "cmdline").read_bytes():
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_sigterm_to_the_launcher_ends_every_rank(tmp_path: Path) -> None:
+    """``kill`` (or a harness's timeout) on ``hpcdl run --np 2`` must not leave mpirun and its
+    ranks running in their own session."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcdl", "run", *MLP, "--np", "2", "--steps", "10000000", "-o", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=mpi_env(),
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:  # wait until the timed steps run
+        if "timed" in line and "steps in" in line:
+            break
+    assert len(_processes_mentioning(str(tmp_path))) >= 3  # launcher, mpirun, ranks
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 128 + signal.SIGTERM, rest[-2000:]
+    assert "terminated" in rest
+    deadline = time.monotonic() + 15
+    while _processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_mentioning(str(tmp_path)) == []
 
 
 FAULT = """

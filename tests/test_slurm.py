@@ -30,8 +30,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local Slurm test 
 
 MLP = {"family": "mlp", "layers": 2, "width": 64, "input_size": 32, "output_size": 10, "batch_size": 16}
 SHORT_RUN = {"steps": 12, "warmup_steps": 2, "min_duration_s": 0.0}
-# Multi-rank jobs run a fixed number of steps: with a duration (steps=0) each rank decides on
-# its own clock when to stop, and ranks that stop one step apart wait for each other forever.
 LONG_RUN = {"steps": 10_000_000, "min_duration_s": 0.0}  # runs until cancelled
 
 

@@ -8,7 +8,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
+from types import FrameType
 
 from hpcdl.errors import HpcdlError
 
@@ -35,18 +37,47 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
+class Terminated(Exception):
+    """This process was sent SIGTERM (``kill``, ``scancel``, a test harness's timeout)."""
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
+TERMINATED = 128 + signal.SIGTERM
+"""exit code of a run ended by SIGTERM, as a shell reports it"""
+
+
 def launch(np: int, argv: Sequence[str], timeout_s: float | None = None) -> int:
-    """Run ``hpcdl ARGV`` as ``np`` MPI ranks and return the exit code. If one rank fails,
-    hpcdl aborts the MPI job, so every rank ends; Ctrl-C ends them too."""
-    proc = subprocess.Popen(mpirun_command(np, argv), env=mpi_env(), start_new_session=True)
+    """Run ``hpcdl ARGV`` as ``np`` MPI ranks (one plain process for ``np=1``) and return the
+    exit code. If one rank fails, hpcdl aborts the MPI job, so every rank ends."""
+    if np == 1:
+        return supervise([sys.executable, "-m", "hpcdl", *argv], "1-rank run", timeout_s)
+    return supervise(mpirun_command(np, argv), f"{np}-rank run", timeout_s)
+
+
+def supervise(cmd: list[str], what: str, timeout_s: float | None) -> int:
+    """Run ``cmd`` in its own session and return its exit code; a timeout, Ctrl-C or SIGTERM
+    to this process ends the whole session (without it, mpirun and its ranks outlive us)."""
+    proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True)
+    main = threading.current_thread() is threading.main_thread()  # signal handlers live there
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        print(f"hpcdl: the {np}-rank run exceeded {timeout_s:g} s; ending it", file=sys.stderr, flush=True)
+        print(f"hpcdl: the {what} exceeded {timeout_s:g} s; ending it", file=sys.stderr, flush=True)
         return _end(proc)
+    except Terminated:
+        print(f"hpcdl: terminated; ending the {what}", file=sys.stderr, flush=True)
+        _end(proc)
+        return TERMINATED
     except KeyboardInterrupt:
         _end(proc)
         raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _end(proc: subprocess.Popen[bytes]) -> int:
