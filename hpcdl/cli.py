@@ -10,12 +10,13 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 
-from hpcdl import h5data, metrics
+from hpcdl import cli_results, h5data, metrics
 from hpcdl import sweep as sweep_mod
+from hpcdl.cli_common import Parser, add_workload_options, err, workload_specs
 from hpcdl.config import RunConfig
 from hpcdl.device import device_name, memory_capacity, resolve_device
 from hpcdl.dist.launch import launch
@@ -24,10 +25,10 @@ from hpcdl.environment import availability, environment
 from hpcdl.errors import HpcdlError, SpecError
 from hpcdl.families import FAMILIES, family_class, parse_assignments, spec_from_args
 from hpcdl.peaks import datasheet_peak, matmul_probe
-from hpcdl.records import write_record
+from hpcdl.records import seal, write_record
 from hpcdl.report_text import si, table
 from hpcdl.runner import RunResult, preflight, rank_device, run
-from hpcdl.spec import PRECISIONS, Spec
+from hpcdl.spec import PRECISIONS
 
 # command-line flag -> RunConfig knob
 RUN_FLAGS = {
@@ -44,34 +45,6 @@ RUN_FLAGS = {
     "peak_flops": "peak_flops",
     "backend": "backend",
 }
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        """One line and exit code 2, instead of argparse's usage block."""
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def err(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
-    """The specs named on the command line: one workload, a preset, or the default suite."""
-    import generators  # imported late: it imports every family
-
-    if args.workload:
-        return {args.workload: spec_from_args(args.workload, args.knobs)}
-    if args.preset:
-        base = generators.preset(args.preset)
-        return {args.preset: generators.preset(args.preset, **parse_assignments(type(base), args.knobs))}
-    overrides = {}
-    for word in args.knobs:
-        key, sep, text = word.partition("=")
-        if key not in Spec.knobs() or not sep:
-            raise SpecError("knob", word, "the default suite takes only batch_size=, precision=, seed=")
-        overrides[key] = Spec.parse_knob(key, text)
-    return generators.default_suite(**overrides)
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:
@@ -233,8 +206,21 @@ def cmd_comm(args: argparse.Namespace) -> int:
         backend.close()
     if rows is None:
         return 0
+    result = {"ranks": world.size, "backend": name, "rows": rows}
+    if args.output:
+        record = seal(
+            {
+                "schema": "hpcdl.comm",
+                "schema_version": 1,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                **result,
+                "reps": args.reps,
+                "environment": environment(device),
+            }
+        )
+        err(f"wrote {write_record(record, args.output)}")
     if args.json:
-        print(json.dumps({"ranks": world.size, "backend": name, "rows": rows}, indent=1))
+        print(json.dumps(result, indent=1))
         return 0 if all(r["wrong"] == 0 for r in rows) else 1
     print(f"allreduce, {world.size} ranks, {name} vs raw mpi4py (median of {args.reps}, slowest rank)")
     print(
@@ -461,17 +447,6 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--timeout", type=float, help="end a multi-rank run that takes longer than this (seconds)")
 
 
-def add_workload_options(r: argparse.ArgumentParser) -> None:
-    g = r.add_mutually_exclusive_group()
-    g.add_argument(
-        "--workload", choices=list(FAMILIES), help="family of one workload; knobs follow as key=value"
-    )
-    g.add_argument("--preset", help="a preset (resnet50, gpt2_small, ...); knobs override it")
-    r.add_argument(
-        "knobs", nargs="*", help="key=value knob settings (for the suite: batch_size, precision, seed)"
-    )
-
-
 def build_parser() -> Parser:
     p = Parser(prog="hpcdl", description="Benchmark a system on generated deep-learning training workloads.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -526,6 +501,7 @@ def build_parser() -> Parser:
     cm.add_argument("--sizes", help="comma-separated buffer sizes in bytes (default 1 KiB .. 64 MiB)")
     cm.add_argument("--reps", type=int, default=10)
     cm.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    cm.add_argument("-o", "--output", help="also write the sweep as a record (input of hpcdl predict)")
     cm.add_argument("--timeout", type=float)
     cm.set_defaults(func=cmd_comm)
 
@@ -549,6 +525,8 @@ def build_parser() -> Parser:
     co = sub.add_parser("collect", help="gather the valid records of a job's points into collected.json")
     co.add_argument("dir", help="the job's output directory (holds hpcdl-jobs.json)")
     co.set_defaults(func=cmd_collect)
+
+    cli_results.add_parsers(sub)
 
     lst = sub.add_parser("list", help="families and their knobs, presets, the default suite")
     lst.set_defaults(func=cmd_list)

@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 
 SCHEMA = "hpcdl.result"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: steps_sha256
 
 
 def digest(record: Mapping[str, Any]) -> str:
@@ -79,6 +79,12 @@ def write_steps(columns: Mapping[str, Sequence[float]], path: str | Path) -> Pat
 def read_steps(path: str | Path) -> dict[str, np.ndarray]:
     with h5py.File(path, "r") as f:
         return {name: np.asarray(f[name]) for name in f}
+
+
+def file_sha256(path: str | Path) -> str:
+    """``sha256:<hex>`` of a file's bytes (the steps file, so a record's digest covers it too)."""
+    with open(path, "rb") as f:
+        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def load_record(path: str | Path) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from hpcdl.dist.world import World, init_world
 from hpcdl.errors import SpecError
 from hpcdl.loop import BatchSource, StepLog, Trainer
 from hpcdl.peaks import matmul_probe
-from hpcdl.records import seal, write_record, write_steps
+from hpcdl.records import file_sha256, seal, write_record, write_steps
 from hpcdl.spec import Spec
 from hpcdl.telemetry import TelemetrySampler
 
@@ -242,5 +242,6 @@ def finish(
     }
     steps_path = write_steps(columns, out / f"{name}.steps.h5")
     record["steps_file"] = steps_path.name
+    record["steps_sha256"] = file_sha256(steps_path)
     record = seal(record)
     return RunResult(record, write_record(record, out / f"{name}.json"), steps_path)

@@ -21,7 +21,7 @@ def test_run_writes_a_complete_valid_record(tmp_path: Path) -> None:
     res = hpcdl.run(spec, RunConfig(steps=20, min_duration_s=0.0), output_dir=tmp_path, name="t")
     rec = json.loads((tmp_path / "t.json").read_text())
     assert rec == res.record and digest_ok(rec)
-    assert rec["schema"] == "hpcdl.result" and rec["schema_version"] == 1
+    assert rec["schema"] == "hpcdl.result" and rec["schema_version"] == 2
     m = rec["metrics"]
     for key in (
         "samples_per_s",

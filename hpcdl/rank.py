@@ -1,0 +1,282 @@
+"""``hpcdl rank``: read the result records of one or more systems, verify every record, score
+each system and write the ranking list (Markdown, HTML, CSV and JSON), TOP500-style.
+
+Each argument is one system's submission: a directory of records (searched recursively),
+named by the directory or as ``NAME=DIR``. Rejected records are listed with the reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcdl.errors import SpecError
+from hpcdl.records import load_record, write_record
+from hpcdl.report_text import si, table
+from hpcdl.score import Entry, SystemScore, score_system
+from hpcdl.verify import gate_problems, integrity_problems
+
+
+@dataclass(frozen=True)
+class Rejected:
+    system: str
+    path: str
+    reason: str
+
+
+@dataclass
+class Ranking:
+    systems: list[SystemScore]
+    """ranked first (score, descending), then the systems without a score"""
+    rejected: list[Rejected]
+    accepted: int
+
+
+def parse_submission(arg: str) -> tuple[str, Path]:
+    """``NAME=DIR`` or ``DIR`` (named by its last component)."""
+    name, sep, folder = arg.partition("=")
+    path = Path(folder if sep else arg)
+    if not path.exists():
+        raise SpecError("rank.path", str(path), "an existing directory or record file")
+    return (name if sep else path.resolve().name), path
+
+
+def _record_files(path: Path) -> list[Path]:
+    return [path] if path.is_file() else sorted(p for p in path.rglob("*.json") if not p.name.startswith("."))
+
+
+def collect(
+    submissions: Sequence[tuple[str, Path]], say: Callable[[str], None] = lambda _m: None
+) -> tuple[dict[str, list[Entry]], list[Rejected]]:
+    """Every accepted result record per system, and every rejected one with its reason.
+    Other JSON files (suite indexes, sweep summaries, comm sweeps) are not records to rank."""
+    accepted: dict[str, list[Entry]] = {}
+    rejected: list[Rejected] = []
+    seen: dict[str, str] = {}  # record id or digest -> path of its first occurrence
+    for system, root in submissions:
+        accepted.setdefault(system, [])
+        files = _record_files(root)
+        say(f"rank: {system}: checking {len(files)} JSON files under {root}")
+        for path in files:
+            try:
+                rec = load_record(path)
+            except (OSError, ValueError) as e:
+                rejected.append(Rejected(system, str(path), f"unreadable: {e}"))
+                continue
+            if not isinstance(rec, dict) or rec.get("schema") in ("hpcdl.suite", "hpcdl.sweep", "hpcdl.comm"):
+                continue
+            problems = integrity_problems(rec, path)
+            if not problems:
+                problems = gate_problems(rec)
+            keys = [str(rec.get("id")), str(rec.get("digest"))]
+            first = next((seen[k] for k in keys if k in seen), None)
+            if first is not None:
+                problems = [f"duplicate of {first}", *problems]
+            if problems:
+                rejected.append(Rejected(system, str(path), "; ".join(problems)))
+                continue
+            for k in keys:
+                seen[k] = str(path)
+            accepted[system].append(Entry(path, rec))
+    return accepted, rejected
+
+
+def rank(submissions: Sequence[tuple[str, Path]], say: Callable[[str], None] = lambda _m: None) -> Ranking:
+    if len({name for name, _ in submissions}) != len(submissions):
+        raise SpecError("rank.system", [n for n, _ in submissions], "each system name once (use NAME=DIR)")
+    accepted, rejected = collect(submissions, say)
+    scores = [score_system(name, entries) for name, entries in accepted.items()]
+    scored = sorted((s for s in scores if s.score is not None), key=lambda s: -(s.score or 0.0))
+    return Ranking(
+        scored + [s for s in scores if s.score is None], rejected, sum(map(len, accepted.values()))
+    )
+
+
+HEADER = [
+    "rank",
+    "system",
+    "nodes x ranks",
+    "device",
+    "score AI-ops/s",
+    "quality-regulated",
+    "efficiency",
+    "AI-ops/W",
+    "date",
+    "validity",
+]
+
+
+def rows(r: Ranking) -> list[list[str]]:
+    """The ranking list's rows as text: one per system, unscored systems without a rank."""
+    out = []
+    rejected_by = {s.system: sum(1 for x in r.rejected if x.system == s.system) for s in r.systems}
+    place = 0
+    for s in r.systems:
+        validity = f"verified ({len(s.workloads)} records)" if s.score is not None else s.reason
+        if rejected_by[s.system]:
+            validity += f"; {rejected_by[s.system]} rejected"
+        if s.score is None:
+            out.append(["-", s.system, "", "", "", "", "", "", "", validity])
+            continue
+        place += 1
+        eff = (
+            f"{s.efficiency:.1%} ({s.efficiency_base}->{s.world_size})"
+            if s.efficiency is not None
+            else "one scale"
+        )
+        per_node = (s.world_size or 0) // max(s.nodes or 1, 1)
+        out.append(
+            [
+                str(place),
+                s.system,
+                f"{s.nodes} x {per_node}",
+                s.device,
+                si(s.score or 0.0, "FLOP/s"),
+                si(s.regulated or 0.0, "FLOP/s"),
+                eff,
+                si(s.ai_ops_per_watt, "FLOP/J") if s.ai_ops_per_watt else "unavailable",
+                s.date,
+                validity,
+            ]
+        )
+    return out
+
+
+def _markdown(r: Ranking) -> str:
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    text = [
+        "# hpcdl ranking",
+        "",
+        "Score: geometric mean over the standard suite of sustained AI-ops/s "
+        "(analytic training FLOPs x samples/s, all ranks) at the largest measured scale; see METRICS.md.",
+        "",
+        line(HEADER),
+        line(["---"] * len(HEADER)),
+        *(line(x) for x in rows(r)),
+    ]
+    for s in r.systems:
+        if s.score is None:
+            continue
+        text += [
+            "",
+            f"## {s.system}: suite at {s.world_size} ranks",
+            "",
+            line(
+                [
+                    "workload",
+                    "AI-ops/s",
+                    "samples/s",
+                    "MFU",
+                    "precision",
+                    "batch/rank",
+                    "loss fall q",
+                    "record",
+                ]
+            ),
+            line(["---"] * 8),
+        ]
+        for w, d in s.workloads.items():
+            mfu = f"{d['mfu']:.1%}" if isinstance(d["mfu"], float) and d["mfu"] == d["mfu"] else "n/a"
+            text.append(
+                line(
+                    [
+                        w,
+                        si(d["ai_ops_per_s"], "FLOP/s"),
+                        f"{d['samples_per_s']:.1f}",
+                        mfu,
+                        d["precision"],
+                        str(d["batch_per_rank"]),
+                        f"{d['loss_reduction']:.2f}",
+                        d["record"],
+                    ]
+                )
+            )
+    text += ["", f"## Rejected records ({len(r.rejected)})", ""]
+    if r.rejected:
+        text += [line(["system", "record", "reason"]), line(["---"] * 3)]
+        text += [line([x.system, x.path, x.reason]) for x in r.rejected]
+    else:
+        text.append("none")
+    return "\n".join(text) + "\n"
+
+
+def _html(r: Ranking) -> str:
+    def tab(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+        th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body)
+        return f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
+
+    rej = tab(["system", "record", "reason"], [[x.system, x.path, x.reason] for x in r.rejected])
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>hpcdl ranking</title><style>"
+        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #bbb;padding:3px 8px;text-align:left}th{background:#eee}"
+        "</style></head><body><h1>hpcdl ranking</h1><p>Score: geometric mean over the standard suite of "
+        "sustained AI-ops/s at the largest measured scale (METRICS.md, Score).</p>"
+        + tab(HEADER, rows(r))
+        + f"<h2>Rejected records ({len(r.rejected)})</h2>"
+        + (rej if r.rejected else "<p>none</p>")
+        + "</body></html>\n"
+    )
+
+
+def write(r: Ranking, out: Path) -> list[Path]:
+    """ranking.md, ranking.html, ranking.csv and ranking.json in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "ranking.md", out / "ranking.html", out / "ranking.csv"]
+    paths[0].write_text(_markdown(r))
+    paths[1].write_text(_html(r))
+    with open(paths[2], "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            [
+                "rank",
+                "system",
+                "nodes",
+                "ranks",
+                "device",
+                "score_ai_ops_per_s",
+                "regulated_ai_ops_per_s",
+                "efficiency",
+                "efficiency_base_ranks",
+                "ai_ops_per_watt",
+                "date",
+                "reason",
+            ]
+        )
+        place = 0
+        for s in r.systems:
+            place += s.score is not None
+            w.writerow(
+                [
+                    place if s.score is not None else "",
+                    s.system,
+                    s.nodes or "",
+                    s.world_size or "",
+                    s.device,
+                    s.score or "",
+                    s.regulated if s.regulated is not None else "",
+                    s.efficiency or "",
+                    s.efficiency_base or "",
+                    s.ai_ops_per_watt or "",
+                    s.date,
+                    s.reason,
+                ]
+            )
+    doc: dict[str, Any] = {
+        "schema": "hpcdl.ranking",
+        "systems": [asdict(s) for s in r.systems],
+        "rejected": [asdict(x) for x in r.rejected],
+    }
+    paths.append(write_record(doc, out / "ranking.json"))
+    return paths
+
+
+def terminal_table(r: Ranking) -> str:
+    return table(HEADER, rows(r))
