@@ -52,7 +52,8 @@ def main() -> int:
     rows = []
     for backend in args.backends.split(","):
         comm = out / f"comm-{backend}.json"
-        hpcdl("comm", "--np", str(max(nps)), "--backend", backend, "--reps", "20", "-o", str(comm))
+        shown = hpcdl("comm", "--np", str(max(nps)), "--backend", backend, "--reps", "20", "-o", str(comm))
+        comm.with_suffix(".txt").write_text(shown.stdout)
         for name, workload in WORKLOADS.items():
             prefix = f"{name}-{backend}"
             hpcdl("sweep", *workload, "--np", args.np, "--mode", "weak", "--backend", backend,
