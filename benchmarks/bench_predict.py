@@ -27,9 +27,19 @@ from hpcdl.report_text import table
 
 WORKLOADS = {
     "mlp": ["--workload", "mlp", "layers=4", "width=1024", "input_size=1024", "batch_size=64"],
-    "cnn": ["--workload", "cnn", "image_size=32", "stages=3", "blocks=2", "base_width=32", "block=basic",
-            "stem=simple", "classes=10", "batch_size=32"],
-}  # fmt: skip
+    "cnn": [
+        "--workload",
+        "cnn",
+        "image_size=32",
+        "stages=3",
+        "blocks=2",
+        "base_width=32",
+        "block=basic",
+        "stem=simple",
+        "classes=10",
+        "batch_size=32",
+    ],
+}
 
 
 def hpcdl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -56,23 +66,70 @@ def main() -> int:
         comm.with_suffix(".txt").write_text(shown.stdout)
         for name, workload in WORKLOADS.items():
             prefix = f"{name}-{backend}"
-            hpcdl("sweep", *workload, "--np", args.np, "--mode", "weak", "--backend", backend,
-                  "--duration", args.duration, "--prefix", prefix, "-o", str(out))  # fmt: skip
+            hpcdl(
+                "sweep",
+                *workload,
+                "--np",
+                args.np,
+                "--mode",
+                "weak",
+                "--backend",
+                backend,
+                "--duration",
+                args.duration,
+                "--prefix",
+                prefix,
+                "-o",
+                str(out),
+            )
             base = out / f"{prefix}-weak-np{nps[0]}.json"
             pred = json.loads(
-                hpcdl("predict", "--base", str(base), "--comm", str(comm), "--nodes", args.np,
-                      "--compare", str(out), "--json").stdout  # fmt: skip
+                hpcdl(
+                    "predict",
+                    "--base",
+                    str(base),
+                    "--comm",
+                    str(comm),
+                    "--nodes",
+                    args.np,
+                    "--compare",
+                    str(out),
+                    "--json",
+                ).stdout
             )
             for p in pred["points"]:
                 if p["np"] == nps[0] or "error" not in p:
                     continue
-                rows.append([backend, name, str(p["np"]), f"{p['measured_samples_per_s']:.1f}",
-                             f"{p['samples_per_s']:.1f}", f"{p['compute_s'] * 1e3:.1f}",
-                             f"{p['comm_s'] * 1e3:.1f}", f"{p['error']:+.1%}",
-                             "yes" if abs(p["error"]) <= 0.15 else "NO"])  # fmt: skip
+                rows.append(
+                    [
+                        backend,
+                        name,
+                        str(p["np"]),
+                        f"{p['measured_samples_per_s']:.1f}",
+                        f"{p['samples_per_s']:.1f}",
+                        f"{p['compute_s'] * 1e3:.1f}",
+                        f"{p['comm_s'] * 1e3:.1f}",
+                        f"{p['error']:+.1%}",
+                        "yes" if abs(p["error"]) <= 0.15 else "NO",
+                    ]
+                )
     print(f"scaling model against measurement (OMP_NUM_THREADS=1 per rank; records in {out})")
-    print(table(["backend", "workload", "ranks", "measured/s", "predicted/s", "compute ms", "comm ms",
-                 "error", "within 15%"], rows))  # fmt: skip
+    print(
+        table(
+            [
+                "backend",
+                "workload",
+                "ranks",
+                "measured/s",
+                "predicted/s",
+                "compute ms",
+                "comm ms",
+                "error",
+                "within 15%",
+            ],
+            rows,
+        )
+    )
     return 0 if all(r[-1] == "yes" for r in rows) else 1
 
 

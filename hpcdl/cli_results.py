@@ -11,7 +11,7 @@ from hpcdl import predict as model_mod
 from hpcdl import rank as rank_mod
 from hpcdl.cli_common import add_workload_options, err, workload_specs
 from hpcdl.errors import SpecError
-from hpcdl.records import load_record, write_record
+from hpcdl.records import json_files, load_record, write_record
 from hpcdl.report_text import si, table
 
 
@@ -22,8 +22,10 @@ def cmd_rank(args: argparse.Namespace) -> int:
     print(rank_mod.terminal_table(ranking))
     for x in ranking.rejected:
         print(f"rejected: {x.path}: {x.reason}")
-    print(f"{ranking.accepted} records accepted, {len(ranking.rejected)} rejected; wrote "
-          + ", ".join(str(p) for p in paths))  # fmt: skip
+    print(
+        f"{ranking.accepted} records accepted, {len(ranking.rejected)} rejected; wrote "
+        + ", ".join(str(p) for p in paths)
+    )
     return 0
 
 
@@ -73,16 +75,16 @@ def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str
             "predict", "default suite", "one workload: --base RECORD, --workload FAMILY or --preset"
         )
     (spec,) = specs.values()
-    count = spec.count()
-    model = model_mod.Model(
-        train_flops_per_sample=count.train_flops,
-        batch=spec.batch_size,
-        grad_bytes=4.0 * count.params,
-        gamma_flops_per_s=_positive("predict.gamma", args.gamma),
-        comm=model_mod.Comm(alpha_s=args.alpha or 0.0, beta_bytes_per_s=_positive("predict.beta", args.beta)),
+    comm = model_mod.Comm(alpha_s=args.alpha or 0.0, beta_bytes_per_s=_positive("predict.beta", args.beta))
+    gamma = _positive("predict.gamma", args.gamma)
+    model = model_mod.model_for(
+        spec.to_dict(),
+        spec.batch_size,
+        gamma,
+        comm,
+        backend=args.backend or "horovod",
         mode=args.mode,
         overlap=args.overlap,
-        messages_per_step=model_mod.messages_per_step(4.0 * count.params, args.backend or "horovod"),
     )
     return model, spec.to_dict()
 
@@ -177,8 +179,18 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 ]
                 for p in points
             ],
-        )  # fmt: skip
+        )
     )
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from hpcdl.report import write_report  # imports matplotlib: only when a report is made
+
+    paths = [Path(p) for p in args.paths]
+    comms = [rec for f in json_files(paths) if (rec := load_record(f)).get("schema") == "hpcdl.comm"]
+    index = write_report(paths, Path(args.output), predicted=model_mod.sweep_predictor(comms), say=err)
+    print(index)
     return 0
 
 
@@ -210,3 +222,8 @@ def add_parsers(sub: Any) -> None:
     pr.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pr.add_argument("-o", "--output", help="also write the prediction as JSON (schema hpcdl.prediction)")
     pr.set_defaults(func=cmd_predict)
+
+    rp = sub.add_parser("report", help="HTML report with plots of records and sweeps")
+    rp.add_argument("paths", nargs="+", help="record files or directories (searched recursively)")
+    rp.add_argument("-o", "--output", default="report", help="output directory (default: report)")
+    rp.set_defaults(func=cmd_report)

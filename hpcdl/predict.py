@@ -13,13 +13,14 @@ per ring step) and β (bus bandwidth) are fitted to a measured allreduce sweep (
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from hpcdl.errors import HpcdlError, SpecError
+from hpcdl.families import spec_from_dict
 
 MODES = ("weak", "strong")
 OVERLAPS = ("none", "full")
@@ -120,6 +121,33 @@ def comm_from_record(comm_record: Mapping[str, Any]) -> Comm:
     return fit_comm(comm_record["rows"], int(comm_record["ranks"]))
 
 
+def model_for(
+    spec: Mapping[str, Any],
+    batch: int,
+    gamma_flops_per_s: float,
+    comm: Comm,
+    *,
+    backend: str = "horovod",
+    mode: str = "weak",
+    overlap: str = "none",
+) -> Model:
+    """The model of a workload (a spec dict, counted analytically) on a system (γ, α, β)."""
+    if backend not in FUSION_BYTES:
+        raise SpecError("predict.backend", backend, f"allowed: {', '.join(FUSION_BYTES)}")
+    count = spec_from_dict(dict(spec)).count()
+    grad_bytes = 4.0 * count.params  # gradients are reduced in fp32, as in the runs
+    return Model(
+        train_flops_per_sample=float(count.train_flops),
+        batch=batch,
+        grad_bytes=grad_bytes,
+        gamma_flops_per_s=gamma_flops_per_s,
+        comm=comm,
+        mode=mode,
+        overlap=overlap,
+        messages_per_step=messages_per_step(grad_bytes, backend),
+    )
+
+
 def model_from_records(
     base: Mapping[str, Any],
     comm: Comm,
@@ -132,19 +160,38 @@ def model_from_records(
     a 1-rank record), α and β given (``comm_from_record`` fits them to an allreduce sweep)."""
     if base.get("schema") != "hpcdl.result" or base["settings"]["world_size"] != 1:
         raise SpecError("predict.base", base.get("name"), "a 1-rank result record calibrates gamma")
-    if backend not in FUSION_BYTES:
-        raise SpecError("predict.backend", backend, f"allowed: {', '.join(FUSION_BYTES)}")
-    grad_bytes = 4.0 * base["counts"]["params"]  # gradients are reduced in fp32, as in the runs
-    return Model(
-        train_flops_per_sample=float(base["counts"]["train_flops_per_sample"]),
-        batch=base["settings"]["batch_per_rank"],
-        grad_bytes=grad_bytes,
-        gamma_flops_per_s=float(base["metrics"]["ai_ops_per_s"]),
-        comm=comm,
-        mode=mode,
-        overlap=overlap,
-        messages_per_step=messages_per_step(grad_bytes, backend),
-    )
+    gamma = float(base["metrics"]["ai_ops_per_s"])
+    batch = base["settings"]["batch_per_rank"]
+    return model_for(base["spec"], batch, gamma, comm, backend=backend, mode=mode, overlap=overlap)
+
+
+def sweep_predictor(
+    comm_records: Sequence[Mapping[str, Any]],
+) -> Callable[[dict[str, Any]], dict[int, float] | None]:
+    """For reports: a sweep summary -> predicted samples/s at its rank counts, calibrated on
+    its 1-rank point and the allreduce sweep of its backend; None where either is missing."""
+    fits = {str(c["backend"]): comm_from_record(c) for c in comm_records}
+
+    def predicted(summary: dict[str, Any]) -> dict[int, float] | None:
+        points = summary.get("points", [])
+        base = next((p for p in points if p.get("np") == 1 and p.get("ai_ops_per_s")), None)
+        backends = {p.get("backend") for p in points if p.get("np", 1) > 1 and p.get("backend")}
+        if base is None or len(backends) != 1:
+            return None
+        backend = str(backends.pop())
+        if backend not in fits:
+            return None
+        m = model_for(
+            summary["spec"],
+            int(base["batch_per_rank"]),
+            float(base["ai_ops_per_s"]),
+            fits[backend],
+            backend=backend,
+            mode=str(summary.get("mode", "weak")),
+        )
+        return {int(p["np"]): m.samples_per_s(int(p["np"])) for p in points}
+
+    return predicted
 
 
 def messages_per_step(grad_bytes: float, backend: str) -> int:

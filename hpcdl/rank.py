@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcdl.errors import SpecError
-from hpcdl.records import load_record, write_record
+from hpcdl.records import json_files, load_record, write_record
 from hpcdl.report_text import si, table
 from hpcdl.score import Entry, SystemScore, score_system
 from hpcdl.verify import gate_problems, integrity_problems
@@ -45,10 +45,6 @@ def parse_submission(arg: str) -> tuple[str, Path]:
     return (name if sep else path.resolve().name), path
 
 
-def _record_files(path: Path) -> list[Path]:
-    return [path] if path.is_file() else sorted(p for p in path.rglob("*.json") if not p.name.startswith("."))
-
-
 def collect(
     submissions: Sequence[tuple[str, Path]], say: Callable[[str], None] = lambda _m: None
 ) -> tuple[dict[str, list[Entry]], list[Rejected]]:
@@ -59,7 +55,7 @@ def collect(
     seen: dict[str, str] = {}  # record id or digest -> path of its first occurrence
     for system, root in submissions:
         accepted.setdefault(system, [])
-        files = _record_files(root)
+        files = json_files([root])
         say(f"rank: {system}: checking {len(files)} JSON files under {root}")
         for path in files:
             try:

@@ -18,6 +18,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from hpcdl.errors import SpecError
+
 SCHEMA = "hpcdl.result"
 SCHEMA_VERSION = 2  # 2: steps_sha256
 
@@ -85,6 +87,16 @@ def file_sha256(path: str | Path) -> str:
     """``sha256:<hex>`` of a file's bytes (the steps file, so a record's digest covers it too)."""
     with open(path, "rb") as f:
         return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def json_files(paths: Sequence[Path]) -> list[Path]:
+    """Every ``*.json`` under the given files and directories, each once, in a stable order."""
+    files: list[Path] = []
+    for p in paths:
+        if not p.exists():
+            raise SpecError("path", str(p), "an existing record file or directory")
+        files += sorted(f for f in p.rglob("*.json") if not f.name.startswith(".")) if p.is_dir() else [p]
+    return list(dict.fromkeys(f.resolve() for f in files))
 
 
 def load_record(path: str | Path) -> dict[str, Any]:

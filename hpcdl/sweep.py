@@ -108,6 +108,7 @@ def summarize(out: Path, prefix: str, mode: str, specs: dict[int, Spec]) -> dict
                     "samples_per_s": rec["metrics"]["samples_per_s"],
                     "ai_ops_per_s": rec["metrics"]["ai_ops_per_s"],
                     "batch_per_rank": rec["settings"]["batch_per_rank"],
+                    "backend": rec["settings"]["backend"],
                 }
             )
         else:

@@ -27,6 +27,7 @@ RANK_MIN_WINDOW_S = 5.0
 REL_TOL = 1e-9
 """derived figures are recomputed from the same floats: only rounding may differ"""
 CORRECTNESS_CHECKS = ("one_step_equivalence", "parameters_identical")
+DIGEST_MISMATCH = "digest mismatch: the record was edited after it was written"
 
 
 def _close(a: float, b: float, rel: float = REL_TOL) -> bool:
@@ -41,7 +42,7 @@ def integrity_problems(rec: Mapping[str, Any], path: Path | None = None) -> list
         return [f"not a result record of schema {SCHEMA} v{SCHEMA_VERSION}: {rec.get('schema')!r}"]
     problems = []
     if not digest_ok(rec):
-        problems.append("digest mismatch: the record was edited after it was written")
+        problems.append(DIGEST_MISMATCH)
     try:
         count = spec_from_dict(dict(rec["spec"])).count()
     except HpcdlError as e:

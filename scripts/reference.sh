@@ -18,7 +18,8 @@ log "default suite, 1 rank"
 log "default suite, $NP ranks"
 "$HPCDL" run --np "$NP" -o "$DIR/suite-np$NP" | tee "$DIR/suite-np$NP.txt"
 log "allreduce sweeps, weak-scaling sweeps and the scaling model against them (one core per rank)"
-"$PY" benchmarks/bench_predict.py --np "1,$NP" -o "$DIR/scaling" | tee "$DIR/scaling.txt"
+"$PY" benchmarks/bench_predict.py --np "1,$NP" -o "$DIR/scaling" | tee "$DIR/scaling.txt" ||
+  log "the scaling model missed its 15 % target at some point (see scaling.txt)"
 log "ranking, predictions to 4096 nodes, report"
 "$HPCDL" rank "$(basename "$DIR")=$DIR" -o "$DIR/ranking" | tee "$DIR/ranking.txt"
 for backend in horovod torch; do
