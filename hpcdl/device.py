@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import platform
+import re
 import resource
+from pathlib import Path
 
 import torch
 
@@ -62,14 +64,41 @@ def memory_capacity(device: torch.device) -> int:
     return 1 << 62  # unknown: do not refuse
 
 
+_rss_peak_reset = False
+
+
 def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak: the CUDA allocator's, or on the CPU the process's peak RSS (Linux
+    resets VmHWM when "5" is written to /proc/self/clear_refs), so that each run of a suite
+    in one process gets its own peak instead of the process's high-water mark so far."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        return
+    global _rss_peak_reset
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        _rss_peak_reset = True
+    except OSError:
+        _rss_peak_reset = False  # peak_memory then reports the process-wide peak, and says so
+
+
+def _vm_hwm_bytes() -> int | None:
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) * 1024 if found else None
 
 
 def peak_memory(device: torch.device) -> tuple[int, str]:
-    """(bytes, what was measured): the CUDA caching allocator's peak, or the process's peak RSS
-    on the CPU (which also holds the interpreter and libraries, so it is an upper bound)."""
+    """(bytes, what was measured): the CUDA caching allocator's peak; on the CPU the process's
+    peak RSS since ``reset_peak_memory`` (``host_peak_rss``, which also holds the interpreter
+    and libraries, so it is an upper bound), or since the process started (``host_max_rss``)
+    where the peak cannot be reset."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
+    hwm = _vm_hwm_bytes()
+    if hwm is not None and _rss_peak_reset:
+        return hwm, "host_peak_rss"
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host_max_rss"

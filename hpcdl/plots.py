@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullLocator, PercentFormatter
@@ -44,10 +45,13 @@ class RankFigures(NamedTuple):
 
 
 class MemoryPoint(NamedTuple):
-    """One record's measured peak memory per rank against the analytic estimate."""
+    """One record's input size per rank and step, its measured peak memory per rank and the
+    analytic estimate for it."""
 
     label: str
     family: str
+    workload: str  # records with the same workload (all but the input size) are drawn as one curve
+    input_elements: float  # batch per rank x elements of one input sample
     estimate_bytes: float
     measured_bytes: float
     kind: str  # metrics.peak_memory_kind: CUDA allocator peak or the host's peak RSS
@@ -69,20 +73,25 @@ def _si_formatter(unit: str = "") -> FuncFormatter:
     return FuncFormatter(lambda v, _pos: si(v, unit))
 
 
-def _log_si(ax: Axes, unit: str = "") -> None:
-    """Log y axis in SI numbers. A decade has one major tick, so narrow ranges label minor
-    ticks too (else an axis from 80 to 1500 reads only "100" and "1 k"): every one within a
-    decade, 2x and 5x within two, none wider."""
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(_si_formatter(unit))
-    lo, hi = ax.get_ylim()
+def _log_si(ax: Axes, unit: str = "", which: str = "y") -> None:
+    """Log y (or x) axis in SI numbers, set after its limits. A decade has one major tick, so
+    narrow ranges label minor ticks too (else an axis from 80 to 1500 reads only "100" and
+    "1 k"): every one within a decade, 2x and 5x within two, none wider."""
+    axis: Axis
+    if which == "x":
+        ax.set_xscale("log")
+        axis, (lo, hi) = ax.xaxis, ax.get_xlim()
+    else:
+        ax.set_yscale("log")
+        axis, (lo, hi) = ax.yaxis, ax.get_ylim()
+    axis.set_major_formatter(_si_formatter(unit))
     shown = range(1, 10) if hi / lo < 10 else (2, 5) if hi / lo < 100 else ()
 
     def minor(v: float, _pos: int | None) -> str:
         mantissa = round(v / 10 ** math.floor(math.log10(v))) if v > 0 else 0
         return si(v, unit) if mantissa in shown else ""
 
-    ax.yaxis.set_minor_formatter(FuncFormatter(minor))
+    axis.set_minor_formatter(FuncFormatter(minor))
 
 
 def _log2_ranks(ax: Axes, ranks: Sequence[int]) -> None:
@@ -264,17 +273,65 @@ def power(path: Path, traces: Sequence[PowerTrace]) -> Path:
     return _save(fig, path)
 
 
-def memory(path: Path, points: Sequence[MemoryPoint]) -> Path:
-    """Measured peak memory per rank against the analytic estimate (log-log), coloured by
-    family, the marker telling CUDA allocator peaks from host RSS, with the line measured = estimate."""
+def memory(path: Path, points: Sequence[MemoryPoint], labelled: int = 8) -> Path:
+    """Peak memory per rank against the input size of one step (log-log), coloured by family:
+    measured (filled, the marker telling CUDA allocator peaks from host RSS) and the analytic
+    estimate at the same input sizes (hollow). The points of one workload are joined in order
+    of input size, solid for measured and dashed for the estimate, so that a workload measured
+    at several sizes is a curve. Records are named beside their points only when there are at
+    most ``labelled`` of them."""
     families = sorted({p.family for p in points})
     fig = Figure(figsize=(8.5, 6), layout="constrained")
     ax = fig.subplots()
+    for group in _workloads(points):
+        colour = f"C{families.index(group[0].family) % 10}"
+        # Through the median of repeated records at an input size: no vertical zigzag.
+        xs = sorted({p.input_elements for p in group})
+        at = [[p for p in group if p.input_elements == x] for x in xs]
+        ax.plot(xs, [_median([p.measured_bytes for p in ps]) for ps in at], "-", color=colour, lw=1.2)
+        ax.plot(xs, [_median([p.estimate_bytes for p in ps]) for ps in at], "--", color=colour, lw=1.2)
+        for p in group:
+            marker = _marker(p.kind)
+            ax.scatter(p.input_elements, p.measured_bytes, color=colour, marker=marker, s=36, zorder=3)
+            ax.scatter(
+                p.input_elements, p.estimate_bytes, facecolors="none", edgecolors=colour, marker=marker, s=36
+            )
+    if len(points) <= labelled:
+        _label_clusters(ax, points)
+    xs = [p.input_elements for p in points]
+    ys = [v for p in points for v in (p.estimate_bytes, p.measured_bytes)]
+    ax.set_xlim(min(xs) / 1.5, max(xs) * 1.5)
+    ax.set_ylim(min(ys) / 1.5, max(ys) * 1.5)
+    _log_si(ax, which="x")
+    _log_si(ax, "B")
+    ax.set_xlabel("input size of one step per rank (elements): batch per rank × elements per sample")
+    ax.set_ylabel("peak memory per rank (bytes)")
+    ax.grid(True, which="major", alpha=0.3)
+    handles = [Line2D([], [], ls="", marker="s", color=f"C{i % 10}", label=f) for i, f in enumerate(families)]
+    handles += [
+        Line2D([], [], ls="", marker=_marker(k), color="0.4", label=_kind_label(k))
+        for k in sorted({p.kind for p in points})
+    ]
+    handles += [
+        Line2D([], [], ls="-", marker="o", color="0.4", label="measured"),
+        Line2D([], [], ls="--", marker="o", color="0.4", mfc="none", label="estimate"),
+    ]
+    ax.legend(handles=handles, fontsize=8, loc="best")
+    return _save(fig, path)
+
+
+def _workloads(points: Sequence[MemoryPoint]) -> list[list[MemoryPoint]]:
+    """The points of each workload, in order of input size."""
+    groups: dict[str, list[MemoryPoint]] = {}
     for p in points:
-        colour = f"C{families.index(p.family) % 10}"
-        ax.scatter(p.estimate_bytes, p.measured_bytes, color=colour, marker=_marker(p.kind), s=36)
+        groups.setdefault(p.workload, []).append(p)
+    return [sorted(g, key=lambda p: (p.input_elements, p.measured_bytes)) for g in groups.values()]
+
+
+def _label_clusters(ax: Axes, points: Sequence[MemoryPoint]) -> None:
+    """Each measured point's record name; a stack of names hangs below its cluster, a single
+    one sits above its point."""
     for (x, y), labels in _clusters(points).items():
-        # A stack of labels hangs below its cluster, a single one sits above its point.
         below = len(labels) > 1
         ax.annotate(
             "\n".join(labels),
@@ -284,36 +341,14 @@ def memory(path: Path, points: Sequence[MemoryPoint]) -> Path:
             textcoords="offset points",
             va="top" if below else "bottom",
         )
-    values = [v for p in points for v in (p.estimate_bytes, p.measured_bytes)]
-    lo, hi = min(values) / 1.5, max(values) * 1.5
-    ax.plot([lo, hi], [lo, hi], ls="--", color="0.55")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_formatter(_si_formatter("B"))
-        axis.set_minor_formatter(FuncFormatter(lambda _v, _pos: ""))
-    ax.set_xlabel("estimated memory per rank (bytes): weights, gradients, optimizer state, activations")
-    ax.set_ylabel("measured peak memory per rank (bytes)")
-    ax.grid(True, which="major", alpha=0.3)
-    handles = [Line2D([], [], ls="", marker="s", color=f"C{i % 10}", label=f) for i, f in enumerate(families)]
-    handles += [
-        Line2D([], [], ls="", marker=_marker(k), color="0.4", label=_kind_label(k))
-        for k in sorted({p.kind for p in points})
-    ]
-    handles.append(Line2D([], [], ls="--", color="0.55", label="measured = estimate"))
-    # Lower right: peak memory is rarely far below the estimate, so no point lies there.
-    ax.legend(handles=handles, fontsize=8, loc="lower right")
-    return _save(fig, path)
 
 
 def _clusters(points: Sequence[MemoryPoint], decades: float = 0.05) -> dict[tuple[float, float], list[str]]:
-    """Labels of points that lie within ``decades`` of each other on both log axes, together:
-    one stacked annotation per cluster instead of labels printed over each other."""
+    """Labels of measured points that lie within ``decades`` of each other on both log axes,
+    together: one stacked annotation per cluster instead of labels printed over each other."""
     found: dict[tuple[float, float], list[str]] = {}
     for p in points:
-        here = (p.estimate_bytes, p.measured_bytes)
+        here = (p.input_elements, p.measured_bytes)
         near = [
             c for c in found if all(abs(math.log10(a / b)) < decades for a, b in zip(c, here, strict=True))
         ]
@@ -328,6 +363,8 @@ def _marker(kind: str) -> str:
 def _kind_label(kind: str) -> str:
     if kind.startswith("cuda"):
         return "CUDA max allocated"
+    if kind == "host_peak_rss":
+        return "host peak RSS of the run (includes the interpreter)"
     if kind == "host_max_rss":
-        return "host peak RSS (includes the interpreter)"
+        return "host peak RSS since the process started"
     return kind or "unknown kind"

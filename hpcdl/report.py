@@ -17,9 +17,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hpcdl import plots
 from hpcdl.environment import hpcdl_version
 from hpcdl.errors import HpcdlError
+from hpcdl.families import spec_from_dict
 from hpcdl.metrics import memory_estimate
 from hpcdl.predict import relative_error
 from hpcdl.records import json_files, load_record, read_steps
@@ -290,8 +293,26 @@ def power_plots(records: Sequence[Record]) -> list[Plot]:
     return [Plot("power.png", caption, partial(plots.power, traces=traces))]
 
 
+SIZE_KNOBS = ("batch_size", "seq_len", "image_size")  # what a workload may vary along one memory curve
+
+
+def sample_elements(spec: Mapping[str, Any]) -> int | None:
+    """Elements of one input sample of a record's spec (pixels × channels, tokens, features,
+    spectrogram bins), or None when the spec is not valid. The sample is made on the meta
+    device: its shape, and no memory."""
+    try:
+        parsed = spec_from_dict(dict(spec))
+    except (HpcdlError, TypeError):
+        return None
+    return parsed.sample_inputs(1, torch.Generator(), torch.device("meta")).numel()
+
+
 def memory_points(records: Sequence[Record]) -> list[plots.MemoryPoint]:
-    """Measured peak memory against ``metrics.memory_estimate`` for each record that has both."""
+    """For each record with a peak memory figure, a valid spec and counts: the input size of one
+    rank's step (batch per rank × elements of one sample), the measured peak memory and
+    ``metrics.memory_estimate`` for the same batch. Records of one workload, the same spec but
+    for its size knobs on the same device and rank count with the same optimizer and kind of peak,
+    share a key."""
     points = []
     for r in records:
         d = r.data
@@ -299,11 +320,28 @@ def memory_points(records: Sequence[Record]) -> list[plots.MemoryPoint]:
         params = get(d, "counts", "params")
         act = get(d, "counts", "activation_bytes_per_sample")
         batch = get(d, "settings", "batch_per_rank")
-        if not measured or params is None or act is None or not batch:
+        spec = get(d, "spec")
+        per_sample = sample_elements(spec) if isinstance(spec, Mapping) else None
+        if not measured or params is None or act is None or not batch or not per_sample:
             continue
-        estimate = memory_estimate(params, act, batch, str(get(d, "run", "optimizer") or "adamw"))
+        optimizer = str(get(d, "run", "optimizer") or "adamw")
+        estimate = memory_estimate(params, act, batch, optimizer)
         kind = str(get(d, "metrics", "peak_memory_kind") or "")
-        points.append(plots.MemoryPoint(r.label, str(get(d, "spec", "family")), estimate, measured, kind))
+        family = str(spec.get("family"))
+        workload = json.dumps(
+            [
+                {k: v for k, v in spec.items() if k not in SIZE_KNOBS},
+                system(d),
+                get(d, "environment", "device_name"),
+                world_size(d),
+                optimizer,
+                kind,
+            ],
+            sort_keys=True,
+        )
+        points.append(
+            plots.MemoryPoint(r.label, family, workload, batch * per_sample, estimate, measured, kind)
+        )
     return points
 
 
@@ -312,9 +350,9 @@ def memory_plots(records: Sequence[Record]) -> list[Plot]:
     if not points:
         return []
     caption = (
-        "Peak memory per rank (CUDA: allocator peak; CPU: process peak RSS, which includes the "
-        "interpreter and libraries) against the estimate params × (8 + optimizer state) + "
-        "activations × batch per rank, by family"
+        "Peak memory per rank against the input size of one step (batch per rank × elements per "
+        "sample), measured (filled) and estimated (hollow, dashed), by family; CPU peaks are process "
+        "RSS, which includes the interpreter"
     )
     return [Plot("memory.png", caption, partial(plots.memory, points=points))]
 

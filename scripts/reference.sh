@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# reference.sh DIR [NP]: measure one machine's reference results into DIR (about 12 minutes
+# reference.sh DIR [NP]: measure one machine's reference results into DIR (about 8 minutes
 # on a 2-core CPU): the default suite on 1 and NP ranks (the score and its efficiency),
 # weak-scaling sweeps of two workloads per backend with one core per rank, allreduce sweeps
-# (the inputs of hpcdl predict), then the ranking, the predictions and the report of DIR.
+# (the inputs of hpcdl predict), memory at four batch sizes, then the ranking, the predictions
+# and the report of DIR.
 # Run it on a quiet machine: everything it prints is a measurement.
 set -euo pipefail
 DIR="${1:?usage: reference.sh DIR [NP]}"
@@ -20,6 +21,13 @@ log "default suite, $NP ranks"
 log "allreduce sweeps, weak-scaling sweeps and the scaling model against them (one core per rank)"
 "$PY" benchmarks/bench_predict.py --np "1,$NP" -o "$DIR/scaling" | tee "$DIR/scaling.txt" ||
   log "the scaling model missed its 15 % target at some point (see scaling.txt)"
+log "memory against input size: two workloads at four batch sizes"
+for b in 2 4 8 16; do
+  "$HPCDL" run --workload attention layers=4 width=256 heads=4 seq_len=128 vocab=4000 batch_size=$b \
+    --duration 5 --name "attention-b$b" -o "$DIR/memory" > /dev/null
+  "$HPCDL" run --workload cnn image_size=32 stages=3 blocks=2 base_width=32 batch_size=$((b * 8)) \
+    --duration 5 --name "cnn-b$((b * 8))" -o "$DIR/memory" > /dev/null
+done
 log "ranking, predictions to 4096 nodes, report"
 "$HPCDL" rank "$(basename "$DIR")=$DIR" -o "$DIR/ranking" | tee "$DIR/ranking.txt"
 for backend in horovod torch; do
