@@ -45,7 +45,7 @@ def _positive(field: str, value: float | None) -> float:
     return value
 
 
-def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str, Any] | None]:
+def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str, Any], str]:
     """The model from a 1-rank record and an allreduce sweep, or from a workload and given
     gamma, alpha and beta; and the spec the measured points must match."""
     if args.base:
@@ -68,7 +68,7 @@ def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str
         model = model_mod.model_from_records(
             base, comm, backend=backend, mode=args.mode, overlap=args.overlap
         )
-        return model, base["spec"]
+        return model, base["spec"], backend
     specs = workload_specs(args)
     if len(specs) != 1:
         raise SpecError(
@@ -77,44 +77,36 @@ def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str
     (spec,) = specs.values()
     comm = model_mod.Comm(alpha_s=args.alpha or 0.0, beta_bytes_per_s=_positive("predict.beta", args.beta))
     gamma = _positive("predict.gamma", args.gamma)
+    backend = args.backend or "horovod"
     model = model_mod.model_for(
-        spec.to_dict(),
-        spec.batch_size,
-        gamma,
-        comm,
-        backend=args.backend or "horovod",
-        mode=args.mode,
-        overlap=args.overlap,
+        spec.to_dict(), spec.batch_size, gamma, comm, backend=backend, mode=args.mode, overlap=args.overlap
     )
-    return model, spec.to_dict()
+    return model, spec.to_dict(), backend
 
 
-def measured_points(folder: Path, spec: dict[str, Any] | None, mode: str) -> dict[int, float]:
-    """Measured samples/s by rank count: valid records under ``folder`` of the same workload.
-    Weak scaling keeps the batch per rank; strong scaling the global batch."""
+def measured_points(folder: Path, spec: dict[str, Any], mode: str, backend: str) -> dict[int, float]:
+    """Measured samples/s by rank count: valid records under ``folder`` of the same workload
+    and backend. Weak scaling keeps the batch per rank; strong scaling the global batch."""
     found: dict[int, float] = {}
-    for path in sorted(folder.rglob("*.json")):
+    for path in json_files([folder]):
         rec = load_record(path)
-        if rec.get("schema") != "hpcdl.result" or spec is None or not rec["validity"]["passed"]:
+        if rec.get("schema") != "hpcdl.result" or not rec["validity"]["passed"]:
             continue
+        s = rec["settings"]
         same = {k: v for k, v in rec["spec"].items() if k != "batch_size"} == {
             k: v for k, v in spec.items() if k != "batch_size"
         }
-        n = rec["settings"]["world_size"]
-        batch_ok = (
-            rec["settings"]["batch_per_rank"] == spec["batch_size"]
-            if mode == "weak"
-            else rec["settings"]["global_batch"] == spec["batch_size"]
-        )
-        if same and batch_ok:
+        batch = s["batch_per_rank"] if mode == "weak" else s["global_batch"]
+        n = s["world_size"]
+        if same and batch == spec["batch_size"] and (n == 1 or s["backend"] == backend):
             found[n] = max(found.get(n, 0.0), rec["metrics"]["samples_per_s"])
     return found
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    model, spec = model_from_args(args)
+    model, spec, backend = model_from_args(args)
     nodes = _int_list("predict.nodes", args.nodes)
-    measured = measured_points(Path(args.compare), spec, args.mode) if args.compare else {}
+    measured = measured_points(Path(args.compare), spec, args.mode, backend) if args.compare else {}
     points: list[dict[str, Any]] = []
     for n in nodes:
         pt = {"nodes": n, **model.point(n * args.ranks_per_node)}
