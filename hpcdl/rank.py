@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import html
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +20,10 @@ from hpcdl.records import json_files, load_record, write_record
 from hpcdl.report_text import si, table
 from hpcdl.score import Entry, SystemScore, score_system
 from hpcdl.verify import gate_problems, integrity_problems
+
+
+SKIPPED = ("hpcdl.suite", "hpcdl.sweep", "hpcdl.comm", "hpcdl.ranking")
+"""hpcdl's other JSON files: indexes and summaries of records, not records to rank"""
 
 
 @dataclass(frozen=True)
@@ -57,13 +62,18 @@ def collect(
         accepted.setdefault(system, [])
         files = json_files([root])
         say(f"rank: {system}: checking {len(files)} JSON files under {root}")
-        for path in files:
+        for found in files:
+            path = Path(os.path.relpath(found))  # shown as the user named it, not /abs/olute
             try:
                 rec = load_record(path)
             except (OSError, ValueError) as e:
                 rejected.append(Rejected(system, str(path), f"unreadable: {e}"))
                 continue
-            if not isinstance(rec, dict) or rec.get("schema") in ("hpcdl.suite", "hpcdl.sweep", "hpcdl.comm"):
+            schema = rec.get("schema") if isinstance(rec, dict) else None
+            if schema == "hpcdl.prediction":
+                rejected.append(Rejected(system, str(path), "a prediction, not a measurement"))
+                continue
+            if schema in SKIPPED:
                 continue
             problems = integrity_problems(rec, path)
             if not problems:

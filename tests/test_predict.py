@@ -1,0 +1,108 @@
+"""The analytical scaling model: its formulas, the fit of an allreduce sweep, calibration from
+real reference records, and ``hpcdl predict``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcdl.errors import SpecError
+from hpcdl.predict import Comm, Model, comm_from_record, fit_comm, model_from_records
+from hpcdl.records import load_record
+
+REF = Path(__file__).resolve().parent.parent / "reference_results" / "cpu-epyc-2core-2026-11-22" / "scaling"
+
+
+def model(**kw: object) -> Model:
+    args: dict = {
+        "train_flops_per_sample": 3e9,
+        "batch": 32,
+        "grad_bytes": 100e6,
+        "gamma_flops_per_s": 1e13,
+        "comm": Comm(alpha_s=5e-6, beta_bytes_per_s=20e9),
+    }
+    return Model(**{**args, **kw})
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 16])
+def test_fit_recovers_alpha_and_beta_of_a_ring(ranks: int) -> None:
+    truth = Comm(alpha_s=7e-6, beta_bytes_per_s=3e9)
+    rows = [{"bytes": s, "backend_s": truth.time(s, ranks)} for s in (1 << 10, 1 << 16, 1 << 20, 1 << 26)]
+    fitted = fit_comm(rows, ranks)
+    assert fitted.alpha_s == pytest.approx(truth.alpha_s, rel=1e-6)
+    assert fitted.beta_bytes_per_s == pytest.approx(truth.beta_bytes_per_s, rel=1e-6)
+
+
+def test_weak_and_strong_scaling_formulas() -> None:
+    m = model()
+    one, four = m.point(1), m.point(4)
+    assert one["comm_s"] == 0 and one["efficiency"] == 1.0
+    compute = 3e9 * 32 / 1e13
+    ring = 2 * 3 * 5e-6 + 2 * 3 / 4 * 100e6 / 20e9
+    assert four["compute_s"] == pytest.approx(compute) and four["comm_s"] == pytest.approx(ring)
+    assert four["samples_per_s"] == pytest.approx(4 * 32 / (compute + ring))
+    assert four["efficiency"] == pytest.approx(compute / (compute + ring))
+    strong = model(mode="strong").point(4)
+    assert strong["compute_s"] == pytest.approx(compute / 4)
+    assert model(overlap="full").point(4)["step_s"] == pytest.approx(max(compute, ring))
+    many = model(messages_per_step=3).point(4)
+    assert many["comm_s"] == pytest.approx(ring + 2 * 2 * 3 * 5e-6)
+
+
+def test_bad_model_input_names_the_field() -> None:
+    with pytest.raises(SpecError, match="predict.mode"):
+        model(mode="sideways")
+    with pytest.raises(SpecError, match="predict.gamma_flops_per_s"):
+        model(gamma_flops_per_s=0.0)
+    with pytest.raises(SpecError, match="comm.ranks"):
+        fit_comm([{"bytes": 1, "backend_s": 1.0}], 1)
+
+
+def test_calibration_from_reference_records() -> None:
+    base = load_record(REF / "mlp-horovod-weak-np1.json")
+    comm = comm_from_record(load_record(REF / "comm-horovod.json"))
+    m = model_from_records(base, comm)
+    assert m.gamma_flops_per_s == base["metrics"]["ai_ops_per_s"]
+    assert m.grad_bytes == 4 * base["counts"]["params"] and m.batch == base["settings"]["batch_per_rank"]
+    assert comm.beta_bytes_per_s > 0 and comm.alpha_s >= 0
+    with pytest.raises(SpecError, match="predict.base"):
+        model_from_records(load_record(REF / "mlp-horovod-weak-np2.json"), comm)
+
+
+def hpcdl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_predict_cli_against_measured_points(tmp_path: Path) -> None:
+    args = ["predict", "--base", str(REF / "mlp-torch-weak-np1.json"), "--comm", str(REF / "comm-torch.json")]
+    p = hpcdl(*args, "--compare", str(REF))
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("model: gamma") and any(line.startswith("4096 ") for line in lines)
+    p = hpcdl(*args, "--compare", str(REF), "--nodes", "1,2", "--json", "-o", str(tmp_path / "p.json"))
+    doc = json.loads(p.stdout)
+    assert doc["schema"] == "hpcdl.prediction" and json.loads((tmp_path / "p.json").read_text()) == doc
+    two = doc["points"][1]
+    measured = load_record(REF / "mlp-torch-weak-np2.json")["metrics"]["samples_per_s"]
+    assert two["measured_samples_per_s"] == measured
+    assert two["error"] == pytest.approx((two["samples_per_s"] - measured) / measured)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--workload", "mlp", "--gamma", "1e12", "--beta", "1e9", "--nodes", "0"],
+        ["--workload", "mlp", "--beta", "1e9"],
+        ["--workload", "mlp", "--gamma", "1e12", "--beta", "1e9", "--mode", "sideways"],
+        ["--base", str(REF / "mlp-torch-weak-np1.json")],
+        ["--base", str(REF / "mlp-torch-weak-np1.json"), "--comm", str(REF / "mlp-torch-weak-np1.json")],
+    ],
+)
+def test_predict_bad_input_is_one_line_and_exit_2(bad: list[str]) -> None:
+    p = hpcdl("predict", *bad)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "Traceback" not in p.stderr
