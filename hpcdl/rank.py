@@ -21,7 +21,6 @@ from hpcdl.report_text import si, table
 from hpcdl.score import Entry, SystemScore, score_system
 from hpcdl.verify import gate_problems, integrity_problems
 
-
 SKIPPED = ("hpcdl.suite", "hpcdl.sweep", "hpcdl.comm", "hpcdl.ranking")
 """hpcdl's other JSON files: indexes and summaries of records, not records to rank"""
 

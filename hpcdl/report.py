@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -483,7 +484,7 @@ def records_table(records: Sequence[Record]) -> str:
     rows = []
     for r in records:
         name, *cells = record_row(r)
-        tds = [f"<td title='{esc(r.path)}'>{esc(name)}</td>"]
+        tds = [f"<td title='{esc(os.path.relpath(r.path))}'>{esc(name)}</td>"]
         for h, c in zip(RECORD_HEAD[1:], cells, strict=True):
             css = _cell_class(h, c)
             tds.append(f"<td class='{css}'>{esc(c)}</td>" if css else f"<td>{esc(c)}</td>")
@@ -509,7 +510,7 @@ def unverified_html(records: Sequence[Record]) -> str:
     if not bad:
         return "<p>none: every record matches its digest and its steps file</p>"
     items = "".join(
-        f"<li><b>{esc(r.data.get('name', r.path.stem))}</b> ({esc(r.path)}): "
+        f"<li><b>{esc(r.data.get('name', r.path.stem))}</b> ({esc(os.path.relpath(r.path))}): "
         f"<span class='bad'>{esc('; '.join(r.problems))}</span></li>"
         for r in bad
     )
