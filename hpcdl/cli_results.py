@@ -45,6 +45,16 @@ def _positive(field: str, value: float | None) -> float:
     return value
 
 
+def _load(field: str, path: str) -> dict[str, Any]:
+    try:
+        doc = load_record(path)
+    except (OSError, ValueError) as e:
+        raise SpecError(field, path, f"a readable JSON record ({type(e).__name__})") from None
+    if not isinstance(doc, dict):
+        raise SpecError(field, path, "a JSON record (an object)")
+    return doc
+
+
 def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str, Any], str]:
     """The model from a 1-rank record and an allreduce sweep, or from a workload and given
     gamma, alpha and beta; and the spec the measured points must match."""
@@ -55,9 +65,9 @@ def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str
             )
         if not args.comm and args.beta is None:
             raise SpecError("predict.comm", None, "--comm COMM.json (hpcdl comm -o) or --alpha/--beta")
-        base = load_record(args.base)
+        base = _load("predict.base", args.base)
         if args.comm:
-            comm_record = load_record(args.comm)
+            comm_record = _load("predict.comm", args.comm)
             comm = model_mod.comm_from_record(comm_record)
             backend = args.backend or comm_record["backend"]
         else:
@@ -106,6 +116,8 @@ def measured_points(folder: Path, spec: dict[str, Any], mode: str, backend: str)
 def cmd_predict(args: argparse.Namespace) -> int:
     model, spec, backend = model_from_args(args)
     nodes = _int_list("predict.nodes", args.nodes)
+    if args.ranks_per_node < 1:
+        raise SpecError("predict.ranks_per_node", args.ranks_per_node, "an integer >= 1")
     measured = measured_points(Path(args.compare), spec, args.mode, backend) if args.compare else {}
     points: list[dict[str, Any]] = []
     for n in nodes:

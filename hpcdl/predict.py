@@ -65,8 +65,10 @@ class Model:
         for name in ("train_flops_per_sample", "gamma_flops_per_s"):
             if not getattr(self, name) > 0:
                 raise SpecError(f"predict.{name}", getattr(self, name), "must be > 0")
-        if not self.comm.beta_bytes_per_s > 0 or not self.comm.alpha_s >= 0:
-            raise SpecError("predict.beta", self.comm.beta_bytes_per_s, "beta > 0 and alpha >= 0")
+        if not self.comm.beta_bytes_per_s > 0:
+            raise SpecError("predict.beta", self.comm.beta_bytes_per_s, "must be > 0")
+        if not self.comm.alpha_s >= 0:
+            raise SpecError("predict.alpha", self.comm.alpha_s, "must be >= 0")
 
     def batch_per_rank(self, p: int) -> float:
         return self.batch if self.mode == "weak" else self.batch / p

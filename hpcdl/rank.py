@@ -11,10 +11,11 @@ import csv
 import html
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcdl import metrics
 from hpcdl.errors import SpecError
 from hpcdl.records import json_files, load_record, write_record
 from hpcdl.report_text import si, table
@@ -38,6 +39,8 @@ class Ranking:
     """ranked first (score, descending), then the systems without a score"""
     rejected: list[Rejected]
     accepted: int
+    sweeps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """per system: its sweep summaries, recomputed from their accepted point records"""
 
 
 def parse_submission(arg: str) -> tuple[str, Path]:
@@ -51,9 +54,10 @@ def parse_submission(arg: str) -> tuple[str, Path]:
 
 def collect(
     submissions: Sequence[tuple[str, Path]], say: Callable[[str], None] = lambda _m: None
-) -> tuple[dict[str, list[Entry]], list[Rejected]]:
-    """Every accepted result record per system, and every rejected one with its reason.
-    Other JSON files (suite indexes, sweep summaries, comm sweeps) are not records to rank."""
+) -> tuple[dict[str, list[Entry]], list[Rejected], dict[str, list[tuple[Path, dict[str, Any]]]]]:
+    """Every accepted result record per system, every rejected one with its reason, and the
+    sweep summaries. Other JSON files (suite indexes, comm sweeps) are not records to rank."""
+    summaries: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
     accepted: dict[str, list[Entry]] = {}
     rejected: list[Rejected] = []
     seen: dict[str, str] = {}  # record id or digest -> path of its first occurrence
@@ -72,6 +76,8 @@ def collect(
             if schema == "hpcdl.prediction":
                 rejected.append(Rejected(system, str(path), "a prediction, not a measurement"))
                 continue
+            if schema == "hpcdl.sweep":
+                summaries.setdefault(system, []).append((path, rec))
             if schema in SKIPPED:
                 continue
             problems = integrity_problems(rec, path)
@@ -87,17 +93,48 @@ def collect(
             for k in keys:
                 seen[k] = str(path)
             accepted[system].append(Entry(path, rec))
-    return accepted, rejected
+    return accepted, rejected, summaries
+
+
+def sweep_rows(summary_path: Path, summary: dict[str, Any], entries: Sequence[Entry]) -> dict[str, Any]:
+    """A sweep of a system, from the accepted records its summary names (the summary's own
+    figures are not trusted): samples/s, speed-up and efficiency against its smallest point."""
+    by_path = {e.path.resolve(): e for e in entries}
+    points = []
+    for p in summary.get("points", []):
+        entry = (
+            by_path.get((summary_path.parent / str(p.get("record"))).resolve()) if p.get("record") else None
+        )
+        if entry is not None:
+            points.append((entry.world_size, float(entry.record["metrics"]["samples_per_s"])))
+    points.sort()
+    rows = []
+    for n, x in points:
+        n0, x0 = points[0]
+        rows.append(
+            {
+                "np": n,
+                "samples_per_s": x,
+                "speedup": metrics.speedup(x, x0),
+                "efficiency": metrics.scaling_efficiency(x, n, x0, n0),
+            }
+        )
+    name = summary_path.name.removesuffix("-summary.json").removesuffix(".json")
+    return {"sweep": name, "mode": summary.get("mode"), "points": rows}
 
 
 def rank(submissions: Sequence[tuple[str, Path]], say: Callable[[str], None] = lambda _m: None) -> Ranking:
     if len({name for name, _ in submissions}) != len(submissions):
         raise SpecError("rank.system", [n for n, _ in submissions], "each system name once (use NAME=DIR)")
-    accepted, rejected = collect(submissions, say)
+    accepted, rejected, summaries = collect(submissions, say)
     scores = [score_system(name, entries) for name, entries in accepted.items()]
     scored = sorted((s for s in scores if s.score is not None), key=lambda s: -(s.score or 0.0))
+    sweeps = {
+        name: [sweep_rows(path, doc, accepted[name]) for path, doc in found]
+        for name, found in summaries.items()
+    }
     return Ranking(
-        scored + [s for s in scores if s.score is None], rejected, sum(map(len, accepted.values()))
+        scored + [s for s in scores if s.score is None], rejected, sum(map(len, accepted.values())), sweeps
     )
 
 
@@ -151,82 +188,94 @@ def rows(r: Ranking) -> list[list[str]]:
     return out
 
 
+Table = tuple[str, list[str], list[list[str]]]  # title, header, rows
+
+
+def detail_tables(r: Ranking) -> list[Table]:
+    """Below the list: each ranked system's suite workloads and sweeps, then the rejections."""
+    tables: list[Table] = []
+    for s in r.systems:
+        if s.score is not None:
+            head = [
+                "workload",
+                "AI-ops/s",
+                "samples/s",
+                "MFU",
+                "precision",
+                "batch/rank",
+                "loss fall q",
+                "record",
+            ]
+            rows = [
+                [
+                    w,
+                    si(d["ai_ops_per_s"], "FLOP/s"),
+                    f"{d['samples_per_s']:.1f}",
+                    f"{d['mfu']:.1%}" if isinstance(d["mfu"], float) and d["mfu"] == d["mfu"] else "n/a",
+                    d["precision"],
+                    str(d["batch_per_rank"]),
+                    f"{d['loss_reduction']:.2f}",
+                    d["record"],
+                ]
+                for w, d in s.workloads.items()
+            ]
+            tables.append((f"{s.system}: suite at {s.world_size} ranks", head, rows))
+        sweeps = r.sweeps.get(s.system, [])
+        if sweeps:
+            head = ["sweep", "mode", "ranks", "samples/s", "speed-up", "efficiency"]
+            rows = [
+                [
+                    w["sweep"],
+                    str(w["mode"]),
+                    str(p["np"]),
+                    f"{p['samples_per_s']:.1f}",
+                    f"{p['speedup']:.2f}",
+                    f"{p['efficiency']:.1%}",
+                ]
+                for w in sweeps
+                for p in w["points"]
+            ]
+            tables.append((f"{s.system}: scaling sweeps (from their accepted records)", head, rows))
+    rejected = [[x.system, x.path, x.reason] for x in r.rejected]
+    tables.append((f"Rejected records ({len(r.rejected)})", ["system", "record", "reason"], rejected))
+    return tables
+
+
+INTRO = (
+    "Score: geometric mean over the standard suite of sustained AI-ops/s (analytic training FLOPs x "
+    "samples/s, all ranks) at the largest measured scale; see METRICS.md, Score."
+)
+
+
 def _markdown(r: Ranking) -> str:
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
-    text = [
-        "# hpcdl ranking",
-        "",
-        "Score: geometric mean over the standard suite of sustained AI-ops/s "
-        "(analytic training FLOPs x samples/s, all ranks) at the largest measured scale; see METRICS.md.",
-        "",
-        line(HEADER),
-        line(["---"] * len(HEADER)),
-        *(line(x) for x in rows(r)),
-    ]
-    for s in r.systems:
-        if s.score is None:
-            continue
-        text += [
-            "",
-            f"## {s.system}: suite at {s.world_size} ranks",
-            "",
-            line(
-                [
-                    "workload",
-                    "AI-ops/s",
-                    "samples/s",
-                    "MFU",
-                    "precision",
-                    "batch/rank",
-                    "loss fall q",
-                    "record",
-                ]
-            ),
-            line(["---"] * 8),
-        ]
-        for w, d in s.workloads.items():
-            mfu = f"{d['mfu']:.1%}" if isinstance(d["mfu"], float) and d["mfu"] == d["mfu"] else "n/a"
-            text.append(
-                line(
-                    [
-                        w,
-                        si(d["ai_ops_per_s"], "FLOP/s"),
-                        f"{d['samples_per_s']:.1f}",
-                        mfu,
-                        d["precision"],
-                        str(d["batch_per_rank"]),
-                        f"{d['loss_reduction']:.2f}",
-                        d["record"],
-                    ]
-                )
-            )
-    text += ["", f"## Rejected records ({len(r.rejected)})", ""]
-    if r.rejected:
-        text += [line(["system", "record", "reason"]), line(["---"] * 3)]
-        text += [line([x.system, x.path, x.reason]) for x in r.rejected]
-    else:
-        text.append("none")
+    def tab(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+        return [line(head), line(["---"] * len(head)), *(line(row) for row in body)] if body else ["none"]
+
+    text = ["# hpcdl ranking", "", INTRO, "", *tab(HEADER, rows(r))]
+    for title, head, body in detail_tables(r):
+        text += ["", f"## {title}", "", *tab(head, body)]
     return "\n".join(text) + "\n"
 
 
 def _html(r: Ranking) -> str:
     def tab(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+        if not body:
+            return "<p>none</p>"
         th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
         trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body)
         return f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
 
-    rej = tab(["system", "record", "reason"], [[x.system, x.path, x.reason] for x in r.rejected])
+    details = "".join(f"<h2>{html.escape(t)}</h2>{tab(h, b)}" for t, h, b in detail_tables(r))
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>hpcdl ranking</title><style>"
         "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
         "td,th{border:1px solid #bbb;padding:3px 8px;text-align:left}th{background:#eee}"
-        "</style></head><body><h1>hpcdl ranking</h1><p>Score: geometric mean over the standard suite of "
-        "sustained AI-ops/s at the largest measured scale (METRICS.md, Score).</p>"
+        f"</style></head><body><h1>hpcdl ranking</h1><p>{html.escape(INTRO)}</p>"
         + tab(HEADER, rows(r))
-        + f"<h2>Rejected records ({len(r.rejected)})</h2>"
-        + (rej if r.rejected else "<p>none</p>")
+        + details
         + "</body></html>\n"
     )
 
@@ -277,6 +326,7 @@ def write(r: Ranking, out: Path) -> list[Path]:
     doc: dict[str, Any] = {
         "schema": "hpcdl.ranking",
         "systems": [asdict(s) for s in r.systems],
+        "sweeps": r.sweeps,
         "rejected": [asdict(x) for x in r.rejected],
     }
     paths.append(write_record(doc, out / "ranking.json"))

@@ -8,8 +8,9 @@ What this module guarantees is that a record edited by hand (or by a buggy tool)
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,20 @@ def _close(a: float, b: float, rel: float = REL_TOL) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=0.0)
 
 
+def _malformed(check: Callable[..., list[str]]) -> Callable[..., list[str]]:
+    """A record with missing or mistyped keys is a problem to report, not a crash."""
+
+    @functools.wraps(check)
+    def guarded(rec: Mapping[str, Any], *args: Any) -> list[str]:
+        try:
+            return check(rec, *args)
+        except (KeyError, TypeError, ValueError, AttributeError, StopIteration) as e:
+            return [f"malformed record: {type(e).__name__} {e}"]
+
+    return guarded
+
+
+@_malformed
 def integrity_problems(rec: Mapping[str, Any], path: Path | None = None) -> list[str]:
     """Why this record is not what hpcdl wrote, or [] if it is: schema, digest, the steps
     file's hash, FLOPs recomputed from the spec, and every derived figure recomputed from
@@ -100,6 +115,7 @@ def _steps_file(rec: Mapping[str, Any], path: Path) -> list[str]:
     return []
 
 
+@_malformed
 def gate_problems(rec: Mapping[str, Any]) -> list[str]:
     """Why an intact record may still not rank: failed validity, a short window, a precision
     below fp16/bf16, no learnable-loss evidence, missing correctness checks."""

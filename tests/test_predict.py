@@ -97,8 +97,11 @@ def test_predict_cli_against_measured_points(tmp_path: Path) -> None:
     [
         ["--workload", "mlp", "--gamma", "1e12", "--beta", "1e9", "--nodes", "0"],
         ["--workload", "mlp", "--beta", "1e9"],
+        ["--workload", "mlp", "--gamma", "1e12", "--beta", "1e9", "--alpha", "-1"],
+        ["--workload", "mlp", "--gamma", "1e12", "--beta", "1e9", "--ranks-per-node", "0"],
         ["--workload", "mlp", "--gamma", "1e12", "--beta", "1e9", "--mode", "sideways"],
         ["--base", str(REF / "mlp-torch-weak-np1.json")],
+        ["--base", str(REF / "missing.json"), "--beta", "1e9"],
         ["--base", str(REF / "mlp-torch-weak-np1.json"), "--comm", str(REF / "mlp-torch-weak-np1.json")],
     ],
 )

@@ -70,6 +70,11 @@ def test_reference_results_rank_with_the_score_recomputed_by_hand(tmp_path: Path
         base = [load_record(by_size[complete[0]][w])["metrics"]["ai_ops_per_s"] for w in DEFAULT_SUITE]
         e = [a / (top / complete[0] * b) for a, b in zip(ai_ops, base, strict=True)]
         assert s.efficiency == pytest.approx(math.prod(e) ** (1 / len(e)), rel=1e-12)
+    summaries = {f.name.removesuffix("-summary.json"): load_record(f) for f in REF.rglob("*-summary.json")}
+    assert {w["sweep"] for w in r.sweeps["cpu-ref"]} == set(summaries)
+    for w in r.sweeps["cpu-ref"]:  # recomputed from the point records, equal to what sweep wrote
+        wrote = {p["np"]: p["efficiency"] for p in summaries[w["sweep"]]["points"]}
+        assert {p["np"]: p["efficiency"] for p in w["points"]} == pytest.approx(wrote, rel=1e-12)
     paths = rank_mod.write(r, tmp_path / "out")
     assert {p.name for p in paths} == {"ranking.md", "ranking.html", "ranking.csv", "ranking.json"}
     rows = list(csv.DictReader(open(tmp_path / "out" / "ranking.csv")))
@@ -149,10 +154,14 @@ def test_an_incomplete_suite_is_listed_without_a_rank(ref_copy: Path) -> None:
     assert rank_mod.rows(r)[1][0] == "-"
 
 
-def test_predictions_never_rank(tmp_path: Path) -> None:
+def test_predictions_and_malformed_records_never_rank(tmp_path: Path) -> None:
     write_record({"schema": "hpcdl.prediction", "points": []}, tmp_path / "p.json")
+    write_record({"schema": "hpcdl.result", "schema_version": 2, "metrics": {}}, tmp_path / "junk.json")
+    (tmp_path / "text.json").write_text("not json")
     r = rank_one(tmp_path)
     assert "a prediction, not a measurement" in reasons(r, tmp_path / "p.json")
+    assert "malformed record" in reasons(r, tmp_path / "junk.json")
+    assert "unreadable" in reasons(r, tmp_path / "text.json")
 
 
 def test_quality_factor() -> None:
