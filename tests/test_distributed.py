@@ -125,32 +125,26 @@ def _rank_pids(rank: int) -> list[int]:
     return pids
 
 
-def test_a_killed_rank_ends_the_run_quickly(tmp_path: Path) -> None:
+def start_timing(*args: str) -> subprocess.Popen[str]:
+    """``hpcdl ARGS`` started in the background, returned once its timed steps run."""
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hpcdl",
-            "run",
-            *MLP,
-            "--np",
-            "2",
-            "--backend",
-            "torch",
-            "--duration",
-            "120",
-            "-o",
-            str(tmp_path),
-        ],
+        [sys.executable, "-m", "hpcdl", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env=mpi_env(),
     )
     assert proc.stdout is not None
-    for line in proc.stdout:  # wait until the timed steps run
+    for line in proc.stdout:
         if "timed" in line and "steps in" in line:
             break
+    return proc
+
+
+def test_a_killed_rank_ends_the_run_quickly(tmp_path: Path) -> None:
+    proc = start_timing(
+        "run", *MLP, "--np", "2", "--backend", "torch", "--duration", "120", "-o", str(tmp_path)
+    )
     (victim,) = _rank_pids(1)
     os.kill(victim, signal.SIGKILL)
     t0 = time.monotonic()
@@ -175,17 +169,7 @@ def _processes_mentioning(text: str) -> list[int]:
 def test_sigterm_to_the_launcher_ends_every_rank(tmp_path: Path) -> None:
     """``kill`` (or a harness's timeout) on ``hpcdl run --np 2`` must not leave mpirun and its
     ranks running in their own session."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hpcdl", "run", *MLP, "--np", "2", "--steps", "10000000", "-o", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=mpi_env(),
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:  # wait until the timed steps run
-        if "timed" in line and "steps in" in line:
-            break
+    proc = start_timing("run", *MLP, "--np", "2", "--steps", "10000000", "-o", str(tmp_path))
     assert len(_processes_mentioning(str(tmp_path))) >= 3  # launcher, mpirun, ranks
     proc.send_signal(signal.SIGTERM)
     rest = proc.communicate(timeout=30)[0]
