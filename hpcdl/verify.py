@@ -42,7 +42,7 @@ def _malformed(check: Callable[..., list[str]]) -> Callable[..., list[str]]:
     def guarded(rec: Mapping[str, Any], *args: Any) -> list[str]:
         try:
             return check(rec, *args)
-        except (KeyError, TypeError, ValueError, AttributeError, StopIteration) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, StopIteration, OSError) as e:
             return [f"malformed record: {type(e).__name__} {e}"]
 
     return guarded
