@@ -123,8 +123,9 @@ class Trainer:
         timed steps only.
 
         ``agree`` turns this rank's "time is up" into the decision every rank takes: with
-        several ranks it must return the same answer on all of them (e.g. rank 0's, broadcast),
-        since a rank that stops one step early leaves the others waiting in an allreduce."""
+        several ranks it must return the same answer on all of them (e.g. true once it is true
+        on every rank), since a rank that stops one step early leaves the others waiting in an
+        allreduce."""
         log = StepLog()
         self.model.train()
         for _ in range(warmup):

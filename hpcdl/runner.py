@@ -152,7 +152,7 @@ def measure_rank(
         cfg.duration_s,
         progress=lambda n, s: say(f"timed {n} steps in {s:.1f} s"),
         window=sampler,
-        agree=world.bcast,  # rank 0's clock ends the window of every rank
+        agree=world.all_true,  # the window ends when every rank's clock says so
     )
     grad_bytes = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
     mem_bytes, mem_kind = peak_memory(device)

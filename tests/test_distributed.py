@@ -71,8 +71,9 @@ def test_every_rank_measured_and_checked(backend: str, np: int, tmp_path: Path) 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_duration_window_ends_on_every_rank_together(backend: str, tmp_path: Path) -> None:
     """With a duration (steps=0) each rank's clock would end its window a step apart from the
-    others and leave them waiting in an allreduce; rank 0 decides for all. Tiny steps (~1 ms)
-    over 4 ranks make that race all but certain without the agreement."""
+    others and leave them waiting in an allreduce; the ranks agree instead, and only once every
+    rank's window is long enough (min_duration = duration passes on every rank). Tiny steps
+    (~1 ms) over 4 ranks make the race all but certain without the agreement."""
     tiny = ["--workload", "mlp", "layers=1", "width=16", "input_size=8", "output_size=2", "batch_size=4"]
     for i in range(3):
         out = tmp_path / str(i)

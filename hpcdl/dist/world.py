@@ -44,6 +44,14 @@ class World:
     def bcast(self, obj: Any) -> Any:
         return obj if self.comm is None else self.comm.bcast(obj, root=0)
 
+    def all_true(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on every rank (a logical-and allreduce)."""
+        if self.comm is None:
+            return flag
+        from mpi4py import MPI
+
+        return bool(self.comm.allreduce(flag, op=MPI.LAND))
+
     def barrier(self) -> None:
         if self.comm is not None:
             self.comm.Barrier()
