@@ -9,6 +9,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -212,7 +213,7 @@ def cmd_comm(args: argparse.Namespace) -> int:
             {
                 "schema": "hpcdl.comm",
                 "schema_version": 1,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "created": datetime.now(UTC).isoformat(timespec="seconds"),  # as result records
                 **result,
                 "reps": args.reps,
                 "environment": environment(device),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -128,18 +129,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         points.append(pt)
     doc: dict[str, Any] = {
         "schema": "hpcdl.prediction",  # extrapolated: never ranked
-        "model": {
-            "train_flops_per_sample": model.train_flops_per_sample,
-            "batch": model.batch,
-            "grad_bytes": model.grad_bytes,
-            "gamma_flops_per_s": model.gamma_flops_per_s,
-            "alpha_s": model.comm.alpha_s,
-            "beta_bytes_per_s": model.comm.beta_bytes_per_s,
-            "messages_per_step": model.messages_per_step,
-            "mode": model.mode,
-            "overlap": model.overlap,
-            "ranks_per_node": args.ranks_per_node,
-        },
+        "model": {**asdict(model), "ranks_per_node": args.ranks_per_node},
         "spec": spec,
         "points": points,
     }
@@ -148,11 +138,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
-    m = doc["model"]
     print(
-        f"model: gamma {si(m['gamma_flops_per_s'], 'FLOP/s')} per rank, alpha {m['alpha_s'] * 1e6:.1f} us, "
-        f"beta {si(m['beta_bytes_per_s'], 'B/s')}, {si(m['grad_bytes'], 'B')} of gradients in "
-        f"{m['messages_per_step']} message(s); {model.mode} scaling, overlap {model.overlap}"
+        f"model: gamma {si(model.gamma_flops_per_s, 'FLOP/s')} per rank, "
+        f"alpha {model.comm.alpha_s * 1e6:.1f} us, beta {si(model.comm.beta_bytes_per_s, 'B/s')}, "
+        f"{si(model.grad_bytes, 'B')} of gradients in {model.messages_per_step} message(s); "
+        f"{model.mode} scaling, overlap {model.overlap}"
     )
     print(
         table(
@@ -191,10 +181,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from hpcdl.report import write_report  # imports matplotlib: only when a report is made
 
-    paths = [Path(p) for p in args.paths]
-    comms = [rec for f in json_files(paths) if (rec := load_record(f)).get("schema") == "hpcdl.comm"]
-    index = write_report(paths, Path(args.output), predicted=model_mod.sweep_predictor(comms), say=err)
-    print(index)
+    print(write_report([Path(p) for p in args.paths], Path(args.output), say=err))
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcdl import metrics
 from hpcdl.errors import HpcdlError, SpecError
 from hpcdl.families import spec_from_dict
 
@@ -85,16 +86,16 @@ class Model:
     def point(self, p: int) -> dict[str, float]:
         """Predicted step time, its parts, samples/s, speed-up and efficiency at ``p`` ranks."""
         compute, comm, step = self.parts(p)
-        samples = self.samples_per_s(p)
+        samples, base = p * self.batch_per_rank(p) / step, self.samples_per_s(1)
         return {
             "np": p,
             "step_s": step,
             "compute_s": compute,
             "comm_s": comm,
             "samples_per_s": samples,
-            "ai_ops_per_s": samples * self.train_flops_per_sample,
-            "speedup": samples / self.samples_per_s(1),
-            "efficiency": samples / (p * self.samples_per_s(1)),
+            "ai_ops_per_s": metrics.ai_ops_per_s(self.train_flops_per_sample, samples),
+            "speedup": metrics.speedup(samples, base),
+            "efficiency": metrics.scaling_efficiency(samples, p, base, 1),
         }
 
 
@@ -199,10 +200,6 @@ def sweep_predictor(
 def messages_per_step(grad_bytes: float, backend: str) -> int:
     """Allreduce calls per step: gradients travel in fusion buffers (Horovod) or buckets (DDP)."""
     return max(1, math.ceil(grad_bytes / FUSION_BYTES[backend]))
-
-
-def predict(model: Model, ranks: Sequence[int]) -> list[dict[str, float]]:
-    return [model.point(p) for p in ranks]
 
 
 def relative_error(predicted: float, measured: float) -> float:

@@ -18,7 +18,7 @@ from typing import Any
 from hpcdl import metrics
 from hpcdl.errors import SpecError
 from hpcdl.records import json_files, load_record, write_record
-from hpcdl.report_text import si, table
+from hpcdl.report_text import HTML_STYLE, html_table, si, table
 from hpcdl.score import Entry, SystemScore, score_system
 from hpcdl.verify import gate_problems, integrity_problems
 
@@ -36,7 +36,8 @@ class Rejected:
 @dataclass
 class Ranking:
     systems: list[SystemScore]
-    """ranked first (score, descending), then the systems without a score"""
+    """ranked first (score, descending), so a ranked system's place is its position; then the
+    systems without a score"""
     rejected: list[Rejected]
     accepted: int
     sweeps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -156,15 +157,13 @@ def rows(r: Ranking) -> list[list[str]]:
     """The ranking list's rows as text: one per system, unscored systems without a rank."""
     out = []
     rejected_by = {s.system: sum(1 for x in r.rejected if x.system == s.system) for s in r.systems}
-    place = 0
-    for s in r.systems:
+    for place, s in enumerate(r.systems, 1):  # ranked systems come first
         validity = f"verified ({len(s.workloads)} records)" if s.score is not None else s.reason
         if rejected_by[s.system]:
             validity += f"; {rejected_by[s.system]} rejected"
         if s.score is None:
             out.append(["-", s.system, "", "", "", "", "", "", "", validity])
             continue
-        place += 1
         eff = (
             f"{s.efficiency:.1%} ({s.efficiency_base}->{s.world_size})"
             if s.efficiency is not None
@@ -262,18 +261,12 @@ def _markdown(r: Ranking) -> str:
 
 def _html(r: Ranking) -> str:
     def tab(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
-        if not body:
-            return "<p>none</p>"
-        th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-        trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body)
-        return f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
+        return html_table(head, body) if body else "<p>none</p>"
 
     details = "".join(f"<h2>{html.escape(t)}</h2>{tab(h, b)}" for t, h, b in detail_tables(r))
     return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>hpcdl ranking</title><style>"
-        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #bbb;padding:3px 8px;text-align:left}th{background:#eee}"
-        f"</style></head><body><h1>hpcdl ranking</h1><p>{html.escape(INTRO)}</p>"
+        "<!doctype html><html><head><meta charset='utf-8'><title>hpcdl ranking</title>"
+        f"<style>{HTML_STYLE}</style></head><body><h1>hpcdl ranking</h1><p>{html.escape(INTRO)}</p>"
         + tab(HEADER, rows(r))
         + details
         + "</body></html>\n"
@@ -304,9 +297,7 @@ def write(r: Ranking, out: Path) -> list[Path]:
                 "reason",
             ]
         )
-        place = 0
-        for s in r.systems:
-            place += s.score is not None
+        for place, s in enumerate(r.systems, 1):  # ranked systems come first
             w.writerow(
                 [
                     place if s.score is not None else "",

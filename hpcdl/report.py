@@ -25,9 +25,9 @@ from hpcdl.environment import hpcdl_version
 from hpcdl.errors import HpcdlError
 from hpcdl.families import spec_from_dict
 from hpcdl.metrics import memory_estimate
-from hpcdl.predict import relative_error
+from hpcdl.predict import relative_error, sweep_predictor
 from hpcdl.records import json_files, load_record, read_steps
-from hpcdl.report_text import si
+from hpcdl.report_text import HTML_STYLE, html_table, si
 from hpcdl.verify import DIGEST_MISMATCH, integrity_problems
 
 Predictor = Callable[[dict[str, Any]], dict[int, float] | None]
@@ -106,10 +106,11 @@ def steps_path(path: Path, rec: Mapping[str, Any]) -> Path | None:
 
 def load(
     files: Iterable[Path], say: Callable[[str], None]
-) -> tuple[list[Record], list[tuple[Path, dict[str, Any]]]]:
-    """Records and sweep summaries among ``files``; other JSON (suites, comm sweeps) is skipped."""
+) -> tuple[list[Record], list[tuple[Path, dict[str, Any]]], list[dict[str, Any]]]:
+    """Records, sweep summaries and allreduce sweeps among ``files``; other JSON is skipped."""
     records: list[Record] = []
     summaries: list[tuple[Path, dict[str, Any]]] = []
+    comms: list[dict[str, Any]] = []
     for f in files:
         try:
             doc = load_record(f)
@@ -121,8 +122,10 @@ def load(
             records.append(Record(f, doc, problems(f, doc)))
         elif schema == "hpcdl.sweep":
             summaries.append((f, doc))
+        elif schema == "hpcdl.comm":
+            comms.append(doc)
     records.sort(key=lambda r: (str(get(r.data, "spec", "family")), r.label, world_size(r.data)))
-    return records, summaries
+    return records, summaries, comms
 
 
 # --- sweeps ------------------------------------------------------------------------------------
@@ -228,7 +231,7 @@ def error_table(measured: Mapping[int, float], predicted: Mapping[int, float]) -
     if not rows:
         return "<p>prediction: no measured rank count to compare with</p>"
     head = ["ranks", "measured samples/s", "predicted samples/s", "error (predicted − measured) / measured"]
-    return table(head, rows, "prediction")
+    return html_table(head, rows, "prediction")
 
 
 def phase_plots(records: Sequence[Record]) -> list[Plot]:
@@ -360,9 +363,7 @@ def memory_plots(records: Sequence[Record]) -> list[Plot]:
 
 # --- HTML --------------------------------------------------------------------------------------
 
-STYLE = (
-    "body{font-family:sans-serif;margin:2em;max-width:1500px}table{border-collapse:collapse;margin:.5em 0}"
-    "td,th{border:1px solid #bbb;padding:3px 8px;text-align:left;vertical-align:top}th{background:#eee}"
+STYLE = HTML_STYLE + (
     "td.num{text-align:right}.bad{color:#b00;font-weight:bold}figure{margin:1.5em 0}"
     "img{max-width:100%;border:1px solid #ddd}figcaption{color:#333;margin-top:.3em}"
 )
@@ -370,14 +371,6 @@ STYLE = (
 
 def esc(value: Any) -> str:
     return html.escape(str(value))
-
-
-def table(head: Sequence[str], rows: Sequence[Sequence[str]], css: str = "") -> str:
-    """An HTML table; every cell is escaped here, so callers pass plain text."""
-    th = "".join(f"<th>{esc(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
-    attr = f" class='{esc(css)}'" if css else ""
-    return f"<table{attr}><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _join(values: Iterable[Any]) -> str:
@@ -407,7 +400,7 @@ def systems_table(records: Sequence[Record]) -> str:
             ]
         )
     head = ["system", "hosts", "device", "records", "dates", "hpcdl", "git commit", "torch"]
-    return table(head, rows)
+    return html_table(head, rows)
 
 
 def _step_time(stats: Mapping[str, Any] | None) -> str:
@@ -547,11 +540,14 @@ def write_report(
     """Write ``out_dir/index.html`` and its PNG figures from every record (``hpcdl.result``) and
     sweep summary (``hpcdl.sweep``) under ``paths`` (files or directories, searched recursively);
     other JSON files are skipped. ``predicted`` maps a sweep summary to predicted samples/s by
-    rank count (or None), drawn beside the measured points. Returns the HTML file's path."""
+    rank count (or None), drawn beside the measured points; by default the scaling model,
+    calibrated on the allreduce sweeps (``hpcdl.comm``) under ``paths``. Returns the HTML
+    file's path."""
     paths = [Path(p) for p in paths]
-    records, summaries = load(json_files(paths), say)
+    records, summaries, comms = load(json_files(paths), say)
     if not records and not summaries:
         raise HpcdlError(f"report: no hpcdl records under {', '.join(map(str, paths))}")
+    predicted = predicted or sweep_predictor(comms)
     found = sweeps(records, summaries)
     sections = [
         ("Scaling", scaling_plots(found, predicted), "no sweep: no workload measured at several rank counts"),

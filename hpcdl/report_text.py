@@ -1,7 +1,8 @@
-"""Plain-text tables for the terminal."""
+"""Tables of figures: aligned plain text for the terminal, escaped HTML for pages."""
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 
 
@@ -27,3 +28,18 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: bool =
         )
 
     return "\n".join([line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
+
+
+HTML_STYLE = (
+    "body{font-family:sans-serif;margin:2em;max-width:1500px}table{border-collapse:collapse;margin:.5em 0}"
+    "td,th{border:1px solid #bbb;padding:3px 8px;text-align:left;vertical-align:top}th{background:#eee}"
+)
+"""the CSS shared by hpcdl's HTML pages (ranking, report)"""
+
+
+def html_table(head: Sequence[str], rows: Sequence[Sequence[str]], css: str = "") -> str:
+    """An HTML table; every cell is escaped here, so callers pass plain text."""
+    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    attr = f" class='{html.escape(css)}'" if css else ""
+    return f"<table{attr}><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"

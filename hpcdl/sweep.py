@@ -11,8 +11,9 @@ from hpcdl import metrics
 from hpcdl.dist.launch import TERMINATED, launch
 from hpcdl.errors import SpecError
 from hpcdl.families import spec_to_args
-from hpcdl.records import digest_ok, load_record, write_record
+from hpcdl.records import load_record, write_record
 from hpcdl.spec import Spec
+from hpcdl.verify import integrity_problems
 
 MODES = ("weak", "strong")
 
@@ -36,7 +37,8 @@ def point_name(prefix: str, mode: str, np: int) -> str:
 
 
 def valid_point(path: Path, spec: Spec, np: int) -> bool:
-    """A record that may stand for this point: intact, valid, same spec and rank count."""
+    """A record that may stand for this point: intact (``verify.integrity_problems``: digest,
+    steps file, recomputed figures), valid, same spec and rank count."""
     if not path.exists():
         return False
     try:
@@ -44,7 +46,7 @@ def valid_point(path: Path, spec: Spec, np: int) -> bool:
     except (OSError, ValueError):
         return False
     return (
-        digest_ok(rec)
+        not integrity_problems(rec, path)
         and rec["validity"]["passed"]
         and rec["spec"] == spec.to_dict()
         and rec["settings"]["world_size"] == np

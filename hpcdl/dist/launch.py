@@ -32,7 +32,8 @@ def mpi_env() -> dict[str, str]:
     """This environment, plus what Open MPI needs to run as root (containers, CI), and
     ``mpi_yield_when_idle``: a rank waiting in MPI yields its core instead of spinning.
     Horovod's background thread waits in MPI beside the compute thread; spinning, it took the
-    core from it (cnn, 2 ranks x 1 core: 47-129 samples/s spinning, 181 yielding)."""
+    core from it (benchmarks/bench_dist.py, cnn, 2 ranks x 1 core: 126-139 samples/s spinning,
+    179-182 yielding)."""
     env = dict(os.environ)
     env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     if os.geteuid() == 0:
