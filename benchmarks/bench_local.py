@@ -20,13 +20,13 @@ import torch.nn.functional as F
 
 import hpcdl
 from generators import RANGES, sample_spec
-from hpcdl.config import RunConfig
-from hpcdl.data import make_batch
-from hpcdl.device import resolve_device, synchronize
-from hpcdl.flopcheck import counted_flops
-from hpcdl.loop import Trainer
-from hpcdl.peaks import matmul_probe
-from hpcdl.report_text import si, table
+from hpcdl.measure.config import RunConfig
+from hpcdl.measure.data import make_batch
+from hpcdl.measure.device import resolve_device, synchronize
+from hpcdl.measure.loop import Trainer
+from hpcdl.measure.peaks import matmul_probe
+from hpcdl.results.text import si, table
+from hpcdl.workloads.crosscheck import counted_flops
 
 # FlopCounterMode over-counts grouped-conv weight gradients (tests/test_cnn.py): sample without them.
 COUNTER_SAFE = {"cnn": {"block": ["plain", "basic", "bottleneck"]}}

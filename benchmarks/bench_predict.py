@@ -24,8 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hpcdl.dist.launch import mpi_env
-from hpcdl.report_text import table
+from hpcdl.parallel.launch import mpi_env
+from hpcdl.results.text import table
 
 WORKLOADS = {
     "mlp": ["--workload", "mlp", "layers=4", "width=1024", "input_size=1024", "batch_size=64"],

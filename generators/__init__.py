@@ -9,8 +9,8 @@ from generators.presets import PRESETS
 from generators.sampling import RANGES, sample_spec
 from generators.suite import DEFAULT_SUITE
 from hpcdl.errors import SpecError
-from hpcdl.families import spec_from_dict
-from hpcdl.spec import Spec
+from hpcdl.workloads.registry import spec_from_dict
+from hpcdl.workloads.spec import Spec
 
 
 def preset(name: str, **overrides: Any) -> Spec:

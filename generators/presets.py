@@ -1,7 +1,7 @@
 """Presets that mimic known models: knob settings whose parameter counts and FLOPs match the
 published figures of the original networks, so that results can be compared with them.
 
-Each entry is ``{"family": ..., **knobs}`` as ``hpcdl.families.spec_from_dict`` takes it;
+Each entry is ``{"family": ..., **knobs}`` as ``hpcdl.workloads.registry.spec_from_dict`` takes it;
 knobs left out keep their family's defaults.
 """
 

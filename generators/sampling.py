@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hpcdl.errors import SpecError
-from hpcdl.families import family_class, spec_from_dict
-from hpcdl.spec import Spec
+from hpcdl.workloads.registry import family_class, spec_from_dict
+from hpcdl.workloads.spec import Spec
 
 Ranges = dict[str, list[Any]]
 

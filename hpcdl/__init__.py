@@ -14,18 +14,18 @@ from __future__ import annotations
 
 from torch import nn
 
-from hpcdl.config import RunConfig
-from hpcdl.data import make_batch
 from hpcdl.errors import HpcdlError, SpecError
-from hpcdl.families import FAMILIES, spec_from_args, spec_from_dict
-from hpcdl.families.attention import AttentionSpec
-from hpcdl.families.cnn import CNNSpec
-from hpcdl.families.mlp import MLPSpec
-from hpcdl.families.rnn import RNNSpec
-from hpcdl.families.speech import SpeechSpec
-from hpcdl.flops import Count
-from hpcdl.runner import RunResult, run
-from hpcdl.spec import Spec
+from hpcdl.measure.config import RunConfig
+from hpcdl.measure.data import make_batch
+from hpcdl.measure.runner import RunResult, run
+from hpcdl.workloads.counting import Count
+from hpcdl.workloads.families.attention import AttentionSpec
+from hpcdl.workloads.families.cnn import CNNSpec
+from hpcdl.workloads.families.mlp import MLPSpec
+from hpcdl.workloads.families.rnn import RNNSpec
+from hpcdl.workloads.families.speech import SpeechSpec
+from hpcdl.workloads.registry import FAMILIES, spec_from_args, spec_from_dict
+from hpcdl.workloads.spec import Spec
 
 
 def build_model(spec: Spec) -> nn.Module:

@@ -13,9 +13,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from generators.presets import PRESETS
 from hpcdl.errors import SpecError
-from hpcdl.families import spec_from_dict
-from hpcdl.families.attention import ACTIVATIONS, AttentionSpec
-from hpcdl.flopcheck import counted_flops, saved_activation_elements
+from hpcdl.workloads.crosscheck import counted_flops, saved_activation_elements
+from hpcdl.workloads.families.attention import ACTIVATIONS, AttentionSpec
+from hpcdl.workloads.registry import spec_from_dict
 
 pytestmark = pytest.mark.filterwarnings("ignore:TF32 acceleration:UserWarning")
 
@@ -61,7 +61,7 @@ def test_params_match_module(spec: AttentionSpec) -> None:
 
 @pytest.mark.parametrize("spec", SPECS, ids=_id)
 def test_flops_match_flop_counter(spec: AttentionSpec) -> None:
-    # exact: full L x L score and mix products, causal or not (see hpcdl.families.attention)
+    # exact: full L x L score and mix products, causal or not (see hpcdl.workloads.families.attention)
     count = spec.count()
     forward, total = counted_flops(spec)
     assert count.forward_flops == forward

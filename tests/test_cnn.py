@@ -13,10 +13,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from generators.presets import PRESETS
 from hpcdl.errors import SpecError
-from hpcdl.families import spec_from_dict
-from hpcdl.families.cnn import CNNSpec
-from hpcdl.flopcheck import counted_flops, saved_activation_elements
-from hpcdl.flops import Tally
+from hpcdl.workloads.counting import Tally
+from hpcdl.workloads.crosscheck import counted_flops, saved_activation_elements
+from hpcdl.workloads.families.cnn import CNNSpec
+from hpcdl.workloads.registry import spec_from_dict
 
 N_RANDOM = 20
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdl.dist.launch import mpi_env
+from hpcdl.parallel.launch import mpi_env
 
 # No skips: scripts/test.sh installs Open MPI and Horovod, and these tests are the proof they work.
 BACKENDS = ["torch", "horovod"]
@@ -184,13 +184,13 @@ def test_sigterm_to_the_launcher_ends_every_rank(tmp_path: Path) -> None:
 
 FAULT = """
 import sys
-import hpcdl.runner, hpcdl.cli
-real = hpcdl.runner.measure_rank
+import hpcdl.measure.runner, hpcdl.cli
+real = hpcdl.measure.runner.measure_rank
 def faulty(spec, cfg, device, world, backend, say):
     if world.rank == 1:
         raise RuntimeError("injected fault")
     return real(spec, cfg, device, world, backend, say)
-hpcdl.runner.measure_rank = faulty
+hpcdl.measure.runner.measure_rank = faulty
 sys.exit(hpcdl.cli.main(sys.argv[1:]))
 """
 

@@ -8,7 +8,7 @@ import pytest
 import generators
 from generators import DEFAULT_SUITE, PRESETS, RANGES, sample_spec
 from hpcdl import FAMILIES, SpecError
-from hpcdl.flopcheck import counted_flops
+from hpcdl.workloads.crosscheck import counted_flops
 
 # FlopCounterMode over-counts grouped-conv weight gradients (see tests/test_cnn.py, which checks
 # separable blocks with that excess accounted for); the sampled cross-check leaves them out.

@@ -8,8 +8,8 @@ import h5py
 import torch
 
 import hpcdl
-from hpcdl import h5data
-from hpcdl.config import RunConfig
+from hpcdl.measure import hdf5 as h5data
+from hpcdl.measure.config import RunConfig
 
 SPEC = {"family": "mlp", "layers": 1, "width": 32, "input_size": 16, "output_size": 5, "batch_size": 8}
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from hpcdl.errors import SpecError
-from hpcdl.predict import Comm, Model, comm_from_record, fit_comm, model_from_records
-from hpcdl.records import load_record
+from hpcdl.records.store import load_record
+from hpcdl.scaling.model import Comm, Model, comm_from_record, fit_comm, model_from_records
 
 REF = Path(__file__).resolve().parent.parent / "reference_results" / "cpu-epyc-2core-2026-11-22" / "scaling"
 

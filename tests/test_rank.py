@@ -17,10 +17,10 @@ import pytest
 
 import hpcdl
 from generators.suite import DEFAULT_SUITE
-from hpcdl import rank as rank_mod
-from hpcdl.records import load_record, seal, write_record
-from hpcdl.score import loss_reduction, quality_factor, suite_workload
-from hpcdl.verify import RANK_MIN_WINDOW_S
+from hpcdl.records.audit import RANK_MIN_WINDOW_S
+from hpcdl.records.store import load_record, seal, write_record
+from hpcdl.results import ranking as rank_mod
+from hpcdl.results.score import loss_reduction, quality_factor, suite_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 REF = ROOT / "reference_results" / "cpu-epyc-2core-2026-11-22"

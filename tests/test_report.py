@@ -14,8 +14,8 @@ import torch
 import hpcdl
 from hpcdl.errors import HpcdlError
 from hpcdl.metrics import memory_estimate
-from hpcdl.records import file_sha256, load_record, read_steps, seal, write_record, write_steps
-from hpcdl.report import EDITED, NO_POWER, Record, memory_points, sample_elements, write_report
+from hpcdl.records.store import file_sha256, load_record, read_steps, seal, write_record, write_steps
+from hpcdl.results.report import EDITED, NO_POWER, Record, memory_points, sample_elements, write_report
 
 REFERENCE = Path(__file__).resolve().parent.parent / "reference_results"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

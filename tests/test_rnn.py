@@ -10,9 +10,9 @@ import torch
 
 from generators.presets import PRESETS
 from hpcdl.errors import SpecError
-from hpcdl.families import spec_from_dict
-from hpcdl.families.rnn import CELLS, RNNSpec
-from hpcdl.flopcheck import counted_flops, saved_activation_elements
+from hpcdl.workloads.crosscheck import counted_flops, saved_activation_elements
+from hpcdl.workloads.families.rnn import CELLS, RNNSpec
+from hpcdl.workloads.registry import spec_from_dict
 
 # flopcheck toggles oneDNN, whose flag setter warns about TF32 on Intel GPUs
 pytestmark = pytest.mark.filterwarnings("ignore:TF32 acceleration:UserWarning")

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import hpcdl
-from hpcdl import validity
-from hpcdl.config import RunConfig
-from hpcdl.records import digest_ok, read_steps
+from hpcdl.measure.config import RunConfig
+from hpcdl.records import validity
+from hpcdl.records.store import digest_ok, read_steps
 
 SMALL = {"family": "mlp", "layers": 2, "width": 64, "input_size": 32, "output_size": 10, "batch_size": 16}
 

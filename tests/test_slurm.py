@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from hpcdl import cli
-from hpcdl import submit as submit_mod
-from hpcdl.families import spec_from_dict
-from hpcdl.jobs import load_job
-from hpcdl.sweep import valid_point
+from hpcdl.scaling.sweep import valid_point
+from hpcdl.schedulers import submit as submit_mod
+from hpcdl.schedulers.jobfile import load_job
+from hpcdl.workloads.registry import spec_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 # the one reason to skip: the cluster's daemons, /etc/hosts and UTS namespaces need root

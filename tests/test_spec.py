@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcdl import FAMILIES, SpecError, spec_from_args, spec_from_dict
-from hpcdl.config import RunConfig
+from hpcdl.measure.config import RunConfig
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from hpcdl.errors import SpecError
-from hpcdl.families.speech import SpeechSpec
-from hpcdl.flopcheck import counted_flops, saved_activation_elements
+from hpcdl.workloads.crosscheck import counted_flops, saved_activation_elements
+from hpcdl.workloads.families.speech import SpeechSpec
 
 N_RANDOM = 20
 

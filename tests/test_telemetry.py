@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from hpcdl import metrics, telemetry
-from hpcdl.telemetry import TRACE_KEYS, RaplCounter, TelemetrySampler, energy_figures
+from hpcdl import metrics
+from hpcdl.measure import telemetry
+from hpcdl.measure.telemetry import TRACE_KEYS, RaplCounter, TelemetrySampler, energy_figures
 
 MAX_UJ = 262_143_328_850  # a real package's max_energy_range_uj
 

@@ -1,0 +1,51 @@
+"""What the CLI's command modules share: the one-line-error parser, stderr output and the
+workload options (one family with knobs, a preset, or the default suite)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+from hpcdl.errors import SpecError
+from hpcdl.workloads.registry import FAMILIES, parse_assignments, spec_from_args
+from hpcdl.workloads.spec import Spec
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line and exit code 2, instead of argparse's usage block."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def err(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
+    """The specs named on the command line: one workload, a preset, or the default suite."""
+    import generators  # imported late: it imports every family
+
+    if args.workload:
+        return {args.workload: spec_from_args(args.workload, args.knobs)}
+    if args.preset:
+        base = generators.preset(args.preset)
+        return {args.preset: generators.preset(args.preset, **parse_assignments(type(base), args.knobs))}
+    overrides = {}
+    for word in args.knobs:
+        key, sep, text = word.partition("=")
+        if key not in Spec.knobs() or not sep:
+            raise SpecError("knob", word, "the default suite takes only batch_size=, precision=, seed=")
+        overrides[key] = Spec.parse_knob(key, text)
+    return generators.default_suite(**overrides)
+
+
+def add_workload_options(r: argparse.ArgumentParser) -> None:
+    g = r.add_mutually_exclusive_group()
+    g.add_argument(
+        "--workload", choices=list(FAMILIES), help="family of one workload; knobs follow as key=value"
+    )
+    g.add_argument("--preset", help="a preset (resnet50, gpt2_small, ...); knobs override it")
+    r.add_argument(
+        "knobs", nargs="*", help="key=value knob settings (for the suite: batch_size, precision, seed)"
+    )

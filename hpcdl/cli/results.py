@@ -1,0 +1,220 @@
+"""CLI commands that read result records: ``hpcdl rank``, ``hpcdl predict``, ``hpcdl report``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from hpcdl.cli.common import add_workload_options, err, workload_specs
+from hpcdl.errors import SpecError
+from hpcdl.records.store import json_files, load_record, write_record
+from hpcdl.results import ranking as rank_mod
+from hpcdl.results.text import si, table
+from hpcdl.scaling import model as model_mod
+
+
+def cmd_rank(args: argparse.Namespace) -> int:
+    submissions = [rank_mod.parse_submission(a) for a in args.systems]
+    ranking = rank_mod.rank(submissions, say=err)
+    paths = rank_mod.write(ranking, Path(args.output))
+    print(rank_mod.terminal_table(ranking))
+    for x in ranking.rejected:
+        print(f"rejected: {x.path}: {x.reason}")
+    print(
+        f"{ranking.accepted} records accepted, {len(ranking.rejected)} rejected; wrote "
+        + ", ".join(str(p) for p in paths)
+    )
+    return 0
+
+
+def _int_list(field: str, text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise SpecError(field, text, "comma-separated integers like 1,2,4") from None
+    if not values or min(values) < 1:
+        raise SpecError(field, text, "integers >= 1")
+    return values
+
+
+def _positive(field: str, value: float | None) -> float:
+    if value is None or not value > 0:
+        raise SpecError(field, value, "a number > 0")
+    return value
+
+
+def _load(field: str, path: str) -> dict[str, Any]:
+    try:
+        doc = load_record(path)
+    except (OSError, ValueError) as e:
+        raise SpecError(field, path, f"a readable JSON record ({type(e).__name__})") from None
+    if not isinstance(doc, dict):
+        raise SpecError(field, path, "a JSON record (an object)")
+    return doc
+
+
+def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str, Any], str]:
+    """The model from a 1-rank record and an allreduce sweep, or from a workload and given
+    gamma, alpha and beta; and the spec the measured points must match."""
+    if args.base:
+        if args.workload or args.preset or args.gamma:
+            raise SpecError(
+                "predict", "--base with --workload/--gamma", "either records or a workload with gamma"
+            )
+        if not args.comm and args.beta is None:
+            raise SpecError("predict.comm", None, "--comm COMM.json (hpcdl comm -o) or --alpha/--beta")
+        base = _load("predict.base", args.base)
+        if args.comm:
+            comm_record = _load("predict.comm", args.comm)
+            comm = model_mod.comm_from_record(comm_record)
+            backend = args.backend or comm_record["backend"]
+        else:
+            comm = model_mod.Comm(
+                alpha_s=args.alpha or 0.0, beta_bytes_per_s=_positive("predict.beta", args.beta)
+            )
+            backend = args.backend or "horovod"
+        model = model_mod.model_from_records(
+            base, comm, backend=backend, mode=args.mode, overlap=args.overlap
+        )
+        return model, base["spec"], backend
+    specs = workload_specs(args)
+    if len(specs) != 1:
+        raise SpecError(
+            "predict", "default suite", "one workload: --base RECORD, --workload FAMILY or --preset"
+        )
+    (spec,) = specs.values()
+    comm = model_mod.Comm(alpha_s=args.alpha or 0.0, beta_bytes_per_s=_positive("predict.beta", args.beta))
+    gamma = _positive("predict.gamma", args.gamma)
+    backend = args.backend or "horovod"
+    model = model_mod.model_for(
+        spec.to_dict(), spec.batch_size, gamma, comm, backend=backend, mode=args.mode, overlap=args.overlap
+    )
+    return model, spec.to_dict(), backend
+
+
+def measured_points(folder: Path, spec: dict[str, Any], mode: str, backend: str) -> dict[int, float]:
+    """Measured samples/s by rank count: valid records under ``folder`` of the same workload
+    and backend. Weak scaling keeps the batch per rank; strong scaling the global batch."""
+    found: dict[int, float] = {}
+    for path in json_files([folder]):
+        rec = load_record(path)
+        if rec.get("schema") != "hpcdl.result" or not rec["validity"]["passed"]:
+            continue
+        s = rec["settings"]
+        same = {k: v for k, v in rec["spec"].items() if k != "batch_size"} == {
+            k: v for k, v in spec.items() if k != "batch_size"
+        }
+        batch = s["batch_per_rank"] if mode == "weak" else s["global_batch"]
+        n = s["world_size"]
+        if same and batch == spec["batch_size"] and (n == 1 or s["backend"] == backend):
+            found[n] = max(found.get(n, 0.0), rec["metrics"]["samples_per_s"])
+    return found
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    model, spec, backend = model_from_args(args)
+    nodes = _int_list("predict.nodes", args.nodes)
+    if args.ranks_per_node < 1:
+        raise SpecError("predict.ranks_per_node", args.ranks_per_node, "an integer >= 1")
+    measured = measured_points(Path(args.compare), spec, args.mode, backend) if args.compare else {}
+    points: list[dict[str, Any]] = []
+    for n in nodes:
+        pt = {"nodes": n, **model.point(n * args.ranks_per_node)}
+        if pt["np"] in measured:
+            pt["measured_samples_per_s"] = measured[int(pt["np"])]
+            pt["error"] = model_mod.relative_error(pt["samples_per_s"], pt["measured_samples_per_s"])
+        points.append(pt)
+    doc: dict[str, Any] = {
+        "schema": "hpcdl.prediction",  # extrapolated: never ranked
+        "model": {**asdict(model), "ranks_per_node": args.ranks_per_node},
+        "spec": spec,
+        "points": points,
+    }
+    if args.output:
+        err(f"wrote {write_record(doc, args.output)}")
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(
+        f"model: gamma {si(model.gamma_flops_per_s, 'FLOP/s')} per rank, "
+        f"alpha {model.comm.alpha_s * 1e6:.1f} us, beta {si(model.comm.beta_bytes_per_s, 'B/s')}, "
+        f"{si(model.grad_bytes, 'B')} of gradients in {model.messages_per_step} message(s); "
+        f"{model.mode} scaling, overlap {model.overlap}"
+    )
+    print(
+        table(
+            [
+                "nodes",
+                "ranks",
+                "step ms",
+                "compute ms",
+                "comm ms",
+                "samples/s",
+                "AI-ops/s",
+                "efficiency",
+                "measured",
+                "error",
+            ],
+            [
+                [
+                    str(p["nodes"]),
+                    str(p["np"]),
+                    f"{p['step_s'] * 1e3:.2f}",
+                    f"{p['compute_s'] * 1e3:.2f}",
+                    f"{p['comm_s'] * 1e3:.2f}",
+                    f"{p['samples_per_s']:.4g}",
+                    si(p["ai_ops_per_s"], "FLOP/s"),
+                    f"{p['efficiency']:.1%}",
+                    f"{p['measured_samples_per_s']:.4g}" if "error" in p else "",
+                    f"{p['error']:+.1%}" if "error" in p else "",
+                ]
+                for p in points
+            ],
+        )
+    )
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from hpcdl.results.report import write_report  # imports matplotlib: only when a report is made
+
+    print(write_report([Path(p) for p in args.paths], Path(args.output), say=err))
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    rk = sub.add_parser("rank", help="verify records and write the ranking list (Markdown, HTML, CSV)")
+    rk.add_argument("systems", nargs="+", help="one directory of records per system, or NAME=DIR")
+    rk.add_argument("-o", "--output", default="ranking", help="output directory (default: ranking)")
+    rk.set_defaults(func=cmd_rank)
+
+    pr = sub.add_parser(
+        "predict", help="analytical scaling model: throughput and efficiency up to 4096 nodes"
+    )
+    add_workload_options(pr)
+    pr.add_argument("--base", help="a 1-rank record: calibrates gamma and names the workload")
+    pr.add_argument("--comm", help="an allreduce sweep record (hpcdl comm -o FILE): fits alpha and beta")
+    pr.add_argument("--gamma", type=float, help="sustained training FLOP/s of one rank (without --base)")
+    pr.add_argument("--alpha", type=float, help="allreduce latency per ring step in seconds (default 0)")
+    pr.add_argument("--beta", type=float, help="allreduce bus bandwidth in bytes/s (without --comm)")
+    pr.add_argument("--backend", help="horovod | torch: its fusion/bucket size (default: the sweep's)")
+    pr.add_argument(
+        "--nodes", default=",".join(map(str, model_mod.DEFAULT_NODES)), help="node counts (1..4096)"
+    )
+    pr.add_argument("--ranks-per-node", dest="ranks_per_node", type=int, default=1, help="ranks per node")
+    pr.add_argument(
+        "--mode", default="weak", help="weak (batch per rank fixed) | strong (global batch fixed)"
+    )
+    pr.add_argument("--overlap", default="none", help="none: step = compute + comm | full: max of the two")
+    pr.add_argument("--compare", help="directory of measured records: show their samples/s and the error")
+    pr.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pr.add_argument("-o", "--output", help="also write the prediction as JSON (schema hpcdl.prediction)")
+    pr.set_defaults(func=cmd_predict)
+
+    rp = sub.add_parser("report", help="HTML report with plots of records and sweeps")
+    rp.add_argument("paths", nargs="+", help="record files or directories (searched recursively)")
+    rp.add_argument("-o", "--output", default="report", help="output directory (default: report)")
+    rp.set_defaults(func=cmd_report)

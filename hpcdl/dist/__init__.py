@@ -1,1 +1,0 @@
-"""Data-parallel runs: ranks (MPI processes), gradient-reduction backends, launching."""

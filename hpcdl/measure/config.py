@@ -1,0 +1,47 @@
+"""Run settings: how a workload is measured (not what it is; that is the spec)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from hpcdl.errors import SpecError
+from hpcdl.workloads.spec import Knobs, knob
+
+DATA_KINDS = ("random", "learnable", "hdf5")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig(Knobs):
+    """How to measure one workload."""
+
+    prefix: ClassVar[str] = "run"
+
+    warmup_steps: int = knob(3, lo=1, hi=10_000, doc="untimed steps before timing (allocation, autotuning)")
+    steps: int = knob(0, lo=0, hi=10_000_000, doc="timed steps; 0 = as many as fit in duration_s")
+    duration_s: float = knob(10.0, lo=0.0, hi=1e6, doc="length of the timed window when steps=0")
+    min_duration_s: float = knob(
+        1.0, lo=0.0, hi=1e6, doc="validity: a timed window shorter than this is not a valid measurement"
+    )
+    data: str = knob(
+        "learnable", choices=DATA_KINDS, doc="random tensors, teacher-labelled data, or HDF5 shards"
+    )
+    data_dir: str = knob("", doc="directory of HDF5 shards (data=hdf5); written first if empty")
+    data_workers: int = knob(2, lo=0, hi=256, doc="DataLoader worker processes (data=hdf5)")
+    pool_batches: int = knob(4, lo=1, hi=10_000, doc="distinct batches kept on the device and cycled")
+    optimizer: str = knob(
+        "adamw", choices=("adamw", "sgd"), doc="optimizer (its element-wise work is not counted)"
+    )
+    lr: float = knob(1e-3, lo=0.0, hi=10.0, doc="learning rate")
+    device: str = knob("auto", doc="torch device: auto (cuda if present, else cpu), cpu, cuda, cuda:1, ...")
+    peak_flops: float = knob(0.0, lo=0.0, doc="peak FLOP/s to compute MFU against; 0 = datasheet or probe")
+    backend: str = knob(
+        "auto",
+        choices=("auto", "horovod", "torch", "none"),
+        doc="gradient reduction across ranks: horovod, torch (DDP), auto (horovod if installed)",
+    )
+    phase_sync: bool = knob(True, doc="synchronise the device between phases to time each (costs a little)")
+
+    def check(self) -> None:
+        if self.data == "hdf5" and not self.data_dir:
+            raise SpecError("run.data_dir", self.data_dir, "required when data=hdf5 (a directory path)")

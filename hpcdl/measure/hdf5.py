@@ -1,0 +1,169 @@
+"""The I/O path: synthetic samples written to HDF5 shards, read back through a DataLoader.
+
+Each shard holds ``inputs`` and ``targets`` datasets chunked by batch, so one read fetches one
+contiguous batch. Files are opened lazily inside each worker process (an h5py handle must not
+cross a fork).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from hpcdl.errors import HpcdlError
+from hpcdl.measure.data import make_batch
+from hpcdl.workloads.spec import Spec
+
+MANIFEST = "hpcdl-shards.json"
+
+
+@dataclass(frozen=True)
+class IOStats:
+    """Bytes and samples moved in a measured time."""
+
+    samples: int
+    bytes: int
+    seconds: float
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "samples": self.samples,
+            "bytes": self.bytes,
+            "seconds": self.seconds,
+            "samples_per_s": self.samples_per_s,
+            "bytes_per_s": self.bytes_per_s,
+        }
+
+
+def write_shards(spec: Spec, directory: str | Path, batches: int, shards: int = 2) -> IOStats:
+    """Write ``batches`` batches of teacher-labelled samples of ``spec`` into ``shards`` files,
+    timing generation separately from the writes (only the writes and fsync count)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    if shards < 1 or batches < shards:
+        raise HpcdlError(f"hdf5: batches={batches} must be >= shards={shards} >= 1")
+    per_shard = [batches // shards + (1 if i < batches % shards else 0) for i in range(shards)]
+    nbytes, seconds = 0, 0.0
+    for i, n_batches in enumerate(per_shard):
+        x, y = make_batch(spec, n_batches * spec.batch_size, "cpu", learnable=True, stream=10_000 + i)
+        xa, ya = x.numpy(), y.numpy()
+        path = out / f"shard-{i:05d}.h5"
+        t0 = time.perf_counter()
+        with h5py.File(path, "w") as f:
+            f.create_dataset("inputs", data=xa, chunks=(spec.batch_size, *xa.shape[1:]))
+            f.create_dataset("targets", data=ya, chunks=(spec.batch_size, *ya.shape[1:]))
+            f.flush()
+            os.fsync(f.id.get_vfd_handle())
+        seconds += time.perf_counter() - t0
+        nbytes += xa.nbytes + ya.nbytes
+    manifest = {"spec": spec.to_dict(), "shards": per_shard, "batch_size": spec.batch_size}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return IOStats(batches * spec.batch_size, nbytes, seconds)
+
+
+def has_shards(spec: Spec, directory: str | Path) -> bool:
+    """True when ``directory`` holds shards written for exactly this spec."""
+    path = Path(directory) / MANIFEST
+    if not path.exists():
+        return False
+    return bool(json.loads(path.read_text()).get("spec") == spec.to_dict())
+
+
+class ShardBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Item ``i`` is the i-th whole batch across the shards, read as one contiguous slice.
+    Rank ``rank`` of ``ranks`` sees every ``ranks``-th batch: disjoint parts for data parallelism."""
+
+    def __init__(self, directory: str | Path, rank: int = 0, ranks: int = 1) -> None:
+        self.directory = Path(directory)
+        manifest: dict[str, Any] = json.loads((self.directory / MANIFEST).read_text())
+        self.batch = int(manifest["batch_size"])
+        every = [(s, b) for s, n in enumerate(manifest["shards"]) for b in range(n)]
+        self.index = every[rank::ranks]
+        if not self.index:
+            raise HpcdlError(f"hdf5: {len(every)} batches in {directory} cannot feed {ranks} ranks")
+        self._files: dict[int, h5py.File] = {}
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        shard, b = self.index[i]
+        if shard not in self._files:
+            self._files[shard] = h5py.File(self.directory / f"shard-{shard:05d}.h5", "r")
+        f = self._files[shard]
+        sl = slice(b * self.batch, (b + 1) * self.batch)
+        return torch.from_numpy(np.asarray(f["inputs"][sl])), torch.from_numpy(np.asarray(f["targets"][sl]))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_files": {}}  # workers open their own handles
+
+
+def loader(
+    directory: str | Path, workers: int, *, pin: bool = False, rank: int = 0, ranks: int = 1
+) -> DataLoader[Any]:
+    """A DataLoader over whole batches (the dataset already batches), ``workers`` processes."""
+    return DataLoader(
+        ShardBatches(directory, rank, ranks),
+        batch_size=None,
+        shuffle=True,
+        num_workers=workers,
+        pin_memory=pin,
+        persistent_workers=workers > 0,
+        generator=torch.Generator().manual_seed(0),
+    )
+
+
+def read_throughput(
+    directory: str | Path, workers: int, epochs: int = 1, rank: int = 0, ranks: int = 1
+) -> IOStats:
+    """Time full passes over (this rank's part of) the shards through the DataLoader,
+    worker start-up excluded."""
+    dl = loader(directory, workers, rank=rank, ranks=ranks)
+    it = iter(dl)
+    x, y = next(it)  # starts the workers; not timed
+    samples, nbytes = 0, 0
+    t0 = time.perf_counter()
+    for _ in range(epochs):
+        for x, y in it:
+            samples += len(x)
+            nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
+        it = iter(dl)
+    return IOStats(samples, nbytes, time.perf_counter() - t0)
+
+
+class HDF5Source:
+    """Batches for the training loop from the shards, moved to the device on each step:
+    the data phase of a step then measures the real I/O path."""
+
+    def __init__(
+        self, directory: str | Path, device: torch.device, workers: int, rank: int = 0, ranks: int = 1
+    ) -> None:
+        self.device = device
+        self.loader = loader(directory, workers, pin=device.type == "cuda", rank=rank, ranks=ranks)
+        self._it: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(self.loader)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            x, y = next(self._it)
+        except StopIteration:
+            self._it = iter(self.loader)
+            x, y = next(self._it)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)

@@ -1,0 +1,163 @@
+"""The timed training loop: one place that owns warm-up, synchronisation and per-phase timing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpcdl.measure.device import synchronize
+from hpcdl.parallel.backends import Backend, NoBackend
+
+PHASES = ("data", "forward", "backward", "allreduce", "optimizer")
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class BatchSource(Protocol):
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@dataclass
+class StepLog:
+    """Per-step measurements of the timed steps, and the loss of every step (warm-up included)."""
+
+    step_s: list[float] = field(default_factory=list)
+    phases_s: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    losses: list[float] = field(default_factory=list)
+    window_s: float = 0.0
+    """wall time from the start of the first timed step to the end of the last"""
+
+
+class Trainer:
+    """One model, optimizer and batch source; ``run`` executes steps and times them."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        source: BatchSource,
+        device: torch.device,
+        precision: str,
+        phase_sync: bool = True,
+        backend: Backend | None = None,
+    ) -> None:
+        self.model, self.optimizer, self.source, self.device = model, optimizer, source, device
+        self.backend = backend or NoBackend()
+        self.amp_dtype = AMP_DTYPES.get(precision)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        self.phase_sync = phase_sync
+        self._losses: list[torch.Tensor] = []
+
+    def _mark(self) -> float:
+        if self.phase_sync:
+            synchronize(self.device)
+        return time.perf_counter()
+
+    def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward pass in the run's precision, then the mean cross-entropy in fp32."""
+        with torch.autocast(
+            self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None
+        ):
+            logits = self.model(x)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+
+    def step(self) -> tuple[float, dict[str, float]]:
+        """One training step; returns its wall time and the time of each phase."""
+        t0 = self._mark()
+        x, y = self.source.next()
+        t1 = self._mark()
+        loss = self._loss(x, y)
+        t2 = self._mark()
+        self.scaler.scale(loss).backward()
+        t3 = self._mark()
+        self.backend.finish_reduction(self.optimizer)
+        t4 = self._mark()
+        self.backend.step(self.optimizer, self.scaler)
+        self.scaler.update()
+        self.optimizer.zero_grad()  # None grads: the default since torch 2.0
+        synchronize(self.device)  # the step's end is always synchronised
+        t5 = time.perf_counter()
+        self._losses.append(loss.detach())
+        phases = {
+            "data": t1 - t0,
+            "forward": t2 - t1,
+            "backward": t3 - t2,
+            "allreduce": t4 - t3,
+            "optimizer": t5 - t4,
+        }
+        return t5 - t0, phases
+
+    def local_backward_s(self, steps: int) -> list[float]:
+        """Backward times with DDP's reduction switched off (``no_sync``), gradients discarded:
+        what backward costs without communication, to tell DDP's exposed allreduce time."""
+        no_sync = getattr(self.model, "no_sync", None)
+        if no_sync is None:
+            return []
+        times = []
+        for _ in range(steps):
+            with no_sync():
+                loss = self._loss(*self.source.next())
+                t0 = self._mark()
+                self.scaler.scale(loss).backward()
+                times.append(self._mark() - t0)
+            self.optimizer.zero_grad()  # None grads: the default since torch 2.0
+        return times
+
+    def run(
+        self,
+        warmup: int,
+        steps: int,
+        duration_s: float,
+        progress: Callable[[int, float], None] | None = None,
+        window: AbstractContextManager[object] | None = None,
+        agree: Callable[[bool], bool] = bool,
+    ) -> StepLog:
+        """``warmup`` untimed steps, then ``steps`` timed steps (or, if 0, steps until
+        ``duration_s`` has passed); ``window`` (e.g. a power sampler) is entered around the
+        timed steps only.
+
+        ``agree`` turns this rank's "time is up" into the decision every rank takes: with
+        several ranks it must return the same answer on all of them (e.g. true once it is true
+        on every rank), since a rank that stops one step early leaves the others waiting in an
+        allreduce."""
+        log = StepLog()
+        self.model.train()
+        for _ in range(warmup):
+            self.step()
+        synchronize(self.device)
+        with window or nullcontext():
+            self._timed(log, steps, duration_s, progress, agree)
+        log.losses = torch.stack(self._losses).float().tolist()
+        return log
+
+    def _timed(
+        self,
+        log: StepLog,
+        steps: int,
+        duration_s: float,
+        progress: Callable[[int, float], None] | None,
+        agree: Callable[[bool], bool],
+    ) -> None:
+        start = time.perf_counter()
+        last_report = start
+        while True:
+            dt, phases = self.step()
+            log.step_s.append(dt)
+            for name, value in phases.items():
+                log.phases_s[name].append(value)
+            now = time.perf_counter()
+            done = len(log.step_s)
+            if progress and now - last_report >= 1.0:
+                progress(done, now - start)
+                last_report = now
+            if steps and done >= steps:
+                break
+            if not steps and agree(now - start >= duration_s):  # outside the timed step
+                break
+        log.window_s = time.perf_counter() - start

@@ -1,0 +1,2 @@
+"""Several ranks: who this process is (the MPI world), starting ranks (the one mpirun
+builder), gradient-reduction backends, correctness checks and the collective microbenchmarks."""

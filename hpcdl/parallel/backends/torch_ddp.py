@@ -1,0 +1,63 @@
+"""torch.distributed with DistributedDataParallel: gloo on CPUs, NCCL on GPUs, initialised
+from the MPI world (rank 0's host and a free port, broadcast over MPI)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from hpcdl.parallel.world import World
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self, world: World, device: torch.device, timeout_s: float = 120.0) -> None:
+        self.device = device
+        # Rank 0's address for the rendezvous: MASTER_ADDR when set (e.g. where the host name
+        # resolves to 127.0.1.1, as on stock Debian), else rank 0's host name resolved.
+        host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
+        addr = world.bcast((host, _free_port()) if world.rank == 0 else None)
+        self.pg_backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(
+            self.pg_backend,
+            init_method=f"tcp://{addr[0]}:{addr[1]}",
+            rank=world.rank,
+            world_size=world.size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+
+    def wrap(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        # DDP broadcasts rank 0's parameters and buffers when it is constructed; the optimizer
+        # has no state yet, so nothing else needs broadcasting.
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids), optimizer
+
+    def finish_reduction(self, optimizer: torch.optim.Optimizer) -> None:
+        pass  # DDP's backward returns only once every bucket is reduced: exposed time is in backward
+
+    def step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
+        scaler.step(optimizer)
+
+    def allreduce(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,80 @@
+"""Correctness of data-parallel training, checked in every distributed run."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpcdl.measure.data import make_batch
+from hpcdl.measure.device import synchronize
+from hpcdl.parallel.backends import Backend
+from hpcdl.parallel.world import World
+from hpcdl.records.validity import Check
+from hpcdl.workloads.spec import Spec
+
+EQUIVALENCE_TOLERANCE = 1e-3
+"""largest allowed |distributed - single| parameter difference, relative to the update size"""
+CHECK_STREAM = 90_000  # data streams of the check, apart from the training data's
+
+
+def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    logits = model(x)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+
+
+def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: torch.device) -> Check:
+    """One SGD step of N ranks, each on its own shard, against one process stepping on the
+    whole global batch (all N shards) from the same weights: the parameters must agree.
+
+    Models run in eval mode (batch norm uses its running statistics, dropout is off) so that
+    the per-shard losses are independent; the check is about the reduction of gradients.
+    """
+    small = spec.replace(batch_size=min(spec.batch_size, 4), precision="fp32")
+    shards = [make_batch(small, device=device, stream=CHECK_STREAM + r) for r in range(world.size)]
+
+    model = small.build().to(device).eval()
+    start = [p.detach().clone() for p in model.parameters()]
+    model, opt = backend.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    _loss(model, *shards[world.rank]).backward()
+    backend.finish_reduction(opt)
+    backend.step(opt, torch.amp.GradScaler(device.type, enabled=False))
+
+    ref = small.build().to(device).eval()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    _loss(ref, torch.cat([x for x, _ in shards]), torch.cat([y for _, y in shards])).backward()
+    ref_opt.step()
+    synchronize(device)
+
+    update = max(float((q.detach() - p0).abs().max()) for q, p0 in zip(ref.parameters(), start, strict=True))
+    diff = max(
+        float((p.detach() - q.detach()).abs().max())
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True)
+    )
+    worst = max(world.allgather(diff / update if update > 0 else float("inf")))
+    return Check(
+        "one_step_equivalence",
+        worst <= EQUIVALENCE_TOLERANCE,
+        f"{world.size} ranks vs 1 process on the global batch: max parameter difference "
+        f"{worst:.2e} of the update (tolerance {EQUIVALENCE_TOLERANCE:g})",
+    )
+
+
+def parameter_digest(model: nn.Module) -> str:
+    """SHA-256 of every parameter's bytes, in order."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def parameters_identical(digests: list[str]) -> Check:
+    """After training, every rank holds bitwise the same parameters."""
+    distinct = len(set(digests))
+    return Check(
+        "parameters_identical",
+        distinct == 1,
+        f"{len(digests)} ranks, {distinct} distinct parameter digest(s)",
+    )

@@ -1,0 +1,1 @@
+"""What records become: the score of a system, the ranking list, and reports."""

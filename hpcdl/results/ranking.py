@@ -1,0 +1,328 @@
+"""``hpcdl rank``: read the result records of one or more systems, verify every record, score
+each system and write the ranking list (Markdown, HTML, CSV and JSON), TOP500-style.
+
+Each argument is one system's submission: a directory of records (searched recursively),
+named by the directory or as ``NAME=DIR``. Rejected records are listed with the reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcdl import metrics
+from hpcdl.errors import SpecError
+from hpcdl.records.audit import gate_problems, integrity_problems
+from hpcdl.records.store import json_files, load_record, write_record
+from hpcdl.results.score import Entry, SystemScore, score_system
+from hpcdl.results.text import HTML_STYLE, html_table, si, table
+
+SKIPPED = ("hpcdl.suite", "hpcdl.sweep", "hpcdl.comm", "hpcdl.ranking")
+"""hpcdl's other JSON files: indexes and summaries of records, not records to rank"""
+
+
+@dataclass(frozen=True)
+class Rejected:
+    system: str
+    path: str
+    reason: str
+
+
+@dataclass
+class Ranking:
+    systems: list[SystemScore]
+    """ranked first (score, descending), so a ranked system's place is its position; then the
+    systems without a score"""
+    rejected: list[Rejected]
+    accepted: int
+    sweeps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """per system: its sweep summaries, recomputed from their accepted point records"""
+
+
+def parse_submission(arg: str) -> tuple[str, Path]:
+    """``NAME=DIR`` or ``DIR`` (named by its last component)."""
+    name, sep, folder = arg.partition("=")
+    path = Path(folder if sep else arg)
+    if not path.exists():
+        raise SpecError("rank.path", str(path), "an existing directory or record file")
+    return (name if sep else path.resolve().name), path
+
+
+def collect(
+    submissions: Sequence[tuple[str, Path]], say: Callable[[str], None] = lambda _m: None
+) -> tuple[dict[str, list[Entry]], list[Rejected], dict[str, list[tuple[Path, dict[str, Any]]]]]:
+    """Every accepted result record per system, every rejected one with its reason, and the
+    sweep summaries. Other JSON files (suite indexes, comm sweeps) are not records to rank."""
+    summaries: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    accepted: dict[str, list[Entry]] = {}
+    rejected: list[Rejected] = []
+    seen: dict[str, str] = {}  # record id or digest -> path of its first occurrence
+    for system, root in submissions:
+        accepted.setdefault(system, [])
+        files = json_files([root])
+        say(f"rank: {system}: checking {len(files)} JSON files under {root}")
+        for found in files:
+            path = Path(os.path.relpath(found))  # shown as the user named it, not /abs/olute
+            try:
+                rec = load_record(path)
+            except (OSError, ValueError) as e:
+                rejected.append(Rejected(system, str(path), f"unreadable: {e}"))
+                continue
+            schema = rec.get("schema") if isinstance(rec, dict) else None
+            if schema == "hpcdl.prediction":
+                rejected.append(Rejected(system, str(path), "a prediction, not a measurement"))
+                continue
+            if schema == "hpcdl.sweep":
+                summaries.setdefault(system, []).append((path, rec))
+            if schema in SKIPPED:
+                continue
+            problems = integrity_problems(rec, path)
+            if not problems:
+                problems = gate_problems(rec)
+            keys = [str(rec.get("id")), str(rec.get("digest"))]
+            first = next((seen[k] for k in keys if k in seen), None)
+            if first is not None:
+                problems = [f"duplicate of {first}", *problems]
+            if problems:
+                rejected.append(Rejected(system, str(path), "; ".join(problems)))
+                continue
+            for k in keys:
+                seen[k] = str(path)
+            accepted[system].append(Entry(path, rec))
+    return accepted, rejected, summaries
+
+
+def sweep_rows(summary_path: Path, summary: dict[str, Any], entries: Sequence[Entry]) -> dict[str, Any]:
+    """A sweep of a system, from the accepted records its summary names (the summary's own
+    figures are not trusted): samples/s, speed-up and efficiency against its smallest point."""
+    by_path = {e.path.resolve(): e for e in entries}
+    points = []
+    for p in summary.get("points", []):
+        entry = (
+            by_path.get((summary_path.parent / str(p.get("record"))).resolve()) if p.get("record") else None
+        )
+        if entry is not None:
+            points.append((entry.world_size, float(entry.record["metrics"]["samples_per_s"])))
+    points.sort()
+    rows = []
+    for n, x in points:
+        n0, x0 = points[0]
+        rows.append(
+            {
+                "np": n,
+                "samples_per_s": x,
+                "speedup": metrics.speedup(x, x0),
+                "efficiency": metrics.scaling_efficiency(x, n, x0, n0),
+            }
+        )
+    name = summary_path.name.removesuffix("-summary.json").removesuffix(".json")
+    return {"sweep": name, "mode": summary.get("mode"), "points": rows}
+
+
+def rank(submissions: Sequence[tuple[str, Path]], say: Callable[[str], None] = lambda _m: None) -> Ranking:
+    if len({name for name, _ in submissions}) != len(submissions):
+        raise SpecError("rank.system", [n for n, _ in submissions], "each system name once (use NAME=DIR)")
+    accepted, rejected, summaries = collect(submissions, say)
+    scores = [score_system(name, entries) for name, entries in accepted.items()]
+    scored = sorted((s for s in scores if s.score is not None), key=lambda s: -(s.score or 0.0))
+    sweeps = {
+        name: [sweep_rows(path, doc, accepted[name]) for path, doc in found]
+        for name, found in summaries.items()
+    }
+    return Ranking(
+        scored + [s for s in scores if s.score is None], rejected, sum(map(len, accepted.values())), sweeps
+    )
+
+
+HEADER = [
+    "rank",
+    "system",
+    "nodes x ranks",
+    "device",
+    "score AI-ops/s",
+    "quality-regulated",
+    "efficiency",
+    "AI-ops/W",
+    "date",
+    "validity",
+]
+
+
+def rows(r: Ranking) -> list[list[str]]:
+    """The ranking list's rows as text: one per system, unscored systems without a rank."""
+    out = []
+    rejected_by = {s.system: sum(1 for x in r.rejected if x.system == s.system) for s in r.systems}
+    for place, s in enumerate(r.systems, 1):  # ranked systems come first
+        validity = f"verified ({len(s.workloads)} records)" if s.score is not None else s.reason
+        if rejected_by[s.system]:
+            validity += f"; {rejected_by[s.system]} rejected"
+        if s.score is None:
+            out.append(["-", s.system, "", "", "", "", "", "", "", validity])
+            continue
+        eff = (
+            f"{s.efficiency:.1%} ({s.efficiency_base}->{s.world_size})"
+            if s.efficiency is not None
+            else "one scale"
+        )
+        per_node = (s.world_size or 0) // max(s.nodes or 1, 1)
+        out.append(
+            [
+                str(place),
+                s.system,
+                f"{s.nodes} x {per_node}",
+                s.device,
+                si(s.score or 0.0, "FLOP/s"),
+                si(s.regulated or 0.0, "FLOP/s"),
+                eff,
+                si(s.ai_ops_per_watt, "FLOP/J") if s.ai_ops_per_watt else "unavailable",
+                s.date,
+                validity,
+            ]
+        )
+    return out
+
+
+Table = tuple[str, list[str], list[list[str]]]  # title, header, rows
+
+
+def detail_tables(r: Ranking) -> list[Table]:
+    """Below the list: each ranked system's suite workloads and sweeps, then the rejections."""
+    tables: list[Table] = []
+    for s in r.systems:
+        if s.score is not None:
+            head = [
+                "workload",
+                "AI-ops/s",
+                "samples/s",
+                "MFU",
+                "precision",
+                "batch/rank",
+                "loss fall q",
+                "record",
+            ]
+            rows = [
+                [
+                    w,
+                    si(d["ai_ops_per_s"], "FLOP/s"),
+                    f"{d['samples_per_s']:.1f}",
+                    f"{d['mfu']:.1%}" if isinstance(d["mfu"], float) and d["mfu"] == d["mfu"] else "n/a",
+                    d["precision"],
+                    str(d["batch_per_rank"]),
+                    f"{d['loss_reduction']:.2f}",
+                    d["record"],
+                ]
+                for w, d in s.workloads.items()
+            ]
+            tables.append((f"{s.system}: suite at {s.world_size} ranks", head, rows))
+        sweeps = r.sweeps.get(s.system, [])
+        if sweeps:
+            head = ["sweep", "mode", "ranks", "samples/s", "speed-up", "efficiency"]
+            rows = [
+                [
+                    w["sweep"],
+                    str(w["mode"]),
+                    str(p["np"]),
+                    f"{p['samples_per_s']:.1f}",
+                    f"{p['speedup']:.2f}",
+                    f"{p['efficiency']:.1%}",
+                ]
+                for w in sweeps
+                for p in w["points"]
+            ]
+            tables.append((f"{s.system}: scaling sweeps (from their accepted records)", head, rows))
+    rejected = [[x.system, x.path, x.reason] for x in r.rejected]
+    tables.append((f"Rejected records ({len(r.rejected)})", ["system", "record", "reason"], rejected))
+    return tables
+
+
+INTRO = (
+    "Score: geometric mean over the standard suite of sustained AI-ops/s (analytic training FLOPs x "
+    "samples/s, all ranks) at the largest measured scale; see METRICS.md, Score."
+)
+
+
+def _markdown(r: Ranking) -> str:
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    def tab(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+        return [line(head), line(["---"] * len(head)), *(line(row) for row in body)] if body else ["none"]
+
+    text = ["# hpcdl ranking", "", INTRO, "", *tab(HEADER, rows(r))]
+    for title, head, body in detail_tables(r):
+        text += ["", f"## {title}", "", *tab(head, body)]
+    return "\n".join(text) + "\n"
+
+
+def _html(r: Ranking) -> str:
+    def tab(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+        return html_table(head, body) if body else "<p>none</p>"
+
+    details = "".join(f"<h2>{html.escape(t)}</h2>{tab(h, b)}" for t, h, b in detail_tables(r))
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>hpcdl ranking</title>"
+        f"<style>{HTML_STYLE}</style></head><body><h1>hpcdl ranking</h1><p>{html.escape(INTRO)}</p>"
+        + tab(HEADER, rows(r))
+        + details
+        + "</body></html>\n"
+    )
+
+
+def write(r: Ranking, out: Path) -> list[Path]:
+    """ranking.md, ranking.html, ranking.csv and ranking.json in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "ranking.md", out / "ranking.html", out / "ranking.csv"]
+    paths[0].write_text(_markdown(r))
+    paths[1].write_text(_html(r))
+    with open(paths[2], "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            [
+                "rank",
+                "system",
+                "nodes",
+                "ranks",
+                "device",
+                "score_ai_ops_per_s",
+                "regulated_ai_ops_per_s",
+                "efficiency",
+                "efficiency_base_ranks",
+                "ai_ops_per_watt",
+                "date",
+                "reason",
+            ]
+        )
+        for place, s in enumerate(r.systems, 1):  # ranked systems come first
+            w.writerow(
+                [
+                    place if s.score is not None else "",
+                    s.system,
+                    s.nodes or "",
+                    s.world_size or "",
+                    s.device,
+                    s.score or "",
+                    s.regulated if s.regulated is not None else "",
+                    s.efficiency or "",
+                    s.efficiency_base or "",
+                    s.ai_ops_per_watt or "",
+                    s.date,
+                    s.reason,
+                ]
+            )
+    doc: dict[str, Any] = {
+        "schema": "hpcdl.ranking",
+        "systems": [asdict(s) for s in r.systems],
+        "sweeps": r.sweeps,
+        "rejected": [asdict(x) for x in r.rejected],
+    }
+    paths.append(write_record(doc, out / "ranking.json"))
+    return paths
+
+
+def terminal_table(r: Ranking) -> str:
+    return table(HEADER, rows(r))

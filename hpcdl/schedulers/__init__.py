@@ -1,0 +1,1 @@
+"""Batch schedulers: job files, and submitting, following and collecting sweeps of jobs."""

@@ -1,0 +1,191 @@
+"""Attention: a transformer encoder or decoder over token ids (BERT- and GPT-like).
+
+FLOP convention for attention: the scores ``Q K^T`` and the mix ``A V`` are each counted as a
+full ``L x d_head x L`` product per head -- also with a causal mask, where half of the scores are
+thrown away -- and both operands are activations, so the backward pass costs two products of
+the same size each. That is what ``FlopCounterMode`` counts for ``scaled_dot_product_attention``
+(on the math path and in its flash / efficient-attention formulas alike). Softmax, scaling,
+norms, activations and embedding lookups are element-wise or lookups: not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpcdl.errors import SpecError
+from hpcdl.workloads.counting import Count, Tally
+from hpcdl.workloads.spec import Spec, knob
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "relu": nn.ReLU}
+EMBED_STD = 0.02
+"""initial std of the token and position tables (as BERT and GPT-2): N(0, 1) embeddings would
+make tied-head logits of std ~sqrt(width) and the first losses huge"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionSpec(Spec):
+    """Transformer over token ids: learned token and position embeddings, ``layers`` blocks of
+    multi-head self-attention and a feed-forward network, then a per-token language-model head
+    or a mean-pooled classifier."""
+
+    family: ClassVar[str] = "attention"
+
+    layers: int = knob(2, lo=1, hi=1000, doc="transformer blocks")
+    width: int = knob(128, lo=1, hi=1 << 16, doc="model width (d_model)")
+    heads: int = knob(4, lo=1, hi=1 << 12, doc="attention heads (must divide width)")
+    ffn_mult: float = knob(4.0, lo=0.01, hi=64, doc="feed-forward hidden size as a multiple of width")
+    seq_len: int = knob(32, lo=1, hi=1 << 20, doc="tokens per sample")
+    vocab: int = knob(256, lo=2, hi=1 << 24, doc="token vocabulary")
+    positions: int = knob(0, lo=0, hi=1 << 20, doc="learned position embeddings (0 = seq_len; >= seq_len)")
+    causal: bool = knob(False, doc="causal (decoder) self-attention mask")
+    norm: str = knob(
+        "pre",
+        choices=("pre", "post"),
+        doc="LayerNorm placement: pre (GPT-2; adds a final norm) or post (BERT; adds an embedding norm)",
+    )
+    head: str = knob(
+        "lm", choices=("lm", "cls"), doc="lm: logits over vocab per token; cls: mean-pool, then classes"
+    )
+    classes: int = knob(2, lo=2, hi=1 << 24, doc="output classes of the cls head")
+    tie_embeddings: bool = knob(False, doc="lm head reuses the token embedding (no extra params; lm only)")
+    activation: str = knob("gelu", choices=tuple(ACTIVATIONS), doc="feed-forward activation")
+
+    def check(self) -> None:
+        if self.width % self.heads:
+            raise SpecError(f"{self.family}.heads", self.heads, f"must divide width={self.width}")
+        if self.positions and self.positions < self.seq_len:
+            raise SpecError(
+                f"{self.family}.positions", self.positions, f"must be 0 or >= seq_len={self.seq_len}"
+            )
+
+    @property
+    def num_classes(self) -> int:
+        return self.vocab if self.head == "lm" else self.classes
+
+    @property
+    def ffn_hidden(self) -> int:
+        return max(1, round(self.ffn_mult * self.width))
+
+    @property
+    def max_positions(self) -> int:
+        return self.positions or self.seq_len
+
+    def target_shape(self) -> tuple[int, ...]:
+        return (self.seq_len,) if self.head == "lm" else ()
+
+    def build_module(self) -> nn.Module:
+        return Transformer(self)
+
+    def count(self) -> Count:
+        t = Tally()
+        L, W = self.seq_len, self.width
+        t.add_params((self.vocab + self.max_positions) * W)  # lookups: no FLOPs
+        t.keep(L * W)  # the embedding sum
+        if self.norm == "post":
+            _layer_norm(t, L, W)
+        for _ in range(self.layers):
+            _block(t, L, W, self.heads, self.ffn_hidden)
+        if self.norm == "pre":
+            _layer_norm(t, L, W)
+        if self.head == "cls":
+            t.linear(1, W, self.classes)
+        elif self.tie_embeddings:
+            # the product still runs (and gets both gradients); its weight is the token table
+            t.matmul(L, W, self.vocab)
+            t.keep(L * self.vocab)
+        else:
+            t.linear(L, W, self.vocab, bias=False)
+        return t.result()
+
+    def sample_inputs(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+        return torch.randint(self.vocab, (n, self.seq_len), generator=generator, device=device)
+
+
+def _layer_norm(t: Tally, tokens: int, width: int) -> None:
+    """A LayerNorm: scale and shift; keeps its output plus a mean and a 1/std per token."""
+    t.add_params(2 * width)
+    t.keep(tokens * (width + 2))
+
+
+def _block(t: Tally, tokens: int, width: int, heads: int, hidden: int) -> None:
+    """One transformer block (the norm placement does not change what is counted)."""
+    d_head = width // heads
+    _layer_norm(t, tokens, width)
+    t.linear(tokens, width, 3 * width)  # fused q, k, v
+    t.matmul(tokens, d_head, tokens, times=heads)  # scores Q K^T
+    t.matmul(tokens, tokens, d_head, times=heads)  # A V
+    # flash-style kernels keep the output and a log-sum-exp per row, not the L x L scores
+    t.keep(tokens * (width + heads))
+    t.linear(tokens, width, width)  # output projection
+    _layer_norm(t, tokens, width)
+    t.linear(tokens, width, hidden)
+    t.keep(tokens * hidden)  # activation output
+    t.linear(tokens, hidden, width)
+
+
+class Block(nn.Module):
+    """Self-attention and feed-forward sublayers, each with a residual and a LayerNorm."""
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__()
+        self.heads = spec.heads
+        self.causal = spec.causal
+        self.pre_norm = spec.norm == "pre"
+        self.norm1 = nn.LayerNorm(spec.width)
+        self.qkv = nn.Linear(spec.width, 3 * spec.width)
+        self.proj = nn.Linear(spec.width, spec.width)
+        self.norm2 = nn.LayerNorm(spec.width)
+        self.ffn = nn.Sequential(
+            nn.Linear(spec.width, spec.ffn_hidden),
+            ACTIVATIONS[spec.activation](),
+            nn.Linear(spec.ffn_hidden, spec.width),
+        )
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, width = x.shape
+        # (batch, tokens, 3, heads, d_head) -> three (batch, heads, tokens, d_head) views
+        q, k, v = self.qkv(x).view(batch, tokens, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        # the fused SDPA kernels (flash attention on GPUs) never materialise the L x L scores
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.proj(y.transpose(1, 2).reshape(batch, tokens, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pre_norm:
+            x = x + self.attend(self.norm1(x))
+            return x + self.ffn(self.norm2(x))
+        x = self.norm1(x + self.attend(x))
+        return self.norm2(x + self.ffn(x))
+
+
+class Transformer(nn.Module):
+    """Token + position embeddings -> blocks -> LM head (optionally tied) or pooled classifier."""
+
+    def __init__(self, spec: AttentionSpec) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(spec.vocab, spec.width)
+        self.positions = nn.Embedding(spec.max_positions, spec.width)
+        nn.init.normal_(self.tokens.weight, std=EMBED_STD)
+        nn.init.normal_(self.positions.weight, std=EMBED_STD)
+        # post-norm (BERT) normalises the embeddings; pre-norm (GPT-2) the last block's output
+        self.embed_norm = nn.LayerNorm(spec.width) if spec.norm == "post" else nn.Identity()
+        self.blocks = nn.Sequential(*(Block(spec) for _ in range(spec.layers)))
+        self.final_norm = nn.LayerNorm(spec.width) if spec.norm == "pre" else nn.Identity()
+        self.pool = spec.head == "cls"
+        self.tied = spec.head == "lm" and spec.tie_embeddings
+        out = spec.classes if self.pool else spec.vocab
+        # an untied lm head has no bias (as GPT-2); the classifier has one
+        self.head = None if self.tied else nn.Linear(spec.width, out, bias=self.pool)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(ids) + self.positions.weight[: ids.shape[1]]
+        x = self.final_norm(self.blocks(self.embed_norm(x)))
+        if self.pool:
+            x = x.mean(dim=1)
+        if self.head is None:
+            return F.linear(x, self.tokens.weight)
+        return self.head(x)

@@ -1,0 +1,361 @@
+"""CNN: image classifiers built from stages of convolutional blocks -- VGG, ResNet and
+MobileNet-like networks, the classic convolution-bound workloads.
+
+The layout (channels, strides and feature-map sizes of every block) is planned once by
+:meth:`CNNSpec.plan`; :meth:`CNNSpec.build_module` and :meth:`CNNSpec.count` both walk that
+plan, so the network and its analytic count cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from hpcdl.errors import SpecError
+from hpcdl.workloads.counting import Count, Tally, conv_out
+from hpcdl.workloads.spec import Spec, knob
+
+STEMS = ("none", "simple", "imagenet")
+BLOCKS = ("plain", "basic", "bottleneck", "separable")
+DOWNSAMPLES = ("stride", "maxpool", "none")
+NORMS = ("batch", "group", "none")
+HEAD_POOLS = ("global", "flatten")
+
+FLATTEN_SIZE = 7
+"""side of the map that the "flatten" head pools to, as torchvision's VGG does"""
+GROUPS = 32
+"""GroupNorm groups (fewer when the channels are not a multiple of it)"""
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """One block of the body: its channels, stride and input/output map sides."""
+
+    c_in: int
+    width: int
+    """inner width: the 3x3 (kxk) conv's channels for a bottleneck, else ``c_out``"""
+    c_out: int
+    stride: int
+    size_in: int
+    size_out: int
+
+    @property
+    def projects(self) -> bool:
+        """Whether a residual block needs a 1x1 projection on its shortcut (shape changes)."""
+        return self.stride != 1 or self.c_in != self.c_out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole layout: stem output, blocks per stage, map side after each stage's pool."""
+
+    stem_channels: int
+    stem_conv_size: int
+    """map side after the stem's conv (before its max pool)"""
+    stem_size: int
+    stages: tuple[tuple[BlockPlan, ...], ...]
+    stage_sizes: tuple[int, ...]
+    """map side at the end of each stage (after the "maxpool" downsampling)"""
+
+    @property
+    def channels(self) -> int:
+        return self.stages[-1][-1].c_out
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Every map side along the way; all must be at least 1."""
+        blocks = [b.size_out for stage in self.stages for b in stage]
+        return (self.stem_conv_size, self.stem_size, *blocks, *self.stage_sizes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CNNSpec(Spec):
+    """Convolutional image classifier: an optional stem, ``stages`` stages of blocks whose
+    width grows by ``width_mult`` per stage, then a pooled (or flattened) fully connected head.
+
+    ResNet-50 is ``stem=imagenet block=bottleneck blocks=3,4,6,3 base_width=64``; VGG-16 is
+    ``stem=none block=plain blocks=2,2,3,3,3 downsample=maxpool norm=none head_pool=flatten
+    head_layers=2`` (see ``generators/presets.py``).
+    """
+
+    family: ClassVar[str] = "cnn"
+
+    image_size: int = knob(32, lo=1, hi=1 << 15, doc="height and width of the input images")
+    in_channels: int = knob(3, lo=1, hi=1 << 12, doc="channels of the input images")
+    classes: int = knob(10, lo=2, hi=1 << 20, doc="output classes")
+    stem: str = knob(
+        "simple",
+        choices=STEMS,
+        doc="none; simple: 3x3 conv to base_width; imagenet: 7x7/2 conv to base_width + 3x3/2 max pool",
+    )
+    stages: int = knob(3, lo=1, hi=16, doc="stages of blocks; each later stage may downsample")
+    blocks: tuple[int, ...] = knob(
+        (2,), lo=1, hi=1000, doc="blocks per stage: one entry for every stage, or one per stage"
+    )
+    base_width: int = knob(32, lo=1, hi=1 << 14, doc="channels of the stem and of the first stage")
+    width_mult: float = knob(2.0, lo=0.25, hi=8.0, doc="width growth per stage")
+    max_width: int = knob(1024, lo=1, hi=1 << 16, doc="cap on a stage's width")
+    kernel_size: int = knob(3, lo=1, hi=15, doc="side of the blocks' spatial convolutions (odd)")
+    block: str = knob(
+        "basic",
+        choices=BLOCKS,
+        doc="plain: conv-norm-relu; basic: ResNet 2-conv residual; bottleneck: ResNet v1.5 "
+        "1x1-kxk-1x1 residual; separable: depthwise kxk + pointwise 1x1 (MobileNet)",
+    )
+    expansion: int = knob(4, lo=1, hi=16, doc="bottleneck only: output channels = width * expansion")
+    downsample: str = knob(
+        "stride",
+        choices=DOWNSAMPLES,
+        doc="stride: first block of each later stage strides 2; maxpool: 2x2 max pool after "
+        "every stage (VGG); none",
+    )
+    norm: str = knob(
+        "batch", choices=NORMS, doc="normalisation after each conv (convs get a bias only with none)"
+    )
+    head_pool: str = knob(
+        "global",
+        choices=HEAD_POOLS,
+        doc="global: average pool to 1x1; flatten: average pool to 7x7 and flatten",
+    )
+    head_layers: int = knob(0, lo=0, hi=16, doc="hidden fully connected layers (ReLU) before the classifier")
+    head_width: int = knob(4096, lo=1, hi=1 << 17, doc="units per hidden head layer")
+
+    # --- layout --------------------------------------------------------------------------
+    def check(self) -> None:
+        if self.kernel_size % 2 == 0:
+            raise SpecError(
+                f"{self.family}.kernel_size",
+                self.kernel_size,
+                "must be odd (padding k//2 keeps the map size)",
+            )
+        if len(self.blocks) not in (1, self.stages):
+            raise SpecError(
+                f"{self.family}.blocks",
+                list(self.blocks),
+                f"expected 1 entry or one per stage (stages={self.stages})",
+            )
+        if min(self.plan().sizes) < 1:
+            raise SpecError(
+                f"{self.family}.image_size",
+                self.image_size,
+                f"stem={self.stem} with {self.stages} stages of downsample={self.downsample} shrinks the "
+                f"image below 1 pixel; need image_size >= {self._min_image_size()}",
+            )
+
+    def _min_image_size(self) -> int:
+        """Smallest image side the layout can take (map sides grow with the image side)."""
+        lo, hi = self.image_size, 1 << 20
+        while lo + 1 < hi:  # invariant: lo too small, hi large enough
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if min(self.plan(mid).sizes) >= 1 else (mid, hi)
+        return hi
+
+    def stage_widths(self) -> tuple[int, ...]:
+        """Width of each stage (a bottleneck's inner width; its output is ``expansion`` times it)."""
+        return tuple(
+            min(self.max_width, max(1, round(self.base_width * self.width_mult**i)))
+            for i in range(self.stages)
+        )
+
+    def blocks_per_stage(self) -> tuple[int, ...]:
+        return self.blocks * self.stages if len(self.blocks) == 1 else self.blocks
+
+    def plan(self, image_size: int | None = None) -> Plan:
+        """Channels, strides and map sides of every layer for ``image_size`` (default: the knob)."""
+        size = self.image_size if image_size is None else image_size
+        channels, conv_size = self.in_channels, size
+        if self.stem != "none":
+            channels = self.base_width
+            if self.stem == "imagenet":
+                conv_size = conv_out(size, 7, 2, 3)
+                size = conv_out(conv_size, 3, 2, 1)
+        stem_channels, stem_size = channels, size
+        stages: list[tuple[BlockPlan, ...]] = []
+        stage_sizes: list[int] = []
+        for i, (width, n) in enumerate(zip(self.stage_widths(), self.blocks_per_stage(), strict=True)):
+            c_out = width * self.expansion if self.block == "bottleneck" else width
+            blocks = []
+            for j in range(n):
+                stride = 2 if self.downsample == "stride" and i > 0 and j == 0 else 1
+                # every strided conv pads k//2 (1x1: 0), so all give the same side
+                out = conv_out(size, self.kernel_size, stride, self.kernel_size // 2)
+                blocks.append(BlockPlan(channels, width, c_out, stride, size, out))
+                channels, size = c_out, out
+            if self.downsample == "maxpool":
+                size = conv_out(size, 2, 2, 0)
+            stages.append(tuple(blocks))
+            stage_sizes.append(size)
+        return Plan(stem_channels, conv_size, stem_size, tuple(stages), tuple(stage_sizes))
+
+    # --- network -------------------------------------------------------------------------
+    @property
+    def num_classes(self) -> int:
+        return self.classes
+
+    def build_module(self) -> nn.Module:
+        plan = self.plan()
+        mods: list[nn.Module] = []
+        if self.stem != "none":
+            kernel, stride = (7, 2) if self.stem == "imagenet" else (3, 1)
+            mods += self._conv_norm_relu(self.in_channels, plan.stem_channels, kernel, stride)
+            if self.stem == "imagenet":
+                mods.append(nn.MaxPool2d(3, stride=2, padding=1))
+        for stage in plan.stages:
+            mods += [self._block(b) for b in stage]
+            if self.downsample == "maxpool":
+                mods.append(nn.MaxPool2d(2, stride=2))
+        mods += self._head(plan.channels)
+        return nn.Sequential(*mods)
+
+    def _conv(self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1) -> nn.Conv2d:
+        # a bias right before a norm would be cancelled by its mean subtraction
+        return nn.Conv2d(
+            c_in, c_out, kernel, stride=stride, padding=kernel // 2, groups=groups, bias=self.norm == "none"
+        )
+
+    def _norm(self, c: int) -> nn.Module:
+        if self.norm == "batch":
+            return nn.BatchNorm2d(c)
+        if self.norm == "group":
+            return nn.GroupNorm(math.gcd(GROUPS, c), c)
+        return nn.Identity()
+
+    def _conv_norm_relu(
+        self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1
+    ) -> list[nn.Module]:
+        return [self._conv(c_in, c_out, kernel, stride, groups), self._norm(c_out), nn.ReLU()]
+
+    def _block(self, b: BlockPlan) -> nn.Module:
+        k = self.kernel_size
+        if self.block == "plain":
+            return nn.Sequential(*self._conv_norm_relu(b.c_in, b.c_out, k, b.stride))
+        if self.block == "separable":
+            return nn.Sequential(
+                *self._conv_norm_relu(b.c_in, b.c_in, k, b.stride, groups=b.c_in),
+                *self._conv_norm_relu(b.c_in, b.c_out, 1),
+            )
+        if self.block == "basic":
+            body = [*self._conv_norm_relu(b.c_in, b.c_out, k, b.stride), self._conv(b.c_out, b.c_out, k)]
+        else:  # bottleneck, v1.5: the stride sits on the kxk conv, not on the first 1x1
+            body = [
+                *self._conv_norm_relu(b.c_in, b.width, 1),
+                *self._conv_norm_relu(b.width, b.width, k, b.stride),
+                self._conv(b.width, b.c_out, 1),
+            ]
+        body.append(self._norm(b.c_out))
+        shortcut = (
+            nn.Sequential(self._conv(b.c_in, b.c_out, 1, b.stride), self._norm(b.c_out))
+            if b.projects
+            else nn.Identity()
+        )
+        return Residual(nn.Sequential(*body), shortcut)
+
+    def _head(self, channels: int) -> list[nn.Module]:
+        side = 1 if self.head_pool == "global" else FLATTEN_SIZE
+        mods: list[nn.Module] = [nn.AdaptiveAvgPool2d(side), nn.Flatten()]
+        fan_in = channels * side * side
+        for _ in range(self.head_layers):
+            mods += [nn.Linear(fan_in, self.head_width), nn.ReLU()]
+            fan_in = self.head_width
+        mods.append(nn.Linear(fan_in, self.classes))
+        return mods
+
+    def sample_inputs(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+        shape = (n, self.in_channels, self.image_size, self.image_size)
+        return torch.randn(*shape, generator=generator, device=device)
+
+    # --- analytic count ------------------------------------------------------------------
+    def count(self) -> Count:
+        plan = self.plan()
+        t = Tally()
+        # the image itself is kept by the first conv for its weight gradient
+        t.keep(self.in_channels * self.image_size**2)
+        first = True  # the next conv reads the data: autograd computes no input gradient
+        if self.stem != "none":
+            kernel = 7 if self.stem == "imagenet" else 3
+            self._count_conv(t, plan.stem_conv_size, self.in_channels, plan.stem_channels, kernel, data=True)
+            if self.stem == "imagenet":
+                t.keep(plan.stem_channels * plan.stem_size**2)  # max pool output (its indices)
+            first = False
+        for stage, size in zip(plan.stages, plan.stage_sizes, strict=True):
+            for b in stage:
+                self._count_block(t, b, data=first)
+                first = False
+            if self.downsample == "maxpool":
+                t.keep(stage[-1].c_out * size**2)  # max pool output (its indices)
+        self._count_head(t, plan)
+        return t.result()
+
+    def _count_conv(
+        self,
+        t: Tally,
+        size: int,
+        c_in: int,
+        c_out: int,
+        kernel: int,
+        *,
+        groups: int = 1,
+        data: bool = False,
+        relu: bool = True,
+    ) -> None:
+        """A conv, its norm and (optionally) its ReLU, whose output is kept for backward."""
+        t.conv2d(
+            (size, size),
+            c_in,
+            c_out,
+            (kernel, kernel),
+            groups=groups,
+            bias=self.norm == "none",
+            data_input=data,
+        )
+        if self.norm != "none":
+            t.add_params(2 * c_out)  # scale and shift; BatchNorm's running stats are buffers
+        if relu:
+            t.keep(c_out * size * size)
+
+    def _count_block(self, t: Tally, b: BlockPlan, *, data: bool) -> None:
+        k, s = self.kernel_size, b.size_out
+        if self.block == "plain":
+            self._count_conv(t, s, b.c_in, b.c_out, k, data=data)
+            return
+        if self.block == "separable":
+            self._count_conv(t, s, b.c_in, b.c_in, k, groups=b.c_in, data=data)
+            self._count_conv(t, s, b.c_in, b.c_out, 1)
+            return
+        if self.block == "basic":
+            self._count_conv(t, s, b.c_in, b.c_out, k, data=data)
+            self._count_conv(t, s, b.c_out, b.c_out, k, relu=False)
+        else:
+            self._count_conv(t, b.size_in, b.c_in, b.width, 1, data=data)
+            self._count_conv(t, s, b.width, b.width, k)
+            self._count_conv(t, s, b.width, b.c_out, 1, relu=False)
+        if b.projects:
+            self._count_conv(t, s, b.c_in, b.c_out, 1, data=data, relu=False)
+        t.keep(b.c_out * s * s)  # the ReLU after the residual sum
+
+    def _count_head(self, t: Tally, plan: Plan) -> None:
+        side = 1 if self.head_pool == "global" else FLATTEN_SIZE
+        fan_in = plan.channels * side * side
+        t.keep(fan_in)  # pooled features, the first linear's input
+        for _ in range(self.head_layers):
+            t.linear(1, fan_in, self.head_width)
+            t.keep(self.head_width)  # ReLU output
+            fan_in = self.head_width
+        t.linear(1, fan_in, self.classes)
+
+
+class Residual(nn.Module):
+    """``relu(body(x) + shortcut(x))``: the ResNet residual connection."""
+
+    def __init__(self, body: nn.Module, shortcut: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+        self.shortcut = shortcut
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.body(x) + self.shortcut(x))

@@ -1,0 +1,50 @@
+"""MLP: a stack of fully connected layers -- the simplest dense, matmul-bound workload."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from hpcdl.workloads.counting import Count, Tally
+from hpcdl.workloads.spec import Spec, knob
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLPSpec(Spec):
+    """Fully connected network: ``layers`` hidden layers of ``width`` with ReLU, then a classifier."""
+
+    family: ClassVar[str] = "mlp"
+
+    layers: int = knob(4, lo=1, hi=1000, doc="hidden layers")
+    width: int = knob(1024, lo=1, hi=1 << 17, doc="units per hidden layer")
+    input_size: int = knob(1024, lo=1, hi=1 << 24, doc="features per input sample")
+    output_size: int = knob(1000, lo=2, hi=1 << 24, doc="output classes")
+
+    @property
+    def num_classes(self) -> int:
+        return self.output_size
+
+    def build_module(self) -> nn.Module:
+        mods: list[nn.Module] = []
+        fan_in = self.input_size
+        for _ in range(self.layers):
+            mods += [nn.Linear(fan_in, self.width), nn.ReLU()]
+            fan_in = self.width
+        mods.append(nn.Linear(fan_in, self.output_size))
+        return nn.Sequential(*mods)
+
+    def count(self) -> Count:
+        t = Tally()
+        fan_in = self.input_size
+        for i in range(self.layers):
+            t.linear(1, fan_in, self.width, data_input=i == 0)
+            t.keep(self.width)  # ReLU output
+            fan_in = self.width
+        t.linear(1, fan_in, self.output_size, data_input=self.layers == 0)
+        return t.result()
+
+    def sample_inputs(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+        return torch.randn(n, self.input_size, generator=generator, device=device)

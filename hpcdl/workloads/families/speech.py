@@ -1,0 +1,163 @@
+"""Speech: a Deep Speech 2-like acoustic model -- a 2D convolutional front end over a
+spectrogram, a stack of (bidirectional) recurrent layers, and a per-frame classifier.
+
+Loss is per-frame cross-entropy against one label per output frame (not CTC): the work of
+the network is the same, and the benchmark needs no alignment-free loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from hpcdl.workloads.counting import Count, Tally, conv_out
+from hpcdl.workloads.spec import Spec, knob
+
+CELLS = ("gru", "lstm", "vanilla")
+GATES = {"lstm": 4, "gru": 3, "vanilla": 1}
+"""weight blocks per cell: the input and recurrent products are ``GATES * hidden`` wide"""
+ACTIVATIONS = ("hardtanh", "relu")
+
+# Deep Speech 2's convolutions over (frequency, time): (kernel, stride, padding).
+CONV_LAYOUT: tuple[tuple[tuple[int, int], tuple[int, int], tuple[int, int]], ...] = (
+    ((41, 11), (2, 2), (20, 5)),
+    ((21, 11), (2, 1), (10, 5)),
+    ((21, 11), (2, 1), (10, 5)),
+)
+CLIP = 20.0
+"""Deep Speech 2's clipped ReLU: min(max(x, 0), 20)"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeechSpec(Spec):
+    """Deep Speech 2-like model on spectrograms of shape ``(1, freq_bins, frames)``: up to three
+    strided 2D convs (+ batch norm + clipped ReLU), then ``rnn_layers`` recurrent layers over
+    the output frames, then a fully connected classifier at every output frame."""
+
+    family: ClassVar[str] = "speech"
+
+    freq_bins: int = knob(161, lo=1, hi=1 << 14, doc="frequency bins of the input spectrogram")
+    frames: int = knob(100, lo=1, hi=1 << 20, doc="time frames of the input spectrogram")
+    conv_layers: int = knob(2, lo=1, hi=len(CONV_LAYOUT), doc="convolutional layers of the front end")
+    conv_channels: int = knob(32, lo=1, hi=1 << 12, doc="channels of each convolutional layer")
+    conv_activation: str = knob(
+        "hardtanh", choices=ACTIVATIONS, doc="after each conv: hardtanh (DS2's ReLU clipped at 20) or relu"
+    )
+    cell: str = knob("gru", choices=CELLS, doc="recurrent cell: nn.GRU, nn.LSTM or nn.RNN (vanilla, tanh)")
+    rnn_layers: int = knob(3, lo=1, hi=64, doc="recurrent layers")
+    hidden: int = knob(256, lo=1, hi=1 << 14, doc="hidden units per direction")
+    bidirectional: bool = knob(True, doc="run each recurrent layer both ways and concatenate the outputs")
+    classes: int = knob(
+        29, lo=2, hi=1 << 20, doc="output symbols per frame (DS2: 26 letters, space, ', blank)"
+    )
+
+    @property
+    def num_classes(self) -> int:
+        return self.classes
+
+    def conv_sizes(self) -> list[tuple[int, int]]:
+        """(freq, time) sides after each conv layer."""
+        sizes, f, t = [], self.freq_bins, self.frames
+        for (kf, kt), (sf, st), (pf, pt) in CONV_LAYOUT[: self.conv_layers]:
+            f, t = conv_out(f, kf, sf, pf), conv_out(t, kt, st, pt)
+            sizes.append((f, t))
+        return sizes
+
+    def target_shape(self) -> tuple[int, ...]:
+        return (self.conv_sizes()[-1][1],)
+
+    @property
+    def rnn_input(self) -> int:
+        """Features per frame fed to the first recurrent layer: channels x frequency bins."""
+        return self.conv_channels * self.conv_sizes()[-1][0]
+
+    @property
+    def directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    def build_module(self) -> nn.Module:
+        convs: list[nn.Module] = []
+        c_in = 1
+        for kernel, stride, padding in CONV_LAYOUT[: self.conv_layers]:
+            act = nn.Hardtanh(0.0, CLIP) if self.conv_activation == "hardtanh" else nn.ReLU()
+            convs += [
+                # no bias: the batch norm right after it would cancel it
+                nn.Conv2d(c_in, self.conv_channels, kernel, stride=stride, padding=padding, bias=False),
+                nn.BatchNorm2d(self.conv_channels),
+                act,
+            ]
+            c_in = self.conv_channels
+        rnn_cls = {"gru": nn.GRU, "lstm": nn.LSTM, "vanilla": nn.RNN}[self.cell]
+        rnn = rnn_cls(
+            self.rnn_input,
+            self.hidden,
+            num_layers=self.rnn_layers,
+            batch_first=True,
+            bidirectional=self.bidirectional,
+        )
+        fc = nn.Linear(self.directions * self.hidden, self.classes)
+        return DeepSpeech(nn.Sequential(*convs), rnn, fc)
+
+    def sample_inputs(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+        return torch.randn(n, 1, self.freq_bins, self.frames, generator=generator, device=device)
+
+    # --- analytic count ------------------------------------------------------------------
+    def count(self) -> Count:
+        t = Tally()
+        t.keep(self.freq_bins * self.frames)  # the spectrogram, kept by the first conv
+        c_in = 1
+        for i, (f, frames) in enumerate(self.conv_sizes()):
+            kernel = CONV_LAYOUT[i][0]
+            t.conv2d((f, frames), c_in, self.conv_channels, kernel, data_input=i == 0)
+            t.add_params(2 * self.conv_channels)  # batch norm scale and shift
+            t.keep(self.conv_channels * f * frames)  # the activation's input (batch norm output)
+            c_in = self.conv_channels
+        frames = self.target_shape()[0]
+        t.keep(frames * self.rnn_input)  # (channels x freq, time) made contiguous for the RNN
+        fan_in = self.rnn_input
+        for _ in range(self.rnn_layers):
+            for _ in range(self.directions):
+                self._count_rnn_direction(t, frames, fan_in)
+            fan_in = self.directions * self.hidden
+        t.linear(frames, fan_in, self.classes)
+        return t.result()
+
+    def _count_rnn_direction(self, t: Tally, frames: int, fan_in: int) -> None:
+        """One direction of one recurrent layer over ``frames`` steps.
+
+        PyTorch's CPU path (the one that runs when oneDNN is off, and what FlopCounterMode
+        sees) projects the inputs of all steps at once, ``linear(x, W_ih, b_ih)``, then runs one
+        ``linear(h, W_hh, b_hh)`` per step -- the full ``GATES * hidden`` width, also for the
+        GRU, whose reset gate multiplies the product's output (cuDNN's formulation), not ``h``.
+        The input of the first layer comes from the convs, so every input projection gets an
+        input gradient too. The first step's hidden state is a constant zero tensor, so
+        autograd computes its weight gradient but no gradient with respect to it: the
+        recurrent product has ``2 * frames - 1``, not ``2 * frames``, backward products.
+        """
+        gates = GATES[self.cell] * self.hidden
+        t.linear(frames, fan_in, gates)  # W_ih and b_ih over all steps
+        t.add_params(self.hidden * gates + gates)  # W_hh and b_hh
+        t.matmul(1, self.hidden, gates, grads=1)  # step 0: h0 = 0 needs no gradient
+        if frames > 1:
+            t.matmul(1, self.hidden, gates, grads=2, times=frames - 1)
+        # per step, the cell keeps its gate values and the new hidden state
+        t.keep(frames * (gates + self.hidden))
+
+
+class DeepSpeech(nn.Module):
+    """Convs over ``(batch, 1, freq, time)``, then an RNN over time, then logits per frame."""
+
+    def __init__(self, convs: nn.Module, rnn: nn.RNNBase, fc: nn.Linear) -> None:
+        super().__init__()
+        self.convs = convs
+        self.rnn = rnn
+        self.fc = fc
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.convs(x)  # (batch, channels, freq, time)
+        x = x.flatten(1, 2).transpose(1, 2)  # (batch, time, channels x freq)
+        x, _ = self.rnn(x)
+        return self.fc(x)  # (batch, time, classes)

@@ -1,0 +1,58 @@
+"""The workload families, by name. A new family is one module here plus one line below."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpcdl.errors import SpecError
+from hpcdl.workloads.families.attention import AttentionSpec
+from hpcdl.workloads.families.cnn import CNNSpec
+from hpcdl.workloads.families.mlp import MLPSpec
+from hpcdl.workloads.families.rnn import RNNSpec
+from hpcdl.workloads.families.speech import SpeechSpec
+from hpcdl.workloads.spec import Spec
+
+FAMILIES: dict[str, type[Spec]] = {
+    cls.family: cls for cls in (CNNSpec, RNNSpec, AttentionSpec, MLPSpec, SpeechSpec)
+}
+
+
+def family_class(name: Any) -> type[Spec]:
+    """The spec class of a family name, or a one-line error listing the families."""
+    if name not in FAMILIES:
+        raise SpecError("family", name, "allowed: " + ", ".join(FAMILIES))
+    return FAMILIES[name]
+
+
+def spec_from_dict(d: dict[str, Any]) -> Spec:
+    """Build a validated spec from ``{"family": ..., **knobs}`` (as ``Spec.to_dict`` writes it)."""
+    if not isinstance(d, dict):
+        raise SpecError("spec", d, "expected a table of knobs with a 'family' key")
+    cls = family_class(d.get("family"))
+    return cls.from_dict({k: v for k, v in d.items() if k != "family"})
+
+
+def parse_assignments(cls: type[Spec], words: list[str]) -> dict[str, Any]:
+    """Command-line ``key=value`` words as typed knob values of the family ``cls``."""
+    knobs: dict[str, Any] = {}
+    for word in words:
+        key, sep, text = word.partition("=")
+        if not sep or not key:
+            raise SpecError("knob", word, "expected key=value, e.g. layers=4")
+        knobs[key] = cls.parse_knob(key, text)
+    return knobs
+
+
+def spec_from_args(family: str, words: list[str]) -> Spec:
+    """Build a spec from command-line ``key=value`` words."""
+    cls = family_class(family)
+    return spec_from_dict({"family": family, **parse_assignments(cls, words)})
+
+
+def spec_to_args(spec: Spec) -> list[str]:
+    """The inverse of :func:`spec_from_args`: ``--workload FAMILY key=value ...``."""
+    words = []
+    for key, value in spec.to_dict().items():
+        if key != "family":
+            words.append(f"{key}={','.join(map(str, value)) if isinstance(value, list) else value}")
+    return ["--workload", spec.family, *words]
