@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -26,12 +25,13 @@ from hpcdl.measure.environment import availability, environment
 from hpcdl.measure.peaks import datasheet_peak, matmul_probe
 from hpcdl.measure.runner import RunResult, preflight, rank_device, run
 from hpcdl.parallel.launch import launch
-from hpcdl.parallel.world import World, abort_mpi, init_world, rank_of_process, under_mpi
+from hpcdl.parallel.world import World, end_all_ranks, init_world, rank_of_process, under_mpi
+from hpcdl.records import schema
 from hpcdl.records.store import seal, write_record
 from hpcdl.results.text import si, table
 from hpcdl.scaling import sweep as sweep_mod
+from hpcdl.workloads.precision import PRECISIONS
 from hpcdl.workloads.registry import FAMILIES, family_class, parse_assignments, spec_from_args
-from hpcdl.workloads.spec import PRECISIONS
 
 # command-line flag -> RunConfig knob
 RUN_FLAGS = {
@@ -126,7 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"MFU is against {si(first['peak_flops'], 'FLOP/s')} ({first['peak_source']}). Records in {out}/")
     if len(results) > 1:
         summary = {
-            "schema": "hpcdl.suite",
+            "schema": schema.SUITE,
             "created": stamp,
             "records": {n: r.path.name if r.path else None for n, r in results.items()},
         }
@@ -213,7 +213,7 @@ def cmd_comm(args: argparse.Namespace) -> int:
     if args.output:
         record = seal(
             {
-                "schema": "hpcdl.comm",
+                "schema": schema.COMM,
                 "schema_version": 1,
                 "created": datetime.now(UTC).isoformat(timespec="seconds"),  # as result records
                 **result,
@@ -563,10 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
     except Exception as e:
-        if under_mpi():
-            # one rank failed: say which and why, then end every rank rather than let them hang
-            err(f"hpcdl: rank {rank_of_process()} on {socket.gethostname()} failed: {type(e).__name__}: {e}")
-            abort_mpi(1)
+        end_all_ranks(e)  # under MPI: name this rank, end every rank rather than let them hang
         raise
     except KeyboardInterrupt:
         err("hpcdl: interrupted; records already written are kept")

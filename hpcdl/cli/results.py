@@ -10,6 +10,7 @@ from typing import Any
 
 from hpcdl.cli.common import add_workload_options, err, workload_specs
 from hpcdl.errors import SpecError
+from hpcdl.records import schema
 from hpcdl.records.store import json_files, load_record, write_record
 from hpcdl.results import ranking as rank_mod
 from hpcdl.results.text import si, table
@@ -101,7 +102,7 @@ def measured_points(folder: Path, spec: dict[str, Any], mode: str, backend: str)
     found: dict[int, float] = {}
     for path in json_files([folder]):
         rec = load_record(path)
-        if rec.get("schema") != "hpcdl.result" or not rec["validity"]["passed"]:
+        if rec.get("schema") != schema.RESULT or not rec["validity"]["passed"]:
             continue
         s = rec["settings"]
         same = {k: v for k, v in rec["spec"].items() if k != "batch_size"} == {
@@ -128,7 +129,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             pt["error"] = model_mod.relative_error(pt["samples_per_s"], pt["measured_samples_per_s"])
         points.append(pt)
     doc: dict[str, Any] = {
-        "schema": "hpcdl.prediction",  # extrapolated: never ranked
+        "schema": schema.PREDICTION,  # extrapolated: never ranked
         "model": {**asdict(model), "ranks_per_node": args.ranks_per_node},
         "spec": spec,
         "points": points,

@@ -14,9 +14,9 @@ from torch import nn
 
 from hpcdl.measure.device import synchronize
 from hpcdl.parallel.backends import Backend, NoBackend
+from hpcdl.workloads.precision import precision as precision_of
 
 PHASES = ("data", "forward", "backward", "allreduce", "optimizer")
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class BatchSource(Protocol):
@@ -49,8 +49,8 @@ class Trainer:
     ) -> None:
         self.model, self.optimizer, self.source, self.device = model, optimizer, source, device
         self.backend = backend or NoBackend()
-        self.amp_dtype = AMP_DTYPES.get(precision)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        self.precision = precision_of(precision)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision.loss_scaling)
         self.phase_sync = phase_sync
         self._losses: list[torch.Tensor] = []
 
@@ -61,9 +61,7 @@ class Trainer:
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward pass in the run's precision, then the mean cross-entropy in fp32."""
-        with torch.autocast(
-            self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None
-        ):
+        with torch.autocast(self.device.type, dtype=self.precision.dtype, enabled=self.precision.autocast):
             logits = self.model(x)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from hpcdl.measure.device import synchronize
+from hpcdl.workloads.precision import precision as precision_of
 
 # name fragment (as torch.cuda.get_device_name reports it) -> dense peak FLOP/s by precision.
 # fp32 is the non-tensor-core figure: hpcdl does not enable TF32 unless asked.
@@ -28,8 +29,6 @@ DATASHEET_PEAKS: list[tuple[str, dict[str, float], str]] = [
     ("V100", {"fp32": 15.7e12, "fp16": 125e12}, "NVIDIA V100 datasheet, SXM2"),
     ("L40S", {"fp32": 91.6e12, "bf16": 362.05e12, "fp16": 362.05e12}, "NVIDIA L40S datasheet"),
 ]
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ def matmul_probe(device: torch.device, precision: str, seconds: float = 1.0) -> 
     and the fastest one counts -- a peak, not a mean, so that noise on a shared node does not
     lower the MFU denominator."""
     n = 8192 if device.type == "cuda" else 2048
-    dtype = DTYPES[precision]
+    dtype = precision_of(precision).dtype
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, generator=gen, device=device).to(dtype)
     b = torch.randn(n, n, generator=gen, device=device).to(dtype)

@@ -155,7 +155,7 @@ def measure_rank(
         window=sampler,
         agree=world.all_true,  # the window ends when every rank's clock says so
     )
-    grad_bytes = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     mem_bytes, mem_kind = peak_memory(device)
     return {
         "rank": world.rank,

@@ -15,27 +15,20 @@ from types import FrameType
 from hpcdl.errors import HpcdlError
 
 
-def mpirun_command(np: int, argv: Sequence[str]) -> list[str]:
-    """The mpirun line for ``np`` ranks of ``python -m hpcdl ARGV`` on this machine.
+def mpirun_command(np: int, module_args: Sequence[str], *, oversubscribe: bool = True) -> list[str]:
+    """The mpirun line for ``np`` ranks of ``python -m MODULE_ARGS``: the one place hpcdl
+    builds one (``hpcdl run --np``, sweeps, and scheduler jobs launched with mpirun).
 
-    ``--oversubscribe``: more ranks than cores is allowed (a test machine has 2 cores);
-    ``--bind-to none``: hpcdl divides the cores among the ranks itself.
+    ``--oversubscribe`` on this machine: more ranks than cores is allowed (a test machine has 2
+    cores); inside a batch allocation Open MPI places the ranks on its nodes instead, and must
+    not hide a layout that does not fit. ``--bind-to none``: hpcdl divides the cores among the
+    ranks itself.
     """
     mpirun = shutil.which("mpirun")
     if mpirun is None:
-        raise HpcdlError("--np needs mpirun (Debian: apt-get install openmpi-bin libopenmpi-dev)")
-    return [
-        mpirun,
-        "-np",
-        str(np),
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        sys.executable,
-        "-m",
-        "hpcdl",
-        *argv,
-    ]
+        raise HpcdlError("mpirun not found on PATH (Debian: apt-get install openmpi-bin libopenmpi-dev)")
+    place = ["--oversubscribe"] if oversubscribe else []
+    return [mpirun, "-np", str(np), *place, "--bind-to", "none", sys.executable, "-m", *module_args]
 
 
 def mpi_env() -> dict[str, str]:
@@ -69,7 +62,7 @@ def launch(np: int, argv: Sequence[str], timeout_s: float | None = None) -> int:
     exit code. If one rank fails, hpcdl aborts the MPI job, so every rank ends."""
     if np == 1:
         return supervise([sys.executable, "-m", "hpcdl", *argv], "1-rank run", timeout_s)
-    return supervise(mpirun_command(np, argv), f"{np}-rank run", timeout_s)
+    return supervise(mpirun_command(np, ["hpcdl", *argv]), f"{np}-rank run", timeout_s)
 
 
 def supervise(cmd: list[str], what: str, timeout_s: float | None) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,20 @@ def abort_mpi(code: int) -> None:
         from mpi4py import MPI
 
         MPI.COMM_WORLD.Abort(code)
+
+
+def end_all_ranks(error: BaseException, code: int = 1) -> None:
+    """The one way a failed rank ends a multi-rank job: say which rank on which host failed and
+    why, then abort every rank, which would otherwise wait for it in a collective forever.
+    Outside MPI it does nothing (the caller re-raises)."""
+    if not under_mpi():
+        return
+    print(
+        f"hpcdl: rank {rank_of_process()} on {socket.gethostname()} failed: {type(error).__name__}: {error}",
+        file=sys.stderr,
+        flush=True,
+    )
+    abort_mpi(code)
 
 
 def init_world() -> World:

@@ -18,11 +18,11 @@ import numpy as np
 
 from hpcdl import metrics
 from hpcdl.errors import HpcdlError
-from hpcdl.records.store import SCHEMA, SCHEMA_VERSION, digest_ok, file_sha256, read_steps
+from hpcdl.records import schema
+from hpcdl.records.store import digest_ok, file_sha256, read_steps
+from hpcdl.workloads.precision import PRECISIONS
 from hpcdl.workloads.registry import spec_from_dict
 
-RANK_PRECISIONS = ("fp32", "bf16", "fp16")
-"""no lower than fp16/bf16: a lower precision would buy speed with accuracy"""
 RANK_MIN_WINDOW_S = 5.0
 """a timed window of every rank at least this long, whatever min_duration_s the run used"""
 REL_TOL = 1e-9
@@ -53,8 +53,10 @@ def integrity_problems(rec: Mapping[str, Any], path: Path | None = None) -> list
     """Why this record is not what hpcdl wrote, or [] if it is: schema, digest, the steps
     file's hash, FLOPs recomputed from the spec, and every derived figure recomputed from
     the per-rank measurements."""
-    if rec.get("schema") != SCHEMA or rec.get("schema_version") != SCHEMA_VERSION:
-        return [f"not a result record of schema {SCHEMA} v{SCHEMA_VERSION}: {rec.get('schema')!r}"]
+    if rec.get("schema") != schema.RESULT or rec.get("schema_version") != schema.RESULT_VERSION:
+        return [
+            f"not a result record of schema {schema.RESULT} v{schema.RESULT_VERSION}: {rec.get('schema')!r}"
+        ]
     problems = []
     if not digest_ok(rec):
         problems.append(DIGEST_MISMATCH)
@@ -124,7 +126,7 @@ def gate_problems(rec: Mapping[str, Any]) -> list[str]:
     failed = [name for name, c in checks.items() if not c["passed"]]
     if failed or not rec["validity"]["passed"]:
         problems.append(f"validity checks failed: {', '.join(failed) or 'passed is false'}")
-    if rec["settings"]["precision"] not in RANK_PRECISIONS:
+    if rec["settings"]["precision"] not in PRECISIONS:  # no lower than 16 bits
         problems.append(f"precision {rec['settings']['precision']} is below fp16/bf16")
     shortest = min(r["timed_window_s"] for r in rec["metrics"]["per_rank"])
     if shortest < RANK_MIN_WINDOW_S:

@@ -17,8 +17,7 @@ from hpcdl.measure.loop import StepLog
 from hpcdl.measure.peaks import Peak, datasheet_peak
 from hpcdl.measure.telemetry import energy_figures
 from hpcdl.parallel.checks import parameters_identical
-from hpcdl.records import validity
-from hpcdl.records.store import SCHEMA, SCHEMA_VERSION
+from hpcdl.records import schema, validity
 from hpcdl.workloads.spec import Spec
 
 
@@ -107,8 +106,8 @@ def build_record(
         )
     mem = max(r["peak_memory"][0] for r in ranks)
     record: dict[str, Any] = {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
+        "schema": schema.RESULT,
+        "schema_version": schema.RESULT_VERSION,
         "id": uuid.uuid4().hex,
         "name": name,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),

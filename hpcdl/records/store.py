@@ -20,9 +20,6 @@ import numpy as np
 
 from hpcdl.errors import SpecError
 
-SCHEMA = "hpcdl.result"
-SCHEMA_VERSION = 2  # 2: steps_sha256
-
 
 def digest(record: Mapping[str, Any]) -> str:
     """SHA-256 over the canonical JSON of the record without its ``digest`` field."""

@@ -20,9 +20,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullLocator, PercentFormatter
 
-from hpcdl.metrics import scaling_efficiency
 from hpcdl.results.text import si
 from hpcdl.scaling.model import relative_error
+from hpcdl.scaling.table import scaling_table
 
 DPI = 110
 PHASES = ("data", "forward", "backward", "allreduce", "optimizer")
@@ -133,7 +133,7 @@ def scaling(
     ax_x.plot(every_n, [n / n0 * x0 for n in every_n], "--", color="0.55", label=f"ideal (N/{n0})·X({n0})")
     ax_x.plot(ns, [measured[n] for n in ns], "o-", color="C0", label="measured")
     ax_e.axhline(1.0, ls="--", color="0.55", label="ideal")
-    efficiency = [scaling_efficiency(measured[n], n, x0, n0) for n in ns]
+    efficiency = [t.efficiency for t in scaling_table(measured.items())]
     ax_e.plot(ns, efficiency, "o-", color="C0", label="measured")
     if predicted:
         pn = sorted(predicted)
@@ -142,7 +142,7 @@ def scaling(
         )
         # Against the measured X(N0), like the measured curve, so that the model's error at N0
         # shows instead of being normalised away.
-        pe = [scaling_efficiency(predicted[n], n, x0, n0) for n in pn]
+        pe = [t.efficiency for t in scaling_table(predicted.items(), base=(n0, x0))]
         ax_e.plot(pn, pe, "s:", color="C1", label="predicted")
         efficiency += pe
     _log_si(ax_x)

@@ -15,15 +15,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcdl import metrics
 from hpcdl.errors import SpecError
+from hpcdl.records import schema
 from hpcdl.records.audit import gate_problems, integrity_problems
 from hpcdl.records.store import json_files, load_record, write_record
 from hpcdl.results.score import Entry, SystemScore, score_system
 from hpcdl.results.text import HTML_STYLE, html_table, si, table
-
-SKIPPED = ("hpcdl.suite", "hpcdl.sweep", "hpcdl.comm", "hpcdl.ranking")
-"""hpcdl's other JSON files: indexes and summaries of records, not records to rank"""
+from hpcdl.scaling.table import scaling_table
 
 
 @dataclass(frozen=True)
@@ -73,13 +71,13 @@ def collect(
             except (OSError, ValueError) as e:
                 rejected.append(Rejected(system, str(path), f"unreadable: {e}"))
                 continue
-            schema = rec.get("schema") if isinstance(rec, dict) else None
-            if schema == "hpcdl.prediction":
+            kind = rec.get("schema") if isinstance(rec, dict) else None
+            if kind == schema.PREDICTION:
                 rejected.append(Rejected(system, str(path), "a prediction, not a measurement"))
                 continue
-            if schema == "hpcdl.sweep":
+            if kind == schema.SWEEP:
                 summaries.setdefault(system, []).append((path, rec))
-            if schema in SKIPPED:
+            if kind in schema.NOT_RECORDS:
                 continue
             problems = integrity_problems(rec, path)
             if not problems:
@@ -108,18 +106,10 @@ def sweep_rows(summary_path: Path, summary: dict[str, Any], entries: Sequence[En
         )
         if entry is not None:
             points.append((entry.world_size, float(entry.record["metrics"]["samples_per_s"])))
-    points.sort()
-    rows = []
-    for n, x in points:
-        n0, x0 = points[0]
-        rows.append(
-            {
-                "np": n,
-                "samples_per_s": x,
-                "speedup": metrics.speedup(x, x0),
-                "efficiency": metrics.scaling_efficiency(x, n, x0, n0),
-            }
-        )
+    rows = [
+        {"np": t.ranks, "samples_per_s": t.samples_per_s, "speedup": t.speedup, "efficiency": t.efficiency}
+        for t in scaling_table(points)
+    ]
     name = summary_path.name.removesuffix("-summary.json").removesuffix(".json")
     return {"sweep": name, "mode": summary.get("mode"), "points": rows}
 
@@ -315,7 +305,7 @@ def write(r: Ranking, out: Path) -> list[Path]:
                 ]
             )
     doc: dict[str, Any] = {
-        "schema": "hpcdl.ranking",
+        "schema": schema.RANKING,
         "systems": [asdict(s) for s in r.systems],
         "sweeps": r.sweeps,
         "rejected": [asdict(x) for x in r.rejected],

@@ -23,6 +23,7 @@ import torch
 from hpcdl.errors import HpcdlError
 from hpcdl.measure.environment import hpcdl_version
 from hpcdl.metrics import memory_estimate
+from hpcdl.records import schema
 from hpcdl.records.audit import DIGEST_MISMATCH, integrity_problems
 from hpcdl.records.store import json_files, load_record, read_steps
 from hpcdl.results import figures as plots
@@ -117,12 +118,12 @@ def load(
         except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
             say(f"report: skipped {f}: not readable as JSON ({e})")
             continue
-        schema = doc.get("schema") if isinstance(doc, dict) else None
-        if schema == "hpcdl.result":
+        kind = doc.get("schema") if isinstance(doc, dict) else None
+        if kind == schema.RESULT:
             records.append(Record(f, doc, problems(f, doc)))
-        elif schema == "hpcdl.sweep":
+        elif kind == schema.SWEEP:
             summaries.append((f, doc))
-        elif schema == "hpcdl.comm":
+        elif kind == schema.COMM:
             comms.append(doc)
     records.sort(key=lambda r: (str(get(r.data, "spec", "family")), r.label, world_size(r.data)))
     return records, summaries, comms
@@ -188,7 +189,7 @@ def _group_sweep(group: Mapping[int, Record]) -> Sweep:
         }
         for n in sorted(group)
     ]
-    summary = {"schema": "hpcdl.sweep", "mode": "weak", "spec": base.data["spec"], "base_np": min(group)}
+    summary = {"schema": schema.SWEEP, "mode": "weak", "spec": base.data["spec"], "base_np": min(group)}
     label = re.sub(r" \(np\d+\)$|-np\d+$", "", base.label)
     return Sweep(f"{label} (records)", {**summary, "points": points})
 

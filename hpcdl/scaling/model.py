@@ -21,6 +21,9 @@ import numpy as np
 
 from hpcdl import metrics
 from hpcdl.errors import HpcdlError, SpecError
+from hpcdl.records import schema
+from hpcdl.scaling.table import scaling_table
+from hpcdl.workloads.precision import GRADIENT_BYTES
 from hpcdl.workloads.registry import spec_from_dict
 
 MODES = ("weak", "strong")
@@ -86,7 +89,8 @@ class Model:
     def point(self, p: int) -> dict[str, float]:
         """Predicted step time, its parts, samples/s, speed-up and efficiency at ``p`` ranks."""
         compute, comm, step = self.parts(p)
-        samples, base = p * self.batch_per_rank(p) / step, self.samples_per_s(1)
+        samples = p * self.batch_per_rank(p) / step
+        (row,) = scaling_table([(p, samples)], base=(1, self.samples_per_s(1)))
         return {
             "np": p,
             "step_s": step,
@@ -94,8 +98,8 @@ class Model:
             "comm_s": comm,
             "samples_per_s": samples,
             "ai_ops_per_s": metrics.ai_ops_per_s(self.train_flops_per_sample, samples),
-            "speedup": metrics.speedup(samples, base),
-            "efficiency": metrics.scaling_efficiency(samples, p, base, 1),
+            "speedup": row.speedup,
+            "efficiency": row.efficiency,
         }
 
 
@@ -119,7 +123,7 @@ def fit_comm(rows: Sequence[Mapping[str, Any]], ranks: int, key: str = "backend_
 
 def comm_from_record(comm_record: Mapping[str, Any]) -> Comm:
     """The fitted α, β of an ``hpcdl.comm`` record (the backend's column, not raw MPI)."""
-    if comm_record.get("schema") != "hpcdl.comm":
+    if comm_record.get("schema") != schema.COMM:
         raise SpecError("predict.comm", comm_record.get("schema"), "an allreduce sweep of hpcdl comm -o")
     return fit_comm(comm_record["rows"], int(comm_record["ranks"]))
 
@@ -138,7 +142,7 @@ def model_for(
     if backend not in FUSION_BYTES:
         raise SpecError("predict.backend", backend, f"allowed: {', '.join(FUSION_BYTES)}")
     count = spec_from_dict(dict(spec)).count()
-    grad_bytes = 4.0 * count.params  # gradients are reduced in fp32, as in the runs
+    grad_bytes = float(GRADIENT_BYTES * count.params)
     return Model(
         train_flops_per_sample=float(count.train_flops),
         batch=batch,
@@ -161,7 +165,7 @@ def model_from_records(
 ) -> Model:
     """The model of ``base``'s workload on ``base``'s system: γ from its AI-ops/s (it must be
     a 1-rank record), α and β given (``comm_from_record`` fits them to an allreduce sweep)."""
-    if base.get("schema") != "hpcdl.result" or base["settings"]["world_size"] != 1:
+    if base.get("schema") != schema.RESULT or base["settings"]["world_size"] != 1:
         raise SpecError("predict.base", base.get("name"), "a 1-rank result record calibrates gamma")
     gamma = float(base["metrics"]["ai_ops_per_s"])
     batch = base["settings"]["batch_per_rank"]

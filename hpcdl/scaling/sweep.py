@@ -7,11 +7,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcdl import metrics
 from hpcdl.errors import SpecError
 from hpcdl.parallel.launch import TERMINATED, launch
+from hpcdl.records import schema
 from hpcdl.records.audit import integrity_problems
 from hpcdl.records.store import load_record, write_record
+from hpcdl.scaling.table import scaling_table
 from hpcdl.workloads.registry import spec_to_args
 from hpcdl.workloads.spec import Spec
 
@@ -116,15 +117,11 @@ def summarize(out: Path, prefix: str, mode: str, specs: dict[int, Spec]) -> dict
         else:
             rows.append({"np": np, "record": None})
     done = [r for r in rows if r["record"]]
-    if done:
-        base = done[0]
-        for r in done:
-            r["speedup"] = metrics.speedup(r["samples_per_s"], base["samples_per_s"])
-            r["efficiency"] = metrics.scaling_efficiency(
-                r["samples_per_s"], r["np"], base["samples_per_s"], base["np"]
-            )
+    table = scaling_table((r["np"], r["samples_per_s"]) for r in done)
+    for r, t in zip(done, table, strict=True):
+        r.update(speedup=t.speedup, efficiency=t.efficiency)
     return {
-        "schema": "hpcdl.sweep",
+        "schema": schema.SWEEP,
         "mode": mode,
         "spec": next(iter(specs.values())).to_dict(),
         "base_np": done[0]["np"] if done else None,

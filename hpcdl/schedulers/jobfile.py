@@ -38,8 +38,9 @@ from hpcdl.errors import SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.parallel.backends import BACKENDS
 from hpcdl.workloads.families.mlp import MLPSpec
+from hpcdl.workloads.precision import PRECISIONS
 from hpcdl.workloads.registry import FAMILIES, family_class, spec_from_dict
-from hpcdl.workloads.spec import PRECISIONS, Knobs, Spec, knob
+from hpcdl.workloads.spec import Knobs, Spec, knob
 
 LAUNCHERS = ("srun", "mpirun")
 T = TypeVar("T")

@@ -40,14 +40,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcdl import metrics
 from hpcdl.errors import HpcdlError, SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.parallel.backends import resolve_backend_name
-from hpcdl.parallel.launch import mpi_env
-from hpcdl.parallel.world import abort_mpi, init_world
+from hpcdl.parallel.launch import mpirun_command, supervise
+from hpcdl.parallel.world import end_all_ranks, init_world
+from hpcdl.records import schema
 from hpcdl.records.store import load_record, write_record
 from hpcdl.scaling.sweep import valid_point
+from hpcdl.scaling.table import scaling_table
 from hpcdl.schedulers.jobfile import Job
 from hpcdl.workloads.registry import spec_from_dict
 from hpcdl.workloads.spec import Spec
@@ -55,6 +56,8 @@ from hpcdl.workloads.spec import Spec
 if TYPE_CHECKING:
     import submitit
 
+ENTRY = "hpcdl.schedulers.submit"
+"""the module mpirun starts on each rank of a point: ``python -m ENTRY POINT.json``"""
 STATE_FILE = "hpcdl-jobs.json"
 COLLECTED_FILE = "collected.json"
 EXECUTORS = ("auto", "slurm", "local")
@@ -173,14 +176,7 @@ def run_rank(point: Point) -> dict[str, Any]:
     except HpcdlError:
         raise  # every rank meets the same bad input and stops: nothing hangs
     except Exception as e:
-        if world.size > 1:
-            # said where status finds it, then every rank ends instead of waiting in a collective
-            print(
-                f"hpcdl: rank {world.rank} on {world.hostname} failed: {type(e).__name__}: {e}",
-                file=sys.stderr,
-                flush=True,
-            )
-            abort_mpi(1)
+        end_all_ranks(e)  # said where status finds it, then every rank ends
         raise
     if world.rank != 0:
         return {"point": point.name, "rank": world.rank}
@@ -200,32 +196,12 @@ def run_launched(point: Point) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     point_file = folder / f"{point.name}.point.json"
     point_file.write_text(json.dumps(dataclasses.asdict(point), indent=1))
-    code = subprocess.run(mpirun_command(point, point_file), env=mpi_env()).returncode
+    # inside an allocation Open MPI places the ranks on its nodes; locally all are here
+    cmd = mpirun_command(point.ranks, [ENTRY, str(point_file)], oversubscribe=point.cluster == "local")
+    code = supervise(cmd, f"{point.ranks}-rank point {point.name}", timeout_s=None)
     if code != 0:
         raise HpcdlError(f"{point.name}: mpirun of {point.ranks} ranks exited with code {code}")
     return summary(point, load_record(point.record_path))
-
-
-def mpirun_command(point: Point, point_file: Path) -> list[str]:
-    """``mpirun`` for the ranks of a point. Inside an allocation Open MPI places them on its
-    nodes (SLURM_TASKS_PER_NODE); locally every rank is on this machine, hence
-    ``--oversubscribe``. ``--bind-to none``: hpcdl divides the cores among ranks itself."""
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        raise HpcdlError("launcher mpirun: mpirun not found on PATH (module load openmpi?)")
-    place = ["--oversubscribe"] if point.cluster == "local" else []
-    return [
-        mpirun,
-        "-np",
-        str(point.ranks),
-        *place,
-        "--bind-to",
-        "none",
-        sys.executable,
-        "-m",
-        "hpcdl.schedulers.submit",
-        str(point_file),
-    ]
 
 
 def summary(point: Point, record: dict[str, Any]) -> dict[str, Any]:
@@ -435,7 +411,7 @@ def load_state(output: Path) -> dict[str, Any]:
         state = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise SpecError("dir", str(output), f"{STATE_FILE} cannot be read: {e}") from None
-    if state.get("schema") != "hpcdl.jobs" or not isinstance(state.get("points"), dict):
+    if state.get("schema") != schema.JOBS or not isinstance(state.get("points"), dict):
         raise SpecError("dir", str(output), f"{STATE_FILE} is not an hpcdl state file")
     return state
 
@@ -445,7 +421,7 @@ def remember(
 ) -> None:
     """Add or update a point in the state file (written atomically)."""
     path = state_path(output)
-    state: dict[str, Any] = load_state(output) if path.exists() else {"schema": "hpcdl.jobs", "points": {}}
+    state: dict[str, Any] = load_state(output) if path.exists() else {"schema": schema.JOBS, "points": {}}
     old = state["points"].get(point.name, {})
     if keep_job_id and old.get("job_id"):
         return  # a skipped point keeps the job that made its record
@@ -705,13 +681,11 @@ def collect(output: Path) -> dict[str, Any]:
         rows.append(row)
     for name in {r["job"] for r in rows}:
         done = sorted((r for r in rows if r["job"] == name and "record" in r), key=lambda r: r["ranks"])
-        for r in done:
-            r["speedup"] = metrics.speedup(r["samples_per_s"], done[0]["samples_per_s"])
-            r["efficiency"] = metrics.scaling_efficiency(
-                r["samples_per_s"], r["ranks"], done[0]["samples_per_s"], done[0]["ranks"]
-            )
+        table = scaling_table((r["ranks"], r["samples_per_s"]) for r in done)
+        for r, t in zip(done, table, strict=True):
+            r.update(speedup=t.speedup, efficiency=t.efficiency)
     collected = {
-        "schema": "hpcdl.collected",
+        "schema": schema.COLLECTED,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "points": rows,
     }

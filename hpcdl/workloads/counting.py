@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpcdl.workloads.precision import precision
+
 
 @dataclass(frozen=True)
 class Count:
@@ -30,9 +32,9 @@ class Count:
         """forward + backward FLOPs of one sample: the work one training sample costs."""
         return self.forward_flops + self.backward_flops
 
-    def activation_bytes(self, precision: str) -> int:
+    def activation_bytes(self, precision_name: str) -> int:
         """Estimated activation memory of one sample at the given precision."""
-        return self.activation_elements * (4 if precision == "fp32" else 2)
+        return self.activation_elements * precision(precision_name).bytes
 
 
 class Tally:

@@ -19,8 +19,7 @@ from torch import nn
 
 from hpcdl.errors import SpecError
 from hpcdl.workloads.counting import Count
-
-PRECISIONS = ("fp32", "bf16", "fp16")
+from hpcdl.workloads.precision import PRECISIONS
 
 
 def knob(

@@ -1,0 +1,28 @@
+"""The names of hpcdl's JSON documents (each one's ``"schema"`` field), in one place.
+
+Only ``hpcdl.result`` documents are measurements that may rank; the others index, summarise or
+extrapolate them."""
+
+from __future__ import annotations
+
+RESULT = "hpcdl.result"
+"""one run's record (METRICS.md, "Record")"""
+RESULT_VERSION = 2
+"""2: the record's digest also covers its steps file (``steps_sha256``)"""
+SUITE = "hpcdl.suite"
+"""the index of the records of one suite run"""
+SWEEP = "hpcdl.sweep"
+"""the summary of a scaling sweep over rank counts"""
+COMM = "hpcdl.comm"
+"""a collective-communication sweep (``hpcdl comm -o``)"""
+RANKING = "hpcdl.ranking"
+"""a ranking list (``hpcdl rank``)"""
+PREDICTION = "hpcdl.prediction"
+"""the scaling model's extrapolation (``hpcdl predict -o``): never a measurement"""
+JOBS = "hpcdl.jobs"
+"""the state file of submitted scheduler jobs"""
+COLLECTED = "hpcdl.collected"
+"""the records of a job file's points, gathered (``hpcdl collect``)"""
+
+NOT_RECORDS = (SUITE, SWEEP, COMM, RANKING, JOBS, COLLECTED)
+"""documents that sit among records but are not records to rank or report one by one"""

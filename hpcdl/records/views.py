@@ -1,0 +1,295 @@
+"""Typed views of hpcdl's records: what readers (audit, score, ranking, reports, sweeps,
+schedulers) see instead of string keys, and what the record builder fills in.
+
+A view is a frozen dataclass whose fields are the keys of one block of the JSON record
+(METRICS.md, "The record"). :func:`parse` checks every field against its type hint and names
+the first key that is missing or of the wrong type (``metrics.per_rank[1].timed_steps:
+expected an integer, got 'x'``); keys a view does not name are ignored, so a newer record
+still reads. Fields with a default may be absent (they came in later versions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from hpcdl.errors import HpcdlError
+from hpcdl.records import schema
+
+T = TypeVar("T")
+
+
+class MalformedRecord(HpcdlError):
+    """A record (or a block of it) lacks a key or holds a value of the wrong type."""
+
+
+# --- parsing ---------------------------------------------------------------------------------
+
+
+def parse(cls: type[T], data: Any, where: str = "record") -> T:
+    """``data`` (a JSON object) as the view ``cls``, checked field by field."""
+    if not isinstance(data, Mapping):
+        raise MalformedRecord(f"{where}: expected an object, got {_short(data)}")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        path = f"{where}.{f.name}"
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise MalformedRecord(f"{path}: missing")
+            continue
+        values[f.name] = _value(hints[f.name], data[f.name], path)
+    return cls(**values)
+
+
+def to_json(view: Any) -> Any:
+    """The JSON value of a view: nested views become objects; a field left at its default
+    None is left out (it belongs to another kind of run), while a figure that is None without
+    a default (an energy nobody could measure) is written as null."""
+    if dataclasses.is_dataclass(view) and not isinstance(view, type):
+        return {
+            f.name: to_json(getattr(view, f.name))
+            for f in dataclasses.fields(view)
+            if f.compare and not (f.default is None and getattr(view, f.name) is None)
+        }
+    if isinstance(view, list):
+        return [to_json(v) for v in view]
+    if isinstance(view, dict):
+        return {k: to_json(v) for k, v in view.items()}
+    return view
+
+
+def _value(hint: Any, value: Any, path: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        return _value(hint, value, path)
+    if hint is Any:
+        return value
+    if dataclasses.is_dataclass(hint):
+        return parse(hint, value, path)  # type: ignore[arg-type]
+    if origin is list:
+        if not isinstance(value, list):
+            raise MalformedRecord(f"{path}: expected a list, got {_short(value)}")
+        return [_value(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise MalformedRecord(f"{path}: expected an object, got {_short(value)}")
+        return {str(k): _value(args[1], v, f"{path}.{k}") for k, v in value.items()}
+    return _scalar(hint, value, path)
+
+
+def _scalar(hint: Any, value: Any, path: str) -> Any:
+    if isinstance(value, bool) and hint is not bool:
+        raise MalformedRecord(f"{path}: expected {_NAMES.get(hint, hint)}, got {value!r}")
+    if hint is float and isinstance(value, int | float):
+        return float(value)  # JSON writes 2.0 as 2.0, but a hand-made record may say 2
+    if hint in (int, str, bool) and isinstance(value, hint):
+        return value
+    raise MalformedRecord(f"{path}: expected {_NAMES.get(hint, hint)}, got {_short(value)}")
+
+
+_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# --- the blocks of a result record -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stats:
+    """``metrics.summarize`` of a sample (NaN throughout when it is empty)."""
+
+    median: float
+    p10: float
+    p90: float
+    mean: float
+    min: float
+    max: float
+    n: int
+
+
+@dataclass(frozen=True)
+class Settings:
+    precision: str
+    batch_per_rank: int
+    world_size: int
+    global_batch: int
+    backend: str
+    device: str
+    nodes: int
+    hosts: list[str]
+
+
+@dataclass(frozen=True)
+class Counts:
+    params: int
+    forward_flops_per_sample: int
+    train_flops_per_sample: int
+    activation_bytes_per_sample: int
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One rank's own figures (``metrics.per_rank[]``)."""
+
+    rank: int
+    host: str
+    node: int
+    local_rank: int
+    samples_per_s: float
+    step_time_median_s: float
+    compute_median_s: float
+    timed_steps: int
+    timed_window_s: float
+    peak_memory_bytes: int
+    torch_threads: int
+
+
+@dataclass(frozen=True)
+class Communication:
+    """Gradient reduction figures; the timed ones only when there are several ranks."""
+
+    grad_bytes_per_step: int
+    allreduce_s: float | None = None
+    algbw_bytes_per_s: float | None = None
+    busbw_bytes_per_s: float | None = None
+    exposed_s: float | None = None
+    exposed_method: str | None = None
+
+
+@dataclass(frozen=True)
+class Energy:
+    """Energy of the timed work; a figure nobody could measure is None, never 0."""
+
+    gpu_energy_j: float | None
+    cpu_energy_j: float | None
+    measured: str
+    avg_power_w: float | None
+    energy_to_solution_j: float | None
+    energy_per_sample_j: float | None
+    energy_delay_product_js: float | None
+    ai_ops_per_watt: float | None
+    per_rank: list[dict[str, Any]]
+    """each rank's telemetry summary (``gpu``, ``cpu_rapl``: see METRICS.md, "Energy")"""
+
+
+@dataclass(frozen=True)
+class Metrics:
+    samples_per_s: float
+    ai_ops_per_s: float
+    train_flops_per_sample: int
+    step_time_s: Stats
+    phases_s: dict[str, Stats]
+    timed_steps: int
+    timed_window_s: float
+    per_rank: list[RankRow]
+    slowest_rank_samples_per_s: float
+    straggler_spread: float
+    communication: Communication
+    peak_memory_bytes: int
+    peak_memory_kind: str
+    peak_flops: float
+    peak_source: str
+    measured_matmul_flops: float
+    mfu: float
+    fraction_of_measured_matmul: float
+    loss_first: float | None
+    loss_last: float | None
+    io: dict[str, Any]
+    energy: Energy
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Validity:
+    checks: list[CheckResult]
+    passed: bool
+
+    def check(self, name: str) -> CheckResult | None:
+        return next((c for c in self.checks if c.name == name), None)
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if not c.passed]
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the run was measured on; the keys readers use (the record holds more)."""
+
+    host: str
+    device_name: str
+    torch: str
+    hpcdl: str
+    git: str | None = None
+    slurm_job_id: str | None = None
+    slurm: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    """A result record (``schema: hpcdl.result``) as readers see it."""
+
+    schema: str
+    schema_version: int
+    id: str
+    name: str
+    created: str
+    spec: dict[str, Any]
+    run: dict[str, Any]
+    settings: Settings
+    environment: Environment
+    counts: Counts
+    metrics: Metrics
+    validity: Validity
+    steps_file: str = ""
+    steps_sha256: str = ""
+    digest: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """the JSON as read: the digest covers it, and fields no view names live here"""
+
+    @property
+    def system(self) -> str:
+        """The machine it ran on: its Slurm cluster, else rank 0's host."""
+        cluster = (self.environment.slurm or {}).get("cluster")
+        return str(cluster or self.environment.host)
+
+    @property
+    def world_size(self) -> int:
+        return self.settings.world_size
+
+    @property
+    def family(self) -> str:
+        return str(self.spec.get("family", "?"))
+
+
+def read_result(data: Any) -> Result:
+    """A result record's view; :class:`MalformedRecord` names what is missing or wrong."""
+    if not isinstance(data, Mapping) or data.get("schema") != schema.RESULT:
+        kind = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
+        raise MalformedRecord(f"not a result record: schema {kind!r}")
+    view = parse(Result, data)
+    return dataclasses.replace(view, raw=dict(data))
+
+
+def finite(value: float | None) -> bool:
+    """True for a real number (not None, NaN or infinite): a figure that can be shown plain."""
+    return value is not None and math.isfinite(value)
