@@ -9,11 +9,16 @@ class HpcdlError(Exception):
     """An error caused by user input or the environment; the CLI prints it as one line, exit code 2."""
 
 
-class SpecError(HpcdlError, ValueError):
-    """A knob (or job-file field) has a value outside what is allowed."""
+class InputError(HpcdlError, ValueError):
+    """A value given by the user (a command-line flag, a path, a job-file field, a plugin) is
+    outside what is allowed."""
 
     def __init__(self, field: str, value: Any, allowed: str) -> None:
         self.field = field
         self.value = value
         self.allowed = allowed
         super().__init__(f"{field}={value!r} is invalid: {allowed}")
+
+
+class SpecError(InputError):
+    """A workload or run knob has a value outside what is allowed."""

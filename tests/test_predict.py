@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdl.errors import SpecError
+from hpcdl.errors import InputError
 from hpcdl.records.store import load_record
 from hpcdl.scaling.model import Comm, Model, comm_from_record, fit_comm, model_from_records
 
@@ -54,11 +54,11 @@ def test_weak_and_strong_scaling_formulas() -> None:
 
 
 def test_bad_model_input_names_the_field() -> None:
-    with pytest.raises(SpecError, match="predict.mode"):
+    with pytest.raises(InputError, match="predict.mode"):
         model(mode="sideways")
-    with pytest.raises(SpecError, match="predict.gamma_flops_per_s"):
+    with pytest.raises(InputError, match="predict.gamma_flops_per_s"):
         model(gamma_flops_per_s=0.0)
-    with pytest.raises(SpecError, match="comm.ranks"):
+    with pytest.raises(InputError, match="comm.ranks"):
         fit_comm([{"bytes": 1, "backend_s": 1.0}], 1)
 
 
@@ -69,7 +69,7 @@ def test_calibration_from_reference_records() -> None:
     assert m.gamma_flops_per_s == base["metrics"]["ai_ops_per_s"]
     assert m.grad_bytes == 4 * base["counts"]["params"] and m.batch == base["settings"]["batch_per_rank"]
     assert comm.beta_bytes_per_s > 0 and comm.alpha_s >= 0
-    with pytest.raises(SpecError, match="predict.base"):
+    with pytest.raises(InputError, match="predict.base"):
         model_from_records(load_record(REF / "mlp-horovod-weak-np2.json"), comm)
 
 

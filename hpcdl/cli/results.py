@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcdl.cli.common import add_workload_options, err, workload_specs
-from hpcdl.errors import SpecError
+from hpcdl.errors import InputError
 from hpcdl.records import schema
 from hpcdl.records.store import json_files, load_record, write_record
 from hpcdl.results import ranking as rank_mod
@@ -35,15 +35,15 @@ def _int_list(field: str, text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x]
     except ValueError:
-        raise SpecError(field, text, "comma-separated integers like 1,2,4") from None
+        raise InputError(field, text, "comma-separated integers like 1,2,4") from None
     if not values or min(values) < 1:
-        raise SpecError(field, text, "integers >= 1")
+        raise InputError(field, text, "integers >= 1")
     return values
 
 
 def _positive(field: str, value: float | None) -> float:
     if value is None or not value > 0:
-        raise SpecError(field, value, "a number > 0")
+        raise InputError(field, value, "a number > 0")
     return value
 
 
@@ -51,9 +51,9 @@ def _load(field: str, path: str) -> dict[str, Any]:
     try:
         doc = load_record(path)
     except (OSError, ValueError) as e:
-        raise SpecError(field, path, f"a readable JSON record ({type(e).__name__})") from None
+        raise InputError(field, path, f"a readable JSON record ({type(e).__name__})") from None
     if not isinstance(doc, dict):
-        raise SpecError(field, path, "a JSON record (an object)")
+        raise InputError(field, path, "a JSON record (an object)")
     return doc
 
 
@@ -62,11 +62,11 @@ def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str
     gamma, alpha and beta; and the spec the measured points must match."""
     if args.base:
         if args.workload or args.preset or args.gamma:
-            raise SpecError(
+            raise InputError(
                 "predict", "--base with --workload/--gamma", "either records or a workload with gamma"
             )
         if not args.comm and args.beta is None:
-            raise SpecError("predict.comm", None, "--comm COMM.json (hpcdl comm -o) or --alpha/--beta")
+            raise InputError("predict.comm", None, "--comm COMM.json (hpcdl comm -o) or --alpha/--beta")
         base = _load("predict.base", args.base)
         if args.comm:
             comm_record = _load("predict.comm", args.comm)
@@ -83,7 +83,7 @@ def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str
         return model, base["spec"], backend
     specs = workload_specs(args)
     if len(specs) != 1:
-        raise SpecError(
+        raise InputError(
             "predict", "default suite", "one workload: --base RECORD, --workload FAMILY or --preset"
         )
     (spec,) = specs.values()
@@ -119,7 +119,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     model, spec, backend = model_from_args(args)
     nodes = _int_list("predict.nodes", args.nodes)
     if args.ranks_per_node < 1:
-        raise SpecError("predict.ranks_per_node", args.ranks_per_node, "an integer >= 1")
+        raise InputError("predict.ranks_per_node", args.ranks_per_node, "an integer >= 1")
     measured = measured_points(Path(args.compare), spec, args.mode, backend) if args.compare else {}
     points: list[dict[str, Any]] = []
     for n in nodes:

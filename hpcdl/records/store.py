@@ -18,7 +18,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from hpcdl.errors import SpecError
+from hpcdl.errors import InputError
 
 
 def digest(record: Mapping[str, Any]) -> str:
@@ -91,7 +91,7 @@ def json_files(paths: Sequence[Path]) -> list[Path]:
     files: list[Path] = []
     for p in paths:
         if not p.exists():
-            raise SpecError("path", str(p), "an existing record file or directory")
+            raise InputError("path", str(p), "an existing record file or directory")
         files += sorted(f for f in p.rglob("*.json") if not f.name.startswith(".")) if p.is_dir() else [p]
     return list(dict.fromkeys(f.resolve() for f in files))
 

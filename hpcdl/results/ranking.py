@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcdl.errors import SpecError
+from hpcdl.errors import InputError
 from hpcdl.records import schema
 from hpcdl.records.audit import gate_problems, integrity_problems
 from hpcdl.records.store import json_files, load_record, write_record
@@ -47,7 +47,7 @@ def parse_submission(arg: str) -> tuple[str, Path]:
     name, sep, folder = arg.partition("=")
     path = Path(folder if sep else arg)
     if not path.exists():
-        raise SpecError("rank.path", str(path), "an existing directory or record file")
+        raise InputError("rank.path", str(path), "an existing directory or record file")
     return (name if sep else path.resolve().name), path
 
 
@@ -116,7 +116,7 @@ def sweep_rows(summary_path: Path, summary: dict[str, Any], entries: Sequence[En
 
 def rank(submissions: Sequence[tuple[str, Path]], say: Callable[[str], None] = lambda _m: None) -> Ranking:
     if len({name for name, _ in submissions}) != len(submissions):
-        raise SpecError("rank.system", [n for n, _ in submissions], "each system name once (use NAME=DIR)")
+        raise InputError("rank.system", [n for n, _ in submissions], "each system name once (use NAME=DIR)")
     accepted, rejected, summaries = collect(submissions, say)
     scores = [score_system(name, entries) for name, entries in accepted.items()]
     scored = sorted((s for s in scores if s.score is not None), key=lambda s: -(s.score or 0.0))

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from hpcdl import metrics
-from hpcdl.errors import HpcdlError, SpecError
+from hpcdl.errors import HpcdlError, InputError
 from hpcdl.records import schema
 from hpcdl.scaling.table import scaling_table
 from hpcdl.workloads.precision import GRADIENT_BYTES
@@ -63,16 +63,16 @@ class Model:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise SpecError("predict.mode", self.mode, "allowed: weak, strong")
+            raise InputError("predict.mode", self.mode, "allowed: weak, strong")
         if self.overlap not in OVERLAPS:
-            raise SpecError("predict.overlap", self.overlap, "allowed: none, full")
+            raise InputError("predict.overlap", self.overlap, "allowed: none, full")
         for name in ("train_flops_per_sample", "gamma_flops_per_s"):
             if not getattr(self, name) > 0:
-                raise SpecError(f"predict.{name}", getattr(self, name), "must be > 0")
+                raise InputError(f"predict.{name}", getattr(self, name), "must be > 0")
         if not self.comm.beta_bytes_per_s > 0:
-            raise SpecError("predict.beta", self.comm.beta_bytes_per_s, "must be > 0")
+            raise InputError("predict.beta", self.comm.beta_bytes_per_s, "must be > 0")
         if not self.comm.alpha_s >= 0:
-            raise SpecError("predict.alpha", self.comm.alpha_s, "must be >= 0")
+            raise InputError("predict.alpha", self.comm.alpha_s, "must be >= 0")
 
     def batch_per_rank(self, p: int) -> float:
         return self.batch if self.mode == "weak" else self.batch / p
@@ -108,7 +108,7 @@ def fit_comm(rows: Sequence[Mapping[str, Any]], ranks: int, key: str = "backend_
     least squares of ``t(S) = a + c·S`` in relative error (every size counts alike, not just
     the largest), then ``α = a / 2(p−1)`` and ``β = 2(p−1)/p / c``."""
     if ranks < 2:
-        raise SpecError("comm.ranks", ranks, "an allreduce sweep of at least 2 ranks")
+        raise InputError("comm.ranks", ranks, "an allreduce sweep of at least 2 ranks")
     sizes = np.array([float(r["bytes"]) for r in rows])
     times = np.array([float(r[key]) for r in rows])
     if len(rows) < 2 or len(set(sizes.tolist())) < 2:
@@ -124,7 +124,7 @@ def fit_comm(rows: Sequence[Mapping[str, Any]], ranks: int, key: str = "backend_
 def comm_from_record(comm_record: Mapping[str, Any]) -> Comm:
     """The fitted α, β of an ``hpcdl.comm`` record (the backend's column, not raw MPI)."""
     if comm_record.get("schema") != schema.COMM:
-        raise SpecError("predict.comm", comm_record.get("schema"), "an allreduce sweep of hpcdl comm -o")
+        raise InputError("predict.comm", comm_record.get("schema"), "an allreduce sweep of hpcdl comm -o")
     return fit_comm(comm_record["rows"], int(comm_record["ranks"]))
 
 
@@ -140,7 +140,7 @@ def model_for(
 ) -> Model:
     """The model of a workload (a spec dict, counted analytically) on a system (γ, α, β)."""
     if backend not in FUSION_BYTES:
-        raise SpecError("predict.backend", backend, f"allowed: {', '.join(FUSION_BYTES)}")
+        raise InputError("predict.backend", backend, f"allowed: {', '.join(FUSION_BYTES)}")
     count = spec_from_dict(dict(spec)).count()
     grad_bytes = float(GRADIENT_BYTES * count.params)
     return Model(
@@ -166,7 +166,7 @@ def model_from_records(
     """The model of ``base``'s workload on ``base``'s system: γ from its AI-ops/s (it must be
     a 1-rank record), α and β given (``comm_from_record`` fits them to an allreduce sweep)."""
     if base.get("schema") != schema.RESULT or base["settings"]["world_size"] != 1:
-        raise SpecError("predict.base", base.get("name"), "a 1-rank result record calibrates gamma")
+        raise InputError("predict.base", base.get("name"), "a 1-rank result record calibrates gamma")
     gamma = float(base["metrics"]["ai_ops_per_s"])
     batch = base["settings"]["batch_per_rank"]
     return model_for(base["spec"], batch, gamma, comm, backend=backend, mode=mode, overlap=overlap)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcdl.errors import SpecError
+from hpcdl.errors import InputError, SpecError
 from hpcdl.parallel.launch import TERMINATED, launch
 from hpcdl.records import schema
 from hpcdl.records.audit import integrity_problems
@@ -78,7 +78,7 @@ def sweep(
     point (SIGTERM, e.g. ``scancel``) ends the sweep; the summary of the completed points is
     still written."""
     if mode not in MODES:
-        raise SpecError("sweep.mode", mode, "allowed: weak, strong")
+        raise InputError("sweep.mode", mode, "allowed: weak, strong")
     specs = {np: point_spec(spec, mode, np) for np in sorted(set(nps))}  # all checked before any runs
     for np, s in specs.items():
         path = out / f"{point_name(prefix, mode, np)}.json"

@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcdl.errors import HpcdlError, SpecError
+from hpcdl.errors import HpcdlError, InputError
 from hpcdl.measure.config import RunConfig
 from hpcdl.parallel.backends import resolve_backend_name
 from hpcdl.parallel.launch import mpirun_command, supervise
@@ -231,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def which_cluster(choice: str = "auto") -> str:
     """``slurm`` where sbatch and srun are on PATH, else ``local`` (submitit's local executor)."""
     if choice not in EXECUTORS:
-        raise SpecError("executor", choice, "allowed: " + ", ".join(EXECUTORS))
+        raise InputError("executor", choice, "allowed: " + ", ".join(EXECUTORS))
     have_slurm = shutil.which("sbatch") is not None and shutil.which("srun") is not None
     if choice == "slurm" and not have_slurm:
         raise HpcdlError("--executor slurm: sbatch and srun are not on PATH (run from a login node)")
@@ -404,15 +404,15 @@ def load_state(output: Path) -> dict[str, Any]:
     """The state file of a results directory (a one-line error when there is none)."""
     path = state_path(output)
     if not path.exists():
-        raise SpecError(
+        raise InputError(
             "dir", str(output), f"no {STATE_FILE} here: hpcdl submit writes it into the job's output"
         )
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise SpecError("dir", str(output), f"{STATE_FILE} cannot be read: {e}") from None
+        raise InputError("dir", str(output), f"{STATE_FILE} cannot be read: {e}") from None
     if state.get("schema") != schema.JOBS or not isinstance(state.get("points"), dict):
-        raise SpecError("dir", str(output), f"{STATE_FILE} is not an hpcdl state file")
+        raise InputError("dir", str(output), f"{STATE_FILE} is not an hpcdl state file")
     return state
 
 

@@ -1,0 +1,97 @@
+"""``hpcdl comm``: collective-communication sweeps through a backend against raw MPI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from hpcdl.cli.common import err
+from hpcdl.errors import InputError
+from hpcdl.measure.config import RunConfig
+from hpcdl.measure.environment import environment
+from hpcdl.measure.runner import rank_device
+from hpcdl.parallel.launch import launch
+from hpcdl.parallel.world import init_world, under_mpi
+from hpcdl.records import schema
+from hpcdl.records.store import seal, write_record
+from hpcdl.results.text import si, table
+
+
+def cmd_comm(args: argparse.Namespace) -> int:
+    """Allreduce sweep through the backend and raw mpi4py, side by side."""
+    from hpcdl.parallel.backends import make_backend, resolve_backend_name
+    from hpcdl.parallel.commbench import DEFAULT_SIZES, allreduce_sweep
+
+    if args.np > 1 and not under_mpi():
+        return launch(args.np, args.argv, timeout_s=args.timeout)
+    world = init_world()
+    cfg = RunConfig.from_dict(
+        {
+            "backend": RunConfig.parse_knob("backend", args.backend),
+            "device": RunConfig.parse_knob("device", args.device),
+        }
+    )
+    name = resolve_backend_name(cfg.backend, world.size)
+    if world.size < 2:
+        raise InputError("np", world.size, "an allreduce benchmark needs at least 2 ranks (--np 2)")
+    device = rank_device(cfg, world)
+    backend = make_backend(name, world, device)
+    try:
+        sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
+        rows = allreduce_sweep(world, backend, device, sizes, reps=args.reps)
+    finally:
+        backend.close()
+    if rows is None:
+        return 0
+    result = {"ranks": world.size, "backend": name, "rows": rows}
+    if args.output:
+        record = seal(
+            {
+                "schema": schema.COMM,
+                "schema_version": 1,
+                "created": datetime.now(UTC).isoformat(timespec="seconds"),  # as result records
+                **result,
+                "reps": args.reps,
+                "environment": environment(device),
+            }
+        )
+        err(f"wrote {write_record(record, args.output)}")
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0 if all(r["wrong"] == 0 for r in rows) else 1
+    print(f"allreduce, {world.size} ranks, {name} vs raw mpi4py (median of {args.reps}, slowest rank)")
+    print(
+        table(
+            ["bytes", f"{name} us", "algbw", "busbw", "mpi us", "algbw", "busbw", "ratio busbw", "#wrong"],
+            [
+                [
+                    si(r["bytes"], "B"),
+                    f"{r['backend_s'] * 1e6:.1f}",
+                    si(r["backend_algbw"], "B/s"),
+                    si(r["backend_busbw"], "B/s"),
+                    f"{r['mpi_s'] * 1e6:.1f}",
+                    si(r["mpi_algbw"], "B/s"),
+                    si(r["mpi_busbw"], "B/s"),
+                    f"{r['backend_busbw'] / r['mpi_busbw']:.2f}",
+                    str(r["wrong"]),
+                ]
+                for r in rows
+            ],
+        )
+    )
+    return 0 if all(r["wrong"] == 0 for r in rows) else 1
+
+
+def add_parsers(sub: Any) -> None:
+    cm = sub.add_parser("comm", help="allreduce bandwidth sweep: the backend against raw MPI")
+    cm.add_argument("--np", type=int, default=2, help="ranks (default 2)")
+    cm.add_argument("--backend", default="auto", help="auto | horovod | torch")
+    cm.add_argument("--device", default="auto")
+    cm.add_argument("--sizes", help="comma-separated buffer sizes in bytes (default 1 KiB .. 64 MiB)")
+    cm.add_argument("--reps", type=int, default=10)
+    cm.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    cm.add_argument("-o", "--output", help="also write the sweep as a record (input of hpcdl predict)")
+    cm.add_argument("--timeout", type=float)
+    cm.set_defaults(func=cmd_comm)

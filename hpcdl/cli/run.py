@@ -1,0 +1,211 @@
+"""``hpcdl run`` and ``hpcdl sweep``: measure workloads on this machine or as MPI ranks."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from hpcdl.cli.common import add_workload_options, err, workload_specs
+from hpcdl.errors import InputError
+from hpcdl.measure.config import RunConfig
+from hpcdl.measure.runner import RunResult, preflight, run
+from hpcdl.parallel.launch import launch
+from hpcdl.parallel.world import World, init_world, under_mpi
+from hpcdl.records import schema
+from hpcdl.records.store import write_record
+from hpcdl.results.text import si, table
+from hpcdl.scaling import sweep as sweep_mod
+
+RUN_FLAGS = {
+    "warmup": "warmup_steps",
+    "steps": "steps",
+    "duration": "duration_s",
+    "min_duration": "min_duration_s",
+    "data": "data",
+    "data_dir": "data_dir",
+    "workers": "data_workers",
+    "optimizer": "optimizer",
+    "lr": "lr",
+    "device": "device",
+    "peak_flops": "peak_flops",
+    "backend": "backend",
+}
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    values = {
+        knob: RunConfig.parse_knob(knob, str(getattr(args, flag)))
+        for flag, knob in RUN_FLAGS.items()
+        if getattr(args, flag) is not None
+    }
+    return RunConfig.from_dict(values)
+
+
+def summary_rows(results: dict[str, RunResult]) -> list[list[str]]:
+    rows = []
+    for name, res in results.items():
+        m, c = res.record["metrics"], res.record["counts"]
+        st = m["step_time_s"]
+        rows.append(
+            [
+                name,
+                si(c["params"]),
+                si(m["train_flops_per_sample"], "FLOP"),
+                f"{m['samples_per_s']:.1f}",
+                si(m["ai_ops_per_s"], "FLOP/s"),
+                f"{st['median'] * 1e3:.1f} ({st['p10'] * 1e3:.1f}-{st['p90'] * 1e3:.1f})",
+                f"{m['mfu'] * 100:.1f}%",
+                "yes" if res.passed else "NO",
+            ]
+        )
+    return rows
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    specs = workload_specs(args)
+    cfg = run_config(args)
+    if len(specs) > 1 and args.duration is None and args.steps is None:
+        cfg = cfg.replace(duration_s=12.0)  # the default suite: ~2 minutes on a 2-core CPU
+    for spec in specs.values():
+        preflight(spec, cfg, World(size=args.np))  # refuse bad input before anything is measured
+    if args.np > 1 and not under_mpi():
+        return launch(args.np, args.argv, timeout_s=args.timeout)
+    world = init_world()
+    say = err if world.rank == 0 else (lambda _m: None)
+    out = Path(args.output)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = world.bcast(stamp)
+    results: dict[str, RunResult] = {}
+    for i, (name, spec) in enumerate(specs.items(), 1):
+        prefix = f"[{i}/{len(specs)}] {name}"
+        params = si(spec.count().params)
+        say(
+            f"{prefix}: {spec.family}, {params} params, {spec.precision}, "
+            f"batch {spec.batch_size}/rank x {world.size} ranks"
+        )
+
+        def progress(message: str, prefix: str = prefix) -> None:
+            err(f"{prefix}: {message}")
+
+        record_name = args.name if args.name and len(specs) == 1 else f"{stamp}-{name}"
+        res = run(spec, cfg, output_dir=out, name=record_name, progress=progress, world=world)
+        results[name] = res
+        say(f"{prefix}: {res.metrics['samples_per_s']:.1f} samples/s -> {res.path}")
+    if world.rank != 0:
+        return 0  # rank 0 reports, and its exit code is the run's
+    headers = [
+        "workload",
+        "params",
+        "train/sample",
+        "samples/s",
+        "AI-ops/s",
+        "step ms med (p10-p90)",
+        "MFU",
+        "valid",
+    ]
+    print(table(headers, summary_rows(results)))
+    first = next(iter(results.values())).record["metrics"]
+    print(f"MFU is against {si(first['peak_flops'], 'FLOP/s')} ({first['peak_source']}). Records in {out}/")
+    if len(results) > 1:
+        summary = {
+            "schema": schema.SUITE,
+            "created": stamp,
+            "records": {n: r.path.name if r.path else None for n, r in results.items()},
+        }
+        write_record(summary, out / f"{stamp}-suite.json")
+    return 0 if all(r.passed for r in results.values()) else 1
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    specs = workload_specs(args)
+    if len(specs) != 1:
+        raise InputError(
+            "sweep", "default suite", "a sweep takes one workload: --workload FAMILY or --preset NAME"
+        )
+    try:
+        nps = [int(x) for x in args.np.split(",") if x]
+    except ValueError:
+        raise InputError("sweep.np", args.np, "expected rank counts like 1,2,4") from None
+    if not nps or min(nps) < 1:
+        raise InputError("sweep.np", args.np, "expected rank counts >= 1, like 1,2,4")
+    cfg = run_config(args)
+    (spec,) = specs.values()
+    for np in nps:
+        preflight(
+            sweep_mod.point_spec(spec, args.mode, np) if args.mode in sweep_mod.MODES else spec,
+            cfg,
+            World(size=np),
+        )
+    run_args = [
+        f"--{flag.replace('_', '-')}={getattr(args, flag)}"
+        for flag in RUN_FLAGS
+        if getattr(args, flag) is not None
+    ]
+    summary = sweep_mod.sweep(
+        spec,
+        nps,
+        args.mode,
+        Path(args.output),
+        run_args,
+        prefix=args.prefix,
+        redo=args.redo,
+        timeout_s=args.timeout,
+        say=err,
+    )
+    rows = [
+        [
+            str(p["np"]),
+            f"{p['samples_per_s']:.1f}" if p["record"] else "failed",
+            f"{p['speedup']:.2f}" if p["record"] else "",
+            f"{p['efficiency'] * 100:.1f}%" if p["record"] else "",
+        ]
+        for p in summary["points"]
+    ]
+    print(table(["ranks", "samples/s", "speed-up", f"{args.mode} efficiency"], rows))
+    return 0 if all(p["record"] for p in summary["points"]) else 1
+
+
+def add_run_options(r: argparse.ArgumentParser) -> None:
+    """Options shared by ``run`` and ``sweep``."""
+    r.add_argument("-o", "--output", default="results", help="directory for records (default: results)")
+    r.add_argument("--warmup", help="untimed warm-up steps (default 3)")
+    r.add_argument("--steps", help="timed steps (default: as many as fit in --duration)")
+    r.add_argument(
+        "--duration", help="timed window in seconds when --steps is not given (default 10; suite 12)"
+    )
+    r.add_argument(
+        "--min-duration", dest="min_duration", help="validity: shortest valid timed window (default 1)"
+    )
+    r.add_argument("--data", help="random | learnable (default) | hdf5")
+    r.add_argument("--data-dir", dest="data_dir", help="HDF5 shard directory for --data hdf5")
+    r.add_argument("--workers", help="DataLoader workers for --data hdf5 (default 2)")
+    r.add_argument("--optimizer", help="adamw (default) | sgd")
+    r.add_argument("--lr", help="learning rate (default 1e-3)")
+    r.add_argument("--device", help="auto (default) | cpu | cuda | cuda:N")
+    r.add_argument(
+        "--peak-flops", dest="peak_flops", help="peak FLOP/s for MFU (default: datasheet, else probe)"
+    )
+    r.add_argument("--backend", help="gradient reduction: auto (default) | horovod | torch")
+    r.add_argument("--timeout", type=float, help="end a multi-rank run that takes longer than this (seconds)")
+
+
+def add_parsers(sub: Any) -> None:
+    r = sub.add_parser("run", help="measure the default suite, one workload, or a preset")
+    add_workload_options(r)
+    add_run_options(r)
+    r.add_argument("--np", type=int, default=1, help="ranks to start on this machine with mpirun (default 1)")
+    r.add_argument("--name", help="record file stem (one workload only)")
+    r.set_defaults(func=cmd_run)
+
+    sw = sub.add_parser("sweep", help="weak or strong scaling over rank counts, one record per point")
+    add_workload_options(sw)
+    add_run_options(sw)
+    sw.add_argument("--np", required=True, help="rank counts, e.g. 1,2,4")
+    sw.add_argument(
+        "--mode", default="weak", help="weak (batch per rank fixed) | strong (global batch fixed)"
+    )
+    sw.add_argument("--prefix", default="sweep", help="record name prefix (default: sweep)")
+    sw.add_argument("--redo", action="store_true", help="rerun points that already have a valid record")
+    sw.set_defaults(func=cmd_sweep)

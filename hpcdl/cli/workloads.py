@@ -1,0 +1,152 @@
+"""``hpcdl generate``, ``list``, ``info`` and ``io``: workloads, this machine and its I/O path,
+without training."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from hpcdl import metrics
+from hpcdl.measure import hdf5 as h5data
+from hpcdl.measure.device import device_name, memory_capacity, resolve_device
+from hpcdl.measure.environment import availability, environment
+from hpcdl.measure.peaks import datasheet_peak, matmul_probe
+from hpcdl.results.text import si, table
+from hpcdl.workloads.precision import PRECISIONS
+from hpcdl.workloads.registry import FAMILIES, family_class, parse_assignments, spec_from_args
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import generators
+
+    if args.sample is not None:
+        fixed = parse_assignments(family_class(args.family), args.knobs)
+        spec = generators.sample_spec(args.family, args.sample, **fixed)
+    elif args.family in generators.PRESETS:
+        base = generators.preset(args.family)
+        spec = generators.preset(args.family, **parse_assignments(type(base), args.knobs))
+    else:
+        spec = spec_from_args(args.family, args.knobs)
+    c = spec.count()
+    act = c.activation_bytes(spec.precision)
+    info: dict[str, Any] = {
+        "spec": spec.to_dict(),
+        "params": c.params,
+        "forward_flops_per_sample": c.forward_flops,
+        "train_flops_per_sample": c.train_flops,
+        "activation_bytes_per_sample": act,
+        "memory_estimate_bytes": {
+            opt: metrics.memory_estimate(c.params, act, spec.batch_size, opt) for opt in ("adamw", "sgd")
+        },
+    }
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    if args.print_model:
+        print(spec.build())
+    print(table(["knob", "value"], [[k, str(v)] for k, v in spec.to_dict().items()], numeric=False))
+    print()
+    print(
+        table(
+            ["figure", "value"],
+            [
+                ["parameters", f"{c.params:,}"],
+                ["forward FLOPs / sample", f"{c.forward_flops:,} ({si(c.forward_flops / 2, 'MAC')})"],
+                [
+                    "training FLOPs / sample",
+                    f"{c.train_flops:,} ({c.train_flops / max(c.forward_flops, 1):.2f}x fwd)",
+                ],
+                ["activations / sample", si(act, "B")],
+                [f"memory, batch {spec.batch_size} (AdamW)", si(info["memory_estimate_bytes"]["adamw"], "B")],
+            ],
+            numeric=False,
+        )
+    )
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    env = environment(device)
+    rows = [[k, str(v)] for k, v in env.items() if k not in ("gpus",)]
+    rows.append(["gpus", ", ".join(env["gpus"]) or "none"])
+    rows.append(["memory available", si(memory_capacity(device), "B")])
+    for prec in PRECISIONS:
+        sheet = datasheet_peak(device_name(device), prec)
+        rows.append(
+            [
+                f"datasheet peak {prec}",
+                f"{si(sheet.flops, 'FLOP/s')} ({sheet.source})" if sheet else "unknown",
+            ]
+        )
+        if args.probe:
+            rows.append([f"measured matmul {prec}", si(matmul_probe(device, prec), "FLOP/s")])
+    for name, where in availability().items():
+        rows.append([name, where or "not found"])
+    print(table(["item", "value"], rows, numeric=False))
+    return 0
+
+
+def cmd_io(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args.family, args.knobs)
+    w = h5data.write_shards(spec, args.dir, batches=args.batches, shards=args.shards)
+    r = h5data.read_throughput(args.dir, args.workers, epochs=args.epochs)
+    print(
+        table(
+            ["path", "samples", "bytes", "seconds", "samples/s", "bytes/s"],
+            [
+                [
+                    p,
+                    str(s.samples),
+                    si(s.bytes, "B"),
+                    f"{s.seconds:.3f}",
+                    f"{s.samples_per_s:.1f}",
+                    si(s.bytes_per_s, "B/s"),
+                ]
+                for p, s in (("write", w), ("read", r))
+            ],
+        )
+    )
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import generators
+
+    for family, cls in FAMILIES.items():
+        print(f"{family}: {(cls.__doc__ or '').strip().splitlines()[0]}")
+        for name, f in cls.knobs().items():
+            print(f"  {name} = {f.default!r:<12} {f.metadata['doc']}")
+    print("\npresets: " + ", ".join(generators.PRESETS))
+    print("default suite: " + ", ".join(generators.DEFAULT_SUITE))
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    gen = sub.add_parser("generate", help="print a workload's size, FLOPs and memory without running it")
+    gen.add_argument("family", help="a family (cnn, rnn, attention, mlp, speech) or a preset name")
+    gen.add_argument("knobs", nargs="*", help="key=value knob settings")
+    gen.add_argument(
+        "--sample", type=int, metavar="SEED", help="draw the architecture from the family's ranges"
+    )
+    gen.add_argument("--json", action="store_true", help="print JSON")
+    gen.add_argument("--print-model", action="store_true", help="also print the torch module")
+    gen.set_defaults(func=cmd_generate)
+
+    i = sub.add_parser("info", help="devices, peaks, and which optional parts are installed")
+    i.add_argument("--device", default="auto")
+    i.add_argument("--probe", action="store_true", help="also measure matmul FLOP/s in each precision")
+    i.set_defaults(func=cmd_info)
+
+    io = sub.add_parser("io", help="HDF5 write and read throughput of a workload's samples")
+    io.add_argument("--dir", required=True, help="directory for the shards")
+    io.add_argument("--batches", type=int, default=32)
+    io.add_argument("--shards", type=int, default=4)
+    io.add_argument("--workers", type=int, default=2)
+    io.add_argument("--epochs", type=int, default=1)
+    io.add_argument("family", nargs="?", default="cnn", choices=list(FAMILIES))
+    io.add_argument("knobs", nargs="*")
+    io.set_defaults(func=cmd_io)
+    lst = sub.add_parser("list", help="families and their knobs, presets, the default suite")
+    lst.set_defaults(func=cmd_list)
