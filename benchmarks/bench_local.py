@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 import hpcdl
-from generators import RANGES, sample_spec
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import make_batch
 from hpcdl.measure.device import resolve_device, synchronize
@@ -27,6 +26,8 @@ from hpcdl.measure.loop import Trainer
 from hpcdl.measure.peaks import matmul_probe
 from hpcdl.results.text import si, table
 from hpcdl.workloads.crosscheck import counted_flops
+from hpcdl.workloads.registry import FAMILIES
+from hpcdl.workloads.sampling import sample_spec
 
 # FlopCounterMode over-counts grouped-conv weight gradients (tests/test_cnn.py): sample without them.
 COUNTER_SAFE = {"cnn": {"block": ["plain", "basic", "bottleneck"]}}
@@ -96,7 +97,7 @@ def overhead(device: torch.device, rounds: int, steps: int) -> list[list[str]]:
 
 def flop_accuracy(seeds: int) -> list[list[str]]:
     rows = []
-    for family in RANGES:
+    for family in FAMILIES:
         worst_f, worst_t = 0.0, 0.0
         for seed in range(seeds):
             spec = sample_spec(family, seed, COUNTER_SAFE.get(family), batch_size=2)

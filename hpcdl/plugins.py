@@ -81,10 +81,13 @@ class Registry(Generic[T]):
     """The extensions of one kind, by name: the built-in ones (every module of ``package``) and
     the plugins'. ``key`` gives the name an extension registers under."""
 
-    def __init__(self, kind: str, package: str, key: Callable[[T], str]) -> None:
+    def __init__(
+        self, kind: str, package: str, key: Callable[[T], str], error: type[InputError] = InputError
+    ) -> None:
         self.kind = kind
         self.package = package
         self.key = key
+        self.error = error
         self._items: dict[str, T] = {}
         self._loaded = False
 
@@ -112,8 +115,11 @@ class Registry(Generic[T]):
         """The extension called ``name``, or a one-line error listing the names there are."""
         self._load()
         if not isinstance(name, str) or name not in self._items:
-            raise InputError(self.kind, name, "allowed: " + ", ".join(self.names()))
+            raise self.error(self.kind, name, "allowed: " + ", ".join(self.names()))
         return self._items[name]
+
+    def __getitem__(self, name: str) -> T:
+        return self.get(name)
 
     def names(self) -> list[str]:
         self._load()

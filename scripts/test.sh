@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 PY="${HPCDL_VENV:-.venv}/bin/python"
-"$PY" -m ruff check hpcdl generators tests benchmarks
+"$PY" -m ruff check hpcdl tests benchmarks
 "$PY" -m mypy
 exec "$PY" -m pytest "$@"

@@ -11,10 +11,10 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from generators.presets import PRESETS
 from hpcdl.errors import SpecError
 from hpcdl.workloads.crosscheck import counted_flops, saved_activation_elements
 from hpcdl.workloads.families.attention import ACTIVATIONS, AttentionSpec
+from hpcdl.workloads.recipes import presets
 from hpcdl.workloads.registry import spec_from_dict
 
 pytestmark = pytest.mark.filterwarnings("ignore:TF32 acceleration:UserWarning")
@@ -123,14 +123,14 @@ def _meta_params(spec: AttentionSpec) -> int:
 
 def test_bert_base_preset() -> None:
     # published: 110M; here 108,890,112 (no token-type embeddings, pooler or MLM transform)
-    spec = spec_from_dict(PRESETS["bert_base"])
+    spec = spec_from_dict(presets()["bert_base"])
     assert isinstance(spec, AttentionSpec)
     assert spec.count().params == pytest.approx(110e6, rel=0.02)
     assert spec.count().params == _meta_params(spec)
 
 
 def test_gpt2_small_preset() -> None:
-    spec = spec_from_dict(PRESETS["gpt2_small"])
+    spec = spec_from_dict(presets()["gpt2_small"])
     assert isinstance(spec, AttentionSpec)
     count = spec.count()
     assert count.params == 124_439_808  # Hugging Face GPT2LMHeadModel, exactly
@@ -151,7 +151,7 @@ def test_gpt2_small_preset() -> None:
 
 def test_gpt2_small_forward_flops_on_meta() -> None:
     # the full-size model's forward pass, counted on meta tensors (no memory, no arithmetic)
-    spec = spec_from_dict(PRESETS["gpt2_small"])
+    spec = spec_from_dict(presets()["gpt2_small"])
     assert isinstance(spec, AttentionSpec)
     with torch.device("meta"):
         model = spec.build_module()

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from generators.presets import PRESETS
 from hpcdl.errors import SpecError
 from hpcdl.workloads.counting import Tally
 from hpcdl.workloads.crosscheck import counted_flops, saved_activation_elements
 from hpcdl.workloads.families.cnn import CNNSpec
+from hpcdl.workloads.recipes import presets
 from hpcdl.workloads.registry import spec_from_dict
 
 N_RANDOM = 20
@@ -153,7 +153,7 @@ def test_shrink_error_says_smallest_image() -> None:
 
 
 def test_resnet50_preset_matches_torchvision() -> None:
-    spec = spec_from_dict(PRESETS["resnet50"])
+    spec = spec_from_dict(presets()["resnet50"])
     count = spec.count()
     assert count.params == 25_557_032
     assert count.forward_flops / 2 == pytest.approx(4.1e9, rel=0.02)
@@ -166,7 +166,7 @@ def test_resnet50_preset_matches_torchvision() -> None:
 
 
 def test_vgg16_preset_matches_torchvision() -> None:
-    spec = spec_from_dict(PRESETS["vgg16"])
+    spec = spec_from_dict(presets()["vgg16"])
     count = spec.count()
     assert count.params == 138_357_544
     assert count.forward_flops / 2 == pytest.approx(15.5e9, rel=0.02)

@@ -1,14 +1,16 @@
-"""Generators: sampling, the default suite, presets; and the analytic counts of sampled specs
-against PyTorch's FLOP counter, for every family."""
+"""Recipes and sampling: the size-class suites and presets read from generators/, seeded
+sampling of every family; and the analytic counts of sampled specs against PyTorch's FLOP
+counter, for every family."""
 
 from __future__ import annotations
 
 import pytest
 
-import generators
-from generators import DEFAULT_SUITE, PRESETS, RANGES, sample_spec
 from hpcdl import FAMILIES, SpecError
+from hpcdl.errors import InputError
+from hpcdl.workloads import recipes
 from hpcdl.workloads.crosscheck import counted_flops
+from hpcdl.workloads.sampling import ranges, sample_spec
 
 # FlopCounterMode over-counts grouped-conv weight gradients (see tests/test_cnn.py, which checks
 # separable blocks with that excess accounted for); the sampled cross-check leaves them out.
@@ -16,11 +18,13 @@ COUNTER_SAFE = {"cnn": {"block": ["plain", "basic", "bottleneck"]}}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_every_family_has_ranges(family: str) -> None:
-    assert family in RANGES
+def test_every_family_has_ranges_of_its_own_knobs(family: str) -> None:
+    cls = FAMILIES[family]
+    derived = {"cnn": {"blocks_per_stage"}, "attention": {"head_dim"}}.get(family, set())
+    assert ranges(family) and set(ranges(family)) - derived <= set(cls.knobs())
 
 
-@pytest.mark.parametrize("family", list(RANGES))
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_same_seed_same_spec_and_weights(family: str) -> None:
     a, b = sample_spec(family, 11), sample_spec(family, 11)
     assert a == b
@@ -29,7 +33,7 @@ def test_same_seed_same_spec_and_weights(family: str) -> None:
     assert fixed.batch_size == 4 and fixed.seed == 3
 
 
-@pytest.mark.parametrize("family", list(RANGES))
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("seed", range(3))
 def test_sampled_specs_count_what_pytorch_counts(family: str, seed: int) -> None:
     spec = sample_spec(family, seed, COUNTER_SAFE.get(family), batch_size=2)
@@ -51,16 +55,20 @@ def test_ranges_override_and_bad_ranges() -> None:
         sample_spec("tree", 0)
 
 
-def test_default_suite_has_one_workload_per_family() -> None:
-    suite = generators.default_suite()
-    assert sorted(s.family for s in suite.values()) == sorted(FAMILIES)
-    assert set(suite) == set(DEFAULT_SUITE)
-    assert {s.precision for s in generators.default_suite(precision="bf16").values()} == {"bf16"}
+def test_class_s_suite_has_one_workload_per_family() -> None:
+    s = recipes.suite("S")
+    assert s.size_class == "S" and s.version >= 1
+    specs = s.specs()
+    assert sorted(spec.family for spec in specs.values()) == sorted(FAMILIES)
+    assert {spec.precision for spec in s.specs(precision="bf16").values()} == {"bf16"}
+    assert recipes.size_classes()[0] == "S"
+    with pytest.raises(InputError, match="class='XL'"):
+        recipes.suite("XL")
 
 
-@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("name", list(recipes.presets()))
 def test_presets_are_valid_and_overridable(name: str) -> None:
-    spec = generators.preset(name, batch_size=3)
+    spec = recipes.preset(name, batch_size=3)
     assert spec.batch_size == 3 and spec.count().params > 1e6
     with pytest.raises(SpecError, match="preset"):
-        generators.preset("alexnet")
+        recipes.preset("alexnet")

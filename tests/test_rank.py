@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 import hpcdl
-from generators.suite import DEFAULT_SUITE
 from hpcdl.records.audit import RANK_MIN_WINDOW_S
 from hpcdl.records.store import load_record, seal, write_record
 from hpcdl.results import ranking as rank_mod
 from hpcdl.results.score import loss_reduction, quality_factor, suite_workload
+from hpcdl.workloads.recipes import suite
 
 ROOT = Path(__file__).resolve().parent.parent
 REF = ROOT / "reference_results" / "cpu-epyc-2core-2026-11-22"
@@ -60,14 +60,14 @@ def test_reference_results_rank_with_the_score_recomputed_by_hand(tmp_path: Path
     assert r.rejected == []
     (s,) = r.systems
     by_size = suite_records(REF)
-    complete = sorted(n for n, w in by_size.items() if len(w) == len(DEFAULT_SUITE))
+    complete = sorted(n for n, w in by_size.items() if len(w) == len(suite().workloads))
     top = complete[-1]
-    ai_ops = [load_record(by_size[top][w])["metrics"]["ai_ops_per_s"] for w in DEFAULT_SUITE]
+    ai_ops = [load_record(by_size[top][w])["metrics"]["ai_ops_per_s"] for w in suite().workloads]
     assert s.world_size == top
     assert s.score == pytest.approx(math.prod(ai_ops) ** (1 / len(ai_ops)), rel=1e-12)
     assert s.regulated is not None and 0 < s.regulated <= s.score
     if len(complete) > 1:
-        base = [load_record(by_size[complete[0]][w])["metrics"]["ai_ops_per_s"] for w in DEFAULT_SUITE]
+        base = [load_record(by_size[complete[0]][w])["metrics"]["ai_ops_per_s"] for w in suite().workloads]
         e = [a / (top / complete[0] * b) for a, b in zip(ai_ops, base, strict=True)]
         assert s.efficiency == pytest.approx(math.prod(e) ** (1 / len(e)), rel=1e-12)
     summaries = {f.name.removesuffix("-summary.json"): load_record(f) for f in REF.rglob("*-summary.json")}
@@ -81,7 +81,7 @@ def test_reference_results_rank_with_the_score_recomputed_by_hand(tmp_path: Path
     assert rows[0]["rank"] == "1" and rows[0]["system"] == "cpu-ref"
     assert float(rows[0]["score_ai_ops_per_s"]) == pytest.approx(s.score)
     md = (tmp_path / "out" / "ranking.md").read_text()
-    assert "| 1 | cpu-ref |" in md and all(w in md for w in DEFAULT_SUITE)
+    assert "| 1 | cpu-ref |" in md and all(w in md for w in suite().workloads)
 
 
 def test_a_record_edited_by_hand_is_rejected(ref_copy: Path) -> None:

@@ -8,10 +8,10 @@ import random
 import pytest
 import torch
 
-from generators.presets import PRESETS
 from hpcdl.errors import SpecError
 from hpcdl.workloads.crosscheck import counted_flops, saved_activation_elements
 from hpcdl.workloads.families.rnn import CELLS, RNNSpec
+from hpcdl.workloads.recipes import presets
 from hpcdl.workloads.registry import spec_from_dict
 
 # flopcheck toggles oneDNN, whose flag setter warns about TF32 on Intel GPUs
@@ -111,7 +111,7 @@ def test_bad_knobs_name_the_knob(knobs: dict[str, object], field: str) -> None:
 
 def test_lstm_lm_preset_matches_zaremba() -> None:
     # Zaremba et al. 2014, large PTB model: 66M parameters
-    spec = spec_from_dict(PRESETS["lstm_lm"])
+    spec = spec_from_dict(presets()["lstm_lm"])
     assert spec.count().params == pytest.approx(66e6, rel=0.02)
     with torch.device("meta"):  # the real module, without allocating or initialising it
         model = spec.build_module()

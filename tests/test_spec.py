@@ -30,7 +30,7 @@ def test_unknown_knob_names_the_field_and_lists_valid_ones(family: str) -> None:
 
 
 def test_unknown_family() -> None:
-    with pytest.raises(SpecError, match=r"family='nope'.*allowed: cnn"):
+    with pytest.raises(SpecError, match=r"family=.nope.*allowed: .*cnn"):
         spec_from_dict({"family": "nope"})
 
 

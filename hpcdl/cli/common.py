@@ -8,6 +8,7 @@ import sys
 from typing import NoReturn
 
 from hpcdl.errors import SpecError
+from hpcdl.workloads import recipes
 from hpcdl.workloads.registry import FAMILIES, parse_assignments, spec_from_args
 from hpcdl.workloads.spec import Spec
 
@@ -24,20 +25,18 @@ def err(message: str) -> None:
 
 def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
     """The specs named on the command line: one workload, a preset, or the default suite."""
-    import generators  # imported late: it imports every family
-
     if args.workload:
         return {args.workload: spec_from_args(args.workload, args.knobs)}
     if args.preset:
-        base = generators.preset(args.preset)
-        return {args.preset: generators.preset(args.preset, **parse_assignments(type(base), args.knobs))}
+        base = recipes.preset(args.preset)
+        return {args.preset: recipes.preset(args.preset, **parse_assignments(type(base), args.knobs))}
     overrides = {}
     for word in args.knobs:
         key, sep, text = word.partition("=")
         if key not in Spec.knobs() or not sep:
             raise SpecError("knob", word, "the default suite takes only batch_size=, precision=, seed=")
         overrides[key] = Spec.parse_knob(key, text)
-    return generators.default_suite(**overrides)
+    return recipes.suite().specs(**overrides)
 
 
 def add_workload_options(r: argparse.ArgumentParser) -> None:

@@ -13,19 +13,19 @@ from hpcdl.measure.device import device_name, memory_capacity, resolve_device
 from hpcdl.measure.environment import availability, environment
 from hpcdl.measure.peaks import datasheet_peak, matmul_probe
 from hpcdl.results.text import si, table
+from hpcdl.workloads import recipes
 from hpcdl.workloads.precision import PRECISIONS
 from hpcdl.workloads.registry import FAMILIES, family_class, parse_assignments, spec_from_args
+from hpcdl.workloads.sampling import sample_spec
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    import generators
-
     if args.sample is not None:
         fixed = parse_assignments(family_class(args.family), args.knobs)
-        spec = generators.sample_spec(args.family, args.sample, **fixed)
-    elif args.family in generators.PRESETS:
-        base = generators.preset(args.family)
-        spec = generators.preset(args.family, **parse_assignments(type(base), args.knobs))
+        spec = sample_spec(args.family, args.sample, **fixed)
+    elif args.family in recipes.presets():
+        base = recipes.preset(args.family)
+        spec = recipes.preset(args.family, **parse_assignments(type(base), args.knobs))
     else:
         spec = spec_from_args(args.family, args.knobs)
     c = spec.count()
@@ -112,14 +112,14 @@ def cmd_io(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    import generators
-
     for family, cls in FAMILIES.items():
         print(f"{family}: {(cls.__doc__ or '').strip().splitlines()[0]}")
         for name, f in cls.knobs().items():
             print(f"  {name} = {f.default!r:<12} {f.metadata['doc']}")
-    print("\npresets: " + ", ".join(generators.PRESETS))
-    print("default suite: " + ", ".join(generators.DEFAULT_SUITE))
+    print("\npresets: " + ", ".join(recipes.presets()))
+    for size_class in recipes.size_classes():
+        s = recipes.suite(size_class)
+        print(f"class {size_class} (v{s.version}, {s.description}): " + ", ".join(s.workloads))
     return 0
 
 

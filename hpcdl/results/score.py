@@ -12,10 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from generators.suite import DEFAULT_SUITE
 from hpcdl import metrics
 from hpcdl.records.store import read_steps
+from hpcdl.workloads import recipes
 from hpcdl.workloads.registry import spec_from_dict
+
+DEFAULT_SUITE = recipes.suite().workloads
 
 TUNABLE = ("batch_size", "precision", "seed")
 """knobs a submitter may change and still run the standard workload"""

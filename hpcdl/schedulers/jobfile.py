@@ -37,9 +37,11 @@ from typing import Any, ClassVar, TypeVar
 from hpcdl.errors import SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.parallel.backends import BACKENDS
+from hpcdl.workloads import recipes
 from hpcdl.workloads.families.mlp import MLPSpec
 from hpcdl.workloads.precision import PRECISIONS
 from hpcdl.workloads.registry import FAMILIES, family_class, spec_from_dict
+from hpcdl.workloads.sampling import sample_spec
 from hpcdl.workloads.spec import Knobs, Spec, knob
 
 LAUNCHERS = ("srun", "mpirun")
@@ -277,8 +279,6 @@ def nested(build: Callable[[], T], prefix: str) -> T:
 def workload_spec(w: dict[str, Any], *, precision_set: bool = False) -> Spec:
     """The spec of a ``[workload]`` table: ``preset=`` with knob overrides, ``family=`` with
     knobs, or ``sample={family=..., seed=..., ranges={...}}`` with fixed knobs."""
-    import generators  # imported late: it imports every family
-
     kinds = [k for k in ("preset", "family", "sample") if k in w]
     if len(kinds) != 1:
         raise SpecError("job.workload", sorted(w), "exactly one of preset=, family=, sample= is required")
@@ -291,7 +291,7 @@ def workload_spec(w: dict[str, Any], *, precision_set: bool = False) -> Spec:
 
     def build() -> Spec:
         if kind == "preset":
-            return generators.preset(w["preset"], **knobs)
+            return recipes.preset(w["preset"], **knobs)
         if kind == "family":
             return spec_from_dict(w)
         return sampled(w["sample"], knobs)
@@ -307,8 +307,6 @@ def workload_spec(w: dict[str, Any], *, precision_set: bool = False) -> Spec:
 
 
 def sampled(sample: Any, fixed: dict[str, Any]) -> Spec:
-    import generators
-
     if not isinstance(sample, dict):
         raise SpecError("sample", sample, "expected a table {family=..., seed=...}")
     unknown = set(sample) - {"family", "seed", "ranges"}
@@ -323,7 +321,7 @@ def sampled(sample: Any, fixed: dict[str, Any]) -> Spec:
     ranges = sample.get("ranges", {})
     if not isinstance(ranges, dict):
         raise SpecError("sample.ranges", ranges, "expected a table of knob = [values...]")
-    return generators.sample_spec(sample["family"], seed, ranges, **fixed)
+    return sample_spec(sample["family"], seed, ranges, **fixed)
 
 
 __all__ = ["LAUNCHERS", "Job", "job_from_dict", "load_job"]

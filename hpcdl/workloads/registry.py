@@ -1,27 +1,23 @@
-"""The workload families, by name. A new family is one module here plus one line below."""
+"""The workload families, by name. A family is one module that registers its spec class with
+``@FAMILIES.register``: the built-in ones live in ``hpcdl/workloads/families/`` (each module
+there is imported), others come from plugins (``hpcdl.plugins``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from hpcdl.errors import SpecError
-from hpcdl.workloads.families.attention import AttentionSpec
-from hpcdl.workloads.families.cnn import CNNSpec
-from hpcdl.workloads.families.mlp import MLPSpec
-from hpcdl.workloads.families.rnn import RNNSpec
-from hpcdl.workloads.families.speech import SpeechSpec
+from hpcdl.plugins import Registry
 from hpcdl.workloads.spec import Spec
 
-FAMILIES: dict[str, type[Spec]] = {
-    cls.family: cls for cls in (CNNSpec, RNNSpec, AttentionSpec, MLPSpec, SpeechSpec)
-}
+FAMILIES: Registry[type[Spec]] = Registry(
+    "family", "hpcdl.workloads.families", key=lambda cls: cls.family, error=SpecError
+)
 
 
 def family_class(name: Any) -> type[Spec]:
     """The spec class of a family name, or a one-line error listing the families."""
-    if name not in FAMILIES:
-        raise SpecError("family", name, "allowed: " + ", ".join(FAMILIES))
-    return FAMILIES[name]
+    return FAMILIES.get(name)
 
 
 def spec_from_dict(d: dict[str, Any]) -> Spec:

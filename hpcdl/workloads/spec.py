@@ -9,6 +9,7 @@ network and its analytic FLOP count stay side by side.
 from __future__ import annotations
 
 import dataclasses
+import random
 import types
 import typing
 from collections.abc import Sequence
@@ -20,6 +21,9 @@ from torch import nn
 from hpcdl.errors import SpecError
 from hpcdl.workloads.counting import Count
 from hpcdl.workloads.precision import PRECISIONS
+
+Ranges = dict[str, list[Any]]
+"""knob (or derived quantity) -> the values to draw from"""
 
 
 def knob(
@@ -97,6 +101,9 @@ class Spec(Knobs):
     """A workload: the knobs common to every family, and what each family must provide."""
 
     family: ClassVar[str] = ""
+    sampling: ClassVar[Ranges] = {}
+    """knob -> the values ``hpcdl generate FAMILY --sample SEED`` draws from, uniformly; a
+    family may also name derived quantities here and turn them into knobs in ``from_drawn``"""
 
     batch_size: int = knob(32, lo=1, hi=1 << 20, doc="samples per rank per step")
     precision: str = knob("fp32", choices=PRECISIONS, doc="compute precision (bf16/fp16 use autocast)")
@@ -132,6 +139,14 @@ class Spec(Knobs):
     def num_classes(self) -> int:
         """Size of the last dimension of the logits."""
         raise TypeError(f"{type(self).__name__} does not define num_classes")
+
+    @classmethod
+    def from_drawn(cls, drawn: dict[str, Any], ranges: Ranges, rng: random.Random) -> dict[str, Any]:
+        """Knobs from the values drawn from ``sampling`` (or the caller's ranges): by default the
+        values themselves; a family whose ranges name derived quantities (a width per head, a
+        block count per stage) turns them into knobs here, drawing more from ``rng`` if needed.
+        Knobs the caller fixed are already in ``drawn`` and must be kept."""
+        return drawn
 
     def build(self) -> nn.Module:
         """The network with weights drawn from ``seed``: the same spec gives the same weights."""

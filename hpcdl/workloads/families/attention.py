@@ -10,8 +10,9 @@ norms, activations and embedding lookups are element-wise or lookups: not counte
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +20,8 @@ from torch import nn
 
 from hpcdl.errors import SpecError
 from hpcdl.workloads.counting import Count, Tally
-from hpcdl.workloads.spec import Spec, knob
+from hpcdl.workloads.registry import FAMILIES
+from hpcdl.workloads.spec import Ranges, Spec, knob
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "relu": nn.ReLU}
 EMBED_STD = 0.02
@@ -27,6 +29,7 @@ EMBED_STD = 0.02
 make tied-head logits of std ~sqrt(width) and the first losses huge"""
 
 
+@FAMILIES.register
 @dataclass(frozen=True, kw_only=True)
 class AttentionSpec(Spec):
     """Transformer over token ids: learned token and position embeddings, ``layers`` blocks of
@@ -34,6 +37,18 @@ class AttentionSpec(Spec):
     or a mean-pooled classifier."""
 
     family: ClassVar[str] = "attention"
+    sampling: ClassVar[Ranges] = {
+        "layers": [1, 2, 4, 6],
+        "heads": [1, 2, 4, 8],
+        "head_dim": [16, 32, 64],  # width = heads x head_dim (from_drawn): heads always divide it
+        "ffn_mult": [2.0, 4.0],
+        "seq_len": [32, 64, 128, 256],
+        "vocab": [1000, 8000, 32000],
+        "causal": [False, True],
+        "norm": ["pre", "post"],
+        "head": ["lm", "cls"],
+        "tie_embeddings": [False, True],
+    }
 
     layers: int = knob(2, lo=1, hi=1000, doc="transformer blocks")
     width: int = knob(128, lo=1, hi=1 << 16, doc="model width (d_model)")
@@ -54,6 +69,14 @@ class AttentionSpec(Spec):
     classes: int = knob(2, lo=2, hi=1 << 24, doc="output classes of the cls head")
     tie_embeddings: bool = knob(False, doc="lm head reuses the token embedding (no extra params; lm only)")
     activation: str = knob("gelu", choices=tuple(ACTIVATIONS), doc="feed-forward activation")
+
+    @classmethod
+    def from_drawn(cls, drawn: dict[str, Any], ranges: Ranges, rng: random.Random) -> dict[str, Any]:
+        """``width`` = ``heads`` x the drawn ``head_dim``, unless the caller fixed the width."""
+        knobs = dict(drawn)
+        head_dim = knobs.pop("head_dim")
+        knobs.setdefault("width", knobs["heads"] * head_dim)
+        return knobs
 
     def check(self) -> None:
         if self.width % self.heads:

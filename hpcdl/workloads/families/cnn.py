@@ -9,15 +9,17 @@ plan, so the network and its analytic count cannot drift apart.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from hpcdl.errors import SpecError
 from hpcdl.workloads.counting import Count, Tally, conv_out
-from hpcdl.workloads.spec import Spec, knob
+from hpcdl.workloads.registry import FAMILIES
+from hpcdl.workloads.spec import Ranges, Spec, knob
 
 STEMS = ("none", "simple", "imagenet")
 BLOCKS = ("plain", "basic", "bottleneck", "separable")
@@ -72,6 +74,7 @@ class Plan:
         return (self.stem_conv_size, self.stem_size, *blocks, *self.stage_sizes)
 
 
+@FAMILIES.register
 @dataclass(frozen=True, kw_only=True)
 class CNNSpec(Spec):
     """Convolutional image classifier: an optional stem, ``stages`` stages of blocks whose
@@ -83,6 +86,19 @@ class CNNSpec(Spec):
     """
 
     family: ClassVar[str] = "cnn"
+    sampling: ClassVar[Ranges] = {
+        "stages": [1, 2, 3, 4],
+        "blocks_per_stage": [1, 2, 3],  # drawn once per stage into "blocks" (from_drawn)
+        "base_width": [8, 16, 32, 64],
+        "width_mult": [1.5, 2.0],
+        "kernel_size": [3, 5],
+        "block": ["plain", "basic", "bottleneck", "separable"],
+        "downsample": ["stride", "maxpool", "none"],
+        "norm": ["batch", "group", "none"],
+        "stem": ["none", "simple"],
+        "image_size": [32, 64],
+        "classes": [10, 100],
+    }
 
     image_size: int = knob(32, lo=1, hi=1 << 15, doc="height and width of the input images")
     in_channels: int = knob(3, lo=1, hi=1 << 12, doc="channels of the input images")
@@ -123,6 +139,16 @@ class CNNSpec(Spec):
     )
     head_layers: int = knob(0, lo=0, hi=16, doc="hidden fully connected layers (ReLU) before the classifier")
     head_width: int = knob(4096, lo=1, hi=1 << 17, doc="units per hidden head layer")
+
+    @classmethod
+    def from_drawn(cls, drawn: dict[str, Any], ranges: Ranges, rng: random.Random) -> dict[str, Any]:
+        """The drawn ``blocks_per_stage`` is the first stage's; the others are drawn here."""
+        knobs = dict(drawn)
+        first = knobs.pop("blocks_per_stage")
+        if "blocks" not in knobs:
+            rest = [rng.choice(ranges["blocks_per_stage"]) for _ in range(knobs["stages"] - 1)]
+            knobs["blocks"] = [first, *rest]
+        return knobs
 
     # --- layout --------------------------------------------------------------------------
     def check(self) -> None:

@@ -9,14 +9,22 @@ import torch
 from torch import nn
 
 from hpcdl.workloads.counting import Count, Tally
-from hpcdl.workloads.spec import Spec, knob
+from hpcdl.workloads.registry import FAMILIES
+from hpcdl.workloads.spec import Ranges, Spec, knob
 
 
+@FAMILIES.register
 @dataclass(frozen=True, kw_only=True)
 class MLPSpec(Spec):
     """Fully connected network: ``layers`` hidden layers of ``width`` with ReLU, then a classifier."""
 
     family: ClassVar[str] = "mlp"
+    sampling: ClassVar[Ranges] = {
+        "layers": [1, 2, 3, 4, 6, 8],
+        "width": [64, 128, 256, 512, 1024, 2048],
+        "input_size": [32, 128, 512, 1024],
+        "output_size": [10, 100, 1000],
+    }
 
     layers: int = knob(4, lo=1, hi=1000, doc="hidden layers")
     width: int = knob(1024, lo=1, hi=1 << 17, doc="units per hidden layer")

@@ -1,23 +1,10 @@
 """RNN: stacked LSTM / GRU / Elman layers over token ids or feature vectors -- a latency-bound
-workload of many small, sequential matrix products.
-
-FLOP convention for one layer and direction over ``T`` steps, ``G`` gate blocks of ``hidden``
-(4 for an LSTM, 3 for a GRU, 1 for a vanilla RNN), as autograd computes it on the unfused path
-(the path ``FlopCounterMode`` can see; see ``hpcdl.workloads.crosscheck``):
-
-* input projection ``x_t @ W_ih^T`` for all steps: ``2*T*in*G*H``; backward: the weight gradient
-  always, the input gradient unless the input is data (raw features into layer 1; token
-  embeddings do need it, because the embedding table is trained);
-* recurrent projection ``h_{t-1} @ W_hh^T``: ``2*T*H*G*H``; backward: the weight gradient for all
-  ``T`` steps but the hidden-state gradient for ``T-1`` steps only, because the initial state
-  ``h_0`` is a constant zero tensor and autograd computes no gradient for it (measured);
-* a GRU applies its reset gate to ``W_hn h + b_hn`` after the product, so its recurrent product
-  is still one ``H x 3H`` matmul per step (measured to match).
+workload of many small, sequential matrix products. The recurrent layers and their FLOP
+convention are in :mod:`hpcdl.workloads.recurrent`, shared with the speech family.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -26,19 +13,30 @@ from torch import nn
 
 from hpcdl.errors import SpecError
 from hpcdl.workloads.counting import Count, Tally
-from hpcdl.workloads.spec import Spec, knob
-
-CELLS: dict[str, Callable[..., nn.RNNBase]] = {"lstm": nn.LSTM, "gru": nn.GRU, "vanilla": nn.RNN}
-GATES = {"lstm": 4, "gru": 3, "vanilla": 1}
-"""gate blocks of ``hidden`` units that each input and recurrent product produces"""
+from hpcdl.workloads.recurrent import CELLS, count_stack, recurrent_stack
+from hpcdl.workloads.registry import FAMILIES
+from hpcdl.workloads.spec import Ranges, Spec, knob
 
 
+@FAMILIES.register
 @dataclass(frozen=True, kw_only=True)
 class RNNSpec(Spec):
     """Recurrent network: optional token embedding, ``layers`` recurrent layers, a linear head
     on every step (sequence labelling / language modelling) or on the last one (classification)."""
 
     family: ClassVar[str] = "rnn"
+    sampling: ClassVar[Ranges] = {
+        "cell": ["lstm", "gru", "vanilla"],
+        "layers": [1, 2, 3],
+        "hidden": [64, 128, 256, 512],
+        "vocab": [0, 1000, 10000],
+        "embedding": [64, 128, 256],
+        "input_features": [16, 64, 128],
+        "seq_len": [16, 32, 64],
+        "bidirectional": [False, True],
+        "output": ["step", "last"],
+        "classes": [10, 100, 1000],
+    }
 
     cell: str = knob("lstm", choices=tuple(CELLS), doc="recurrent cell (vanilla = Elman RNN with tanh)")
     layers: int = knob(2, lo=1, hi=1000, doc="stacked recurrent layers")
@@ -84,46 +82,28 @@ class RNNSpec(Spec):
 
     def count(self) -> Count:
         t = Tally()
-        T, H, D, G = self.seq_len, self.hidden, self.directions, GATES[self.cell]
+        T = self.seq_len
         if self.vocab > 0:
             t.add_params(self.vocab * self.embedding)  # a lookup: no FLOPs
             t.keep(T * self.embedding)
-        fan_in = self.input_size
-        for layer in range(self.layers):
-            # raw features need no gradient; an embedding's output (and any layer's) does
-            data_input = layer == 0 and self.vocab == 0
-            for _ in range(D):
-                _recurrent_layer(t, T, fan_in, H, G, data_input=data_input)
-                _keep_cell_state(t, self.cell, T, H)
-            fan_in = D * H
+        width = count_stack(
+            t,
+            self.cell,
+            steps=T,
+            input_size=self.input_size,
+            hidden=self.hidden,
+            layers=self.layers,
+            directions=self.directions,
+            data_input=self.vocab == 0,  # raw features need no gradient; an embedding's output does
+        )
         head_rows = T if self.output == "step" else 1
-        t.linear(head_rows, D * H, self.classes)
+        t.linear(head_rows, width, self.classes)
         return t.result()
 
     def sample_inputs(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
         if self.vocab > 0:
             return torch.randint(self.vocab, (n, self.seq_len), generator=generator, device=device)
         return torch.randn(n, self.seq_len, self.input_features, generator=generator, device=device)
-
-
-def _recurrent_layer(t: Tally, steps: int, fan_in: int, hidden: int, gates: int, *, data_input: bool) -> None:
-    """One direction of one layer: input and recurrent projections with their two biases."""
-    width = gates * hidden
-    t.add_params(width * (fan_in + hidden + 2))  # W_ih, W_hh, b_ih, b_hh
-    t.matmul(steps, fan_in, width, grads=1 if data_input else 2)
-    # step 0 multiplies the constant h_0 = 0: only its weight gradient is computed
-    t.matmul(1, hidden, width, grads=1)
-    t.matmul(1, hidden, width, grads=2, times=steps - 1)
-
-
-def _keep_cell_state(t: Tally, cell: str, steps: int, hidden: int) -> None:
-    """What the unfused cell saves for backward, per step: about ``7.5 * hidden`` for an LSTM
-    or a GRU (gate activations, pre-activations and states) and ``1.5 * hidden`` for a vanilla
-    RNN (the new state, the previous one), measured with ``saved_tensors_hooks`` and rounded up.
-    oneDNN's fused CPU LSTM keeps an opaque workspace of about 16 floats per step and unit instead.
-    """
-    per_step = {"lstm": 8, "gru": 8, "vanilla": 2}[cell]
-    t.keep(steps * per_step * hidden)
 
 
 class RNNNet(nn.Module):
@@ -134,13 +114,7 @@ class RNNNet(nn.Module):
         self.last = spec.output == "last"
         self.directions = spec.directions
         self.embed = nn.Embedding(spec.vocab, spec.embedding) if spec.vocab > 0 else None
-        self.rnn = CELLS[spec.cell](
-            spec.input_size,
-            spec.hidden,
-            num_layers=spec.layers,
-            batch_first=True,
-            bidirectional=spec.bidirectional,
-        )
+        self.rnn = recurrent_stack(spec.cell, spec.input_size, spec.hidden, spec.layers, spec.bidirectional)
         self.head = nn.Linear(spec.directions * spec.hidden, spec.classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

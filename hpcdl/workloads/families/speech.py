@@ -14,11 +14,10 @@ import torch
 from torch import nn
 
 from hpcdl.workloads.counting import Count, Tally, conv_out
-from hpcdl.workloads.spec import Spec, knob
+from hpcdl.workloads.recurrent import CELLS, count_stack, recurrent_stack
+from hpcdl.workloads.registry import FAMILIES
+from hpcdl.workloads.spec import Ranges, Spec, knob
 
-CELLS = ("gru", "lstm", "vanilla")
-GATES = {"lstm": 4, "gru": 3, "vanilla": 1}
-"""weight blocks per cell: the input and recurrent products are ``GATES * hidden`` wide"""
 ACTIVATIONS = ("hardtanh", "relu")
 
 # Deep Speech 2's convolutions over (frequency, time): (kernel, stride, padding).
@@ -31,6 +30,7 @@ CLIP = 20.0
 """Deep Speech 2's clipped ReLU: min(max(x, 0), 20)"""
 
 
+@FAMILIES.register
 @dataclass(frozen=True, kw_only=True)
 class SpeechSpec(Spec):
     """Deep Speech 2-like model on spectrograms of shape ``(1, freq_bins, frames)``: up to three
@@ -38,6 +38,16 @@ class SpeechSpec(Spec):
     the output frames, then a fully connected classifier at every output frame."""
 
     family: ClassVar[str] = "speech"
+    sampling: ClassVar[Ranges] = {
+        "freq_bins": [41, 81, 161],
+        "frames": [50, 100, 200],
+        "conv_layers": [1, 2, 3],
+        "conv_channels": [8, 16, 32],
+        "cell": ["lstm", "gru", "vanilla"],
+        "rnn_layers": [1, 2, 3],
+        "hidden": [64, 128, 256],
+        "bidirectional": [False, True],
+    }
 
     freq_bins: int = knob(161, lo=1, hi=1 << 14, doc="frequency bins of the input spectrogram")
     frames: int = knob(100, lo=1, hi=1 << 20, doc="time frames of the input spectrogram")
@@ -46,7 +56,9 @@ class SpeechSpec(Spec):
     conv_activation: str = knob(
         "hardtanh", choices=ACTIVATIONS, doc="after each conv: hardtanh (DS2's ReLU clipped at 20) or relu"
     )
-    cell: str = knob("gru", choices=CELLS, doc="recurrent cell: nn.GRU, nn.LSTM or nn.RNN (vanilla, tanh)")
+    cell: str = knob(
+        "gru", choices=tuple(CELLS), doc="recurrent cell: nn.GRU, nn.LSTM or nn.RNN (vanilla, tanh)"
+    )
     rnn_layers: int = knob(3, lo=1, hi=64, doc="recurrent layers")
     hidden: int = knob(256, lo=1, hi=1 << 14, doc="hidden units per direction")
     bidirectional: bool = knob(True, doc="run each recurrent layer both ways and concatenate the outputs")
@@ -90,14 +102,7 @@ class SpeechSpec(Spec):
                 act,
             ]
             c_in = self.conv_channels
-        rnn_cls = {"gru": nn.GRU, "lstm": nn.LSTM, "vanilla": nn.RNN}[self.cell]
-        rnn = rnn_cls(
-            self.rnn_input,
-            self.hidden,
-            num_layers=self.rnn_layers,
-            batch_first=True,
-            bidirectional=self.bidirectional,
-        )
+        rnn = recurrent_stack(self.cell, self.rnn_input, self.hidden, self.rnn_layers, self.bidirectional)
         fc = nn.Linear(self.directions * self.hidden, self.classes)
         return DeepSpeech(nn.Sequential(*convs), rnn, fc)
 
@@ -117,34 +122,19 @@ class SpeechSpec(Spec):
             c_in = self.conv_channels
         frames = self.target_shape()[0]
         t.keep(frames * self.rnn_input)  # (channels x freq, time) made contiguous for the RNN
-        fan_in = self.rnn_input
-        for _ in range(self.rnn_layers):
-            for _ in range(self.directions):
-                self._count_rnn_direction(t, frames, fan_in)
-            fan_in = self.directions * self.hidden
-        t.linear(frames, fan_in, self.classes)
+        # the convolutions' output needs its gradient: no layer reads data
+        width = count_stack(
+            t,
+            self.cell,
+            steps=frames,
+            input_size=self.rnn_input,
+            hidden=self.hidden,
+            layers=self.rnn_layers,
+            directions=self.directions,
+            data_input=False,
+        )
+        t.linear(frames, width, self.classes)
         return t.result()
-
-    def _count_rnn_direction(self, t: Tally, frames: int, fan_in: int) -> None:
-        """One direction of one recurrent layer over ``frames`` steps.
-
-        PyTorch's CPU path (the one that runs when oneDNN is off, and what FlopCounterMode
-        sees) projects the inputs of all steps at once, ``linear(x, W_ih, b_ih)``, then runs one
-        ``linear(h, W_hh, b_hh)`` per step -- the full ``GATES * hidden`` width, also for the
-        GRU, whose reset gate multiplies the product's output (cuDNN's formulation), not ``h``.
-        The input of the first layer comes from the convs, so every input projection gets an
-        input gradient too. The first step's hidden state is a constant zero tensor, so
-        autograd computes its weight gradient but no gradient with respect to it: the
-        recurrent product has ``2 * frames - 1``, not ``2 * frames``, backward products.
-        """
-        gates = GATES[self.cell] * self.hidden
-        t.linear(frames, fan_in, gates)  # W_ih and b_ih over all steps
-        t.add_params(self.hidden * gates + gates)  # W_hh and b_hh
-        t.matmul(1, self.hidden, gates, grads=1)  # step 0: h0 = 0 needs no gradient
-        if frames > 1:
-            t.matmul(1, self.hidden, gates, grads=2, times=frames - 1)
-        # per step, the cell keeps its gate values and the new hidden state
-        t.keep(frames * (gates + self.hidden))
 
 
 class DeepSpeech(nn.Module):

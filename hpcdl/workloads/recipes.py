@@ -1,0 +1,77 @@
+"""Recipes: named workloads read from the TOML files of the repository's ``generators/`` folder
+(installed with the package as its data, ``hpcdl/recipes``, a link to that folder).
+
+* ``generators/presets.toml``: presets that mimic known models (ResNet-50, BERT-base, ...);
+* ``generators/suites/<CLASS>.toml``: the standard suite of each size class, a fixed and
+  versioned list of workloads (``S`` is the default of ``hpcdl run``).
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from dataclasses import dataclass
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+from typing import Any
+
+from hpcdl.errors import InputError, SpecError
+from hpcdl.workloads.registry import spec_from_dict
+from hpcdl.workloads.spec import Spec
+
+DEFAULT_CLASS = "S"
+
+
+def _folder() -> Traversable:
+    return files("hpcdl") / "recipes"
+
+
+def _read(item: Traversable) -> dict[str, Any]:
+    return tomllib.loads(item.read_text(encoding="utf-8"))
+
+
+@functools.cache
+def presets() -> dict[str, dict[str, Any]]:
+    """Preset name -> ``{"family": ..., **knobs}``."""
+    return _read(_folder() / "presets.toml")
+
+
+def preset(name: str, **overrides: Any) -> Spec:
+    """The spec of a named preset (``resnet50``, ``gpt2_small``, ...) with knobs overridden."""
+    table = presets()
+    if name not in table:
+        raise SpecError("preset", name, "allowed: " + ", ".join(table))
+    return spec_from_dict({**table[name], **overrides})
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One size class of the standard suite."""
+
+    size_class: str
+    version: int
+    description: str
+    workloads: dict[str, dict[str, Any]]
+    """workload name -> ``{"family": ..., **knobs}``, in the file's order"""
+
+    def specs(self, **overrides: Any) -> dict[str, Spec]:
+        """The specs by workload name; ``overrides`` (e.g. precision) apply to each."""
+        return {name: spec_from_dict({**d, **overrides}) for name, d in self.workloads.items()}
+
+
+def size_classes() -> list[str]:
+    """The classes there are, smallest first (S, M, L, ...: by the files in ``suites/``)."""
+    order = {"S": 0, "M": 1, "L": 2}
+    names = [
+        f.name.removesuffix(".toml") for f in (_folder() / "suites").iterdir() if f.name.endswith(".toml")
+    ]
+    return sorted(names, key=lambda n: (order.get(n, len(order)), n))
+
+
+@functools.cache
+def suite(size_class: str = DEFAULT_CLASS) -> Suite:
+    """The standard suite of a size class."""
+    if size_class not in size_classes():
+        raise InputError("class", size_class, "allowed: " + ", ".join(size_classes()))
+    doc = _read(_folder() / "suites" / f"{size_class}.toml")
+    return Suite(doc["class"], int(doc["version"]), str(doc.get("description", "")), dict(doc["workloads"]))

@@ -1,0 +1,73 @@
+"""Recurrent layers (LSTM, GRU, Elman RNN): the one place they are built and counted, for every
+family that stacks them (``rnn``, ``speech``).
+
+FLOP convention for one layer and direction over ``T`` steps, ``G`` gate blocks of ``H`` units
+(4 for an LSTM, 3 for a GRU, 1 for an Elman RNN), as autograd computes it on the unfused path
+(the path ``FlopCounterMode`` can see; see ``hpcdl.workloads.crosscheck``):
+
+* input projection ``x_t @ W_ih^T`` for all steps at once: ``2*T*in*G*H``; backward: the
+  weight gradient always, the input gradient unless the input is data (raw features into the
+  first layer; token embeddings and convolution outputs need it);
+* recurrent projection ``h_{t-1} @ W_hh^T``: ``2*T*H*G*H``; backward: the weight gradient for
+  all ``T`` steps but the hidden-state gradient for ``T-1`` steps only, because the initial
+  state ``h_0`` is a constant zero tensor and autograd computes no gradient for it (measured);
+* a GRU applies its reset gate to ``W_hn h + b_hn`` after the product (cuDNN's formulation), so
+  its recurrent product is still one ``H x 3H`` matmul per step (measured to match).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from hpcdl.workloads.counting import Tally
+
+CELLS: dict[str, Callable[..., nn.RNNBase]] = {"lstm": nn.LSTM, "gru": nn.GRU, "vanilla": nn.RNN}
+"""cell name -> PyTorch module (vanilla: Elman RNN with tanh)"""
+GATES = {"lstm": 4, "gru": 3, "vanilla": 1}
+"""gate blocks of ``hidden`` units that each input and recurrent product produces"""
+SAVED_PER_STEP = {"lstm": 8, "gru": 8, "vanilla": 2}
+"""elements per step and unit the unfused cell saves for backward: about 7.5 for an LSTM or a
+GRU (gate activations, pre-activations and states) and 1.5 for an Elman RNN (the new state and
+the previous one), measured with ``saved_tensors_hooks`` and rounded up. oneDNN's fused CPU LSTM
+keeps an opaque workspace of about 16 floats per step and unit instead."""
+
+
+def recurrent_stack(cell: str, input_size: int, hidden: int, layers: int, bidirectional: bool) -> nn.RNNBase:
+    """``layers`` recurrent layers over batch-first sequences."""
+    return CELLS[cell](input_size, hidden, num_layers=layers, batch_first=True, bidirectional=bidirectional)
+
+
+def count_stack(
+    t: Tally,
+    cell: str,
+    *,
+    steps: int,
+    input_size: int,
+    hidden: int,
+    layers: int,
+    directions: int,
+    data_input: bool,
+) -> int:
+    """Parameters, FLOPs and saved activations of a stack like :func:`recurrent_stack`;
+    ``data_input``: the first layer reads data that needs no gradient. Returns the width of
+    the stack's output per step (``directions * hidden``)."""
+    fan_in = input_size
+    for layer in range(layers):
+        for _ in range(directions):
+            _layer(t, cell, steps, fan_in, hidden, data_input=data_input and layer == 0)
+        fan_in = directions * hidden
+    return fan_in
+
+
+def _layer(t: Tally, cell: str, steps: int, fan_in: int, hidden: int, *, data_input: bool) -> None:
+    """One direction of one layer: input and recurrent projections with their two biases, and
+    the cell's saved state."""
+    width = GATES[cell] * hidden
+    t.add_params(width * (fan_in + hidden + 2))  # W_ih, W_hh, b_ih, b_hh
+    t.matmul(steps, fan_in, width, grads=1 if data_input else 2)
+    # step 0 multiplies the constant h_0 = 0: only its weight gradient is computed
+    t.matmul(1, hidden, width, grads=1)
+    t.matmul(1, hidden, width, grads=2, times=steps - 1)
+    t.keep(steps * SAVED_PER_STEP[cell] * hidden)
