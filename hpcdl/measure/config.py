@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from hpcdl.errors import SpecError
+from hpcdl.parallel.backends import backend_choices
 from hpcdl.workloads.spec import Knobs, knob
 
 DATA_KINDS = ("random", "learnable", "hdf5")
@@ -36,12 +37,12 @@ class RunConfig(Knobs):
     device: str = knob("auto", doc="torch device: auto (cuda if present, else cpu), cpu, cuda, cuda:1, ...")
     peak_flops: float = knob(0.0, lo=0.0, doc="peak FLOP/s to compute MFU against; 0 = datasheet or probe")
     backend: str = knob(
-        "auto",
-        choices=("auto", "horovod", "torch", "none"),
-        doc="gradient reduction across ranks: horovod, torch (DDP), auto (horovod if installed)",
+        "auto", doc="gradient reduction across ranks: horovod, torch (DDP), auto (horovod if installed)"
     )
     phase_sync: bool = knob(True, doc="synchronise the device between phases to time each (costs a little)")
 
     def check(self) -> None:
+        if self.backend not in backend_choices():
+            raise SpecError("run.backend", self.backend, "allowed: " + ", ".join(backend_choices()))
         if self.data == "hdf5" and not self.data_dir:
             raise SpecError("run.data_dir", self.data_dir, "required when data=hdf5 (a directory path)")

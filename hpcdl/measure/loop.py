@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcdl.measure.device import synchronize
-from hpcdl.parallel.backends import Backend, NoBackend
+from hpcdl.parallel.backends import Backend
+from hpcdl.parallel.backends.single import SingleProcess
 from hpcdl.workloads.precision import precision as precision_of
 
 PHASES = ("data", "forward", "backward", "allreduce", "optimizer")
@@ -48,7 +49,7 @@ class Trainer:
         backend: Backend | None = None,
     ) -> None:
         self.model, self.optimizer, self.source, self.device = model, optimizer, source, device
-        self.backend = backend or NoBackend()
+        self.backend = backend or SingleProcess()
         self.precision = precision_of(precision)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision.loss_scaling)
         self.phase_sync = phase_sync
@@ -92,14 +93,14 @@ class Trainer:
         return t5 - t0, phases
 
     def local_backward_s(self, steps: int) -> list[float]:
-        """Backward times with DDP's reduction switched off (``no_sync``), gradients discarded:
-        what backward costs without communication, to tell DDP's exposed allreduce time."""
-        no_sync = getattr(self.model, "no_sync", None)
-        if no_sync is None:
+        """Backward times with the backend's reduction switched off (DDP's ``no_sync``),
+        gradients discarded: what backward costs without communication, to tell an exposed
+        allreduce that the backend hides inside backward. Empty when the backend cannot."""
+        if self.backend.no_reduction(self.model) is None:
             return []
         times = []
         for _ in range(steps):
-            with no_sync():
+            with self.backend.no_reduction(self.model) or nullcontext():
                 loss = self._loss(*self.source.next())
                 t0 = self._mark()
                 self.scaler.scale(loss).backward()

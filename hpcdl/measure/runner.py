@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from hpcdl.records.store import file_sha256, seal, write_record, write_steps
 from hpcdl.workloads.spec import Spec
 
 Progress = Callable[[str], None]
-CALIBRATION_STEPS = 5  # DDP backward timed without reduction, to tell its exposed allreduce
+CALIBRATION_STEPS = 5  # backward timed without reduction where the backend can (DDP)
 
 
 @dataclass(frozen=True)
@@ -90,10 +90,10 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
     return device
 
 
-def make_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
+def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
+    return torch.optim.AdamW(params, lr=cfg.lr)
 
 
 def make_source(spec: Spec, cfg: RunConfig, device: torch.device, world: World) -> tuple[BatchSource, dict]:
@@ -141,11 +141,11 @@ def measure_rank(
     say(f"building {spec.family} model and {cfg.data} data")
     model = spec.build().to(device)
     source, io = make_source(spec, cfg, device, world)
-    model, optimizer = backend.wrap(model, make_optimizer(model, cfg))
+    model, optimizer = backend.wrap(model, lambda params: make_optimizer(params, cfg))
     trainer = Trainer(model, optimizer, source, device, spec.precision, cfg.phase_sync, backend)
     reset_peak_memory(device)
     say(f"warm-up {cfg.warmup_steps} steps, then timing")
-    local_backward = trainer.local_backward_s(CALIBRATION_STEPS) if backend.name == "torch" else []
+    local_backward = trainer.local_backward_s(CALIBRATION_STEPS)
     sampler = TelemetrySampler(device)
     log = trainer.run(
         cfg.warmup_steps,

@@ -37,7 +37,7 @@ def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: tor
 
     model = small.build().to(device).eval()
     start = [p.detach().clone() for p in model.parameters()]
-    model, opt = backend.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, opt = backend.wrap(model, lambda params: torch.optim.SGD(params, lr=0.1))
     _loss(model, *shards[world.rank]).backward()
     backend.finish_reduction(opt)
     backend.step(opt, torch.amp.GradScaler(device.type, enabled=False))

@@ -16,6 +16,7 @@ from hpcdl.measure.environment import environment
 from hpcdl.measure.loop import StepLog
 from hpcdl.measure.peaks import Peak, datasheet_peak
 from hpcdl.measure.telemetry import energy_figures
+from hpcdl.parallel.backends import BACKENDS
 from hpcdl.parallel.checks import parameters_identical
 from hpcdl.records import schema, validity
 from hpcdl.workloads.spec import Spec
@@ -97,11 +98,8 @@ def build_record(
                 "allreduce_s": t_ar,
                 "algbw_bytes_per_s": metrics.algbw(grad_bytes, t_ar),
                 "busbw_bytes_per_s": metrics.busbw(metrics.algbw(grad_bytes, t_ar), n),
-                "exposed_s": exposed_allreduce(backend, ranks, phases),
-                "exposed_method": {
-                    "horovod": "allreduce phase: optimizer.synchronize() after backward",
-                    "torch": "median backward with DDP minus median backward under no_sync()",
-                }.get(backend, "none"),
+                "exposed_s": exposed_communication(backend, ranks, phases),
+                "exposed_method": BACKENDS.get(backend).exposed_method,
             }
         )
     mem = max(r["peak_memory"][0] for r in ranks)
@@ -191,11 +189,13 @@ def energy_block(
     }
 
 
-def exposed_allreduce(
+def exposed_communication(
     backend: str, ranks: list[dict[str, Any]], phases: dict[str, dict[str, float]]
 ) -> float:
-    """Median communication time not hidden behind backward (see METRICS.md)."""
-    if backend == "torch":
-        local = [t for r in ranks for t in r["local_backward_s"]]
-        return max(0.0, phases["backward"]["median"] - metrics.summarize(local)["median"]) if local else 0.0
-    return phases["allreduce"]["median"]
+    """Median communication time not hidden behind backward, by the backend's own rule."""
+    local = [t for r in ranks for t in r["local_backward_s"]]
+    return BACKENDS.get(backend).exposed_s(
+        phases["backward"]["median"],
+        metrics.summarize(local)["median"] if local else None,
+        phases["allreduce"]["median"],
+    )

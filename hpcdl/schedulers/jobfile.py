@@ -36,7 +36,7 @@ from typing import Any, ClassVar, TypeVar
 
 from hpcdl.errors import SpecError
 from hpcdl.measure.config import RunConfig
-from hpcdl.parallel.backends import BACKENDS
+from hpcdl.parallel.backends import backend_choices
 from hpcdl.workloads import recipes
 from hpcdl.workloads.families.mlp import MLPSpec
 from hpcdl.workloads.precision import PRECISIONS
@@ -107,7 +107,7 @@ class Job(Knobs):
     qos: str = knob("", doc="quality of service ('': the default)")
     constraint: str = knob("", doc="node features, e.g. 'a100&ib' ('': any node)")
     time_min: int = knob(30, lo=1, hi=525_600, doc="time limit of each job, minutes")
-    backend: str = knob("auto", choices=BACKENDS, doc="gradient reduction: auto, horovod, torch")
+    backend: str = knob("auto", doc="gradient reduction: auto, horovod, torch")
     precision: str = knob("", choices=("", *PRECISIONS), doc="overrides the workload's ('': keep it)")
     run: RunConfig = knob(RunConfig(), doc="table of run settings (hpcdl list: the run knobs)")
     env: tuple[str, ...] = knob((), doc="table NAME = value exported in each job before the ranks start")
@@ -141,6 +141,8 @@ class Job(Knobs):
             check_sbatch_option(item)
         if "\n" in self.output or "\0" in self.output:
             raise SpecError("job.output", self.output, "a directory path on one line")
+        if self.backend not in backend_choices():
+            raise SpecError("job.backend", self.backend, "allowed: " + ", ".join(backend_choices()))
         if self.run.backend != "auto":
             raise SpecError("job.run.backend", self.run.backend, "set it at the top level: job.backend")
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import AbstractContextManager
 from datetime import timedelta
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from hpcdl.parallel.backends import BACKENDS, MakeOptimizer
 from hpcdl.parallel.world import World
 
 
@@ -21,8 +24,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@BACKENDS.register
 class TorchBackend:
-    name = "torch"
+    name: ClassVar[str] = "torch"
+    auto_priority: ClassVar[int | None] = 1
+    message_bytes: ClassVar[int] = 25 << 20
+    """DistributedDataParallel's gradient bucket (``bucket_cap_mb``'s default)"""
+    exposed_method: ClassVar[str] = "median backward with DDP minus median backward under no_sync()"
 
     def __init__(self, world: World, device: torch.device, timeout_s: float = 120.0) -> None:
         self.device = device
@@ -41,13 +49,21 @@ class TorchBackend:
             timeout=timedelta(seconds=timeout_s),
         )
 
+    @staticmethod
+    def unavailable() -> str | None:
+        return None if dist.is_available() else "this torch build has no torch.distributed"
+
     def wrap(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer
+        self, model: nn.Module, make_optimizer: MakeOptimizer
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         # DDP broadcasts rank 0's parameters and buffers when it is constructed; the optimizer
         # has no state yet, so nothing else needs broadcasting.
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids), optimizer
+        ddp = DistributedDataParallel(model, device_ids=ids)
+        return ddp, make_optimizer(ddp.parameters())
+
+    def no_reduction(self, model: nn.Module) -> AbstractContextManager[object] | None:
+        return model.no_sync() if isinstance(model, DistributedDataParallel) else None
 
     def finish_reduction(self, optimizer: torch.optim.Optimizer) -> None:
         pass  # DDP's backward returns only once every bucket is reduced: exposed time is in backward
@@ -57,6 +73,11 @@ class TorchBackend:
 
     def allreduce(self, tensor: torch.Tensor) -> None:
         dist.all_reduce(tensor)
+
+    @staticmethod
+    def exposed_s(backward_s: float, local_backward_s: float | None, reduction_s: float) -> float:
+        # DDP's backward returns only once every bucket is reduced: the exposed time is in it
+        return max(0.0, backward_s - local_backward_s) if local_backward_s is not None else 0.0
 
     def close(self) -> None:
         if dist.is_initialized():
