@@ -120,3 +120,15 @@ def scaling_efficiency(x_n: float, n: int, x_base: float, n_base: int) -> float:
 def speedup(x_n: float, x_base: float) -> float:
     """S(N) = X(N) / X(N0): strong scaling's gain over the smallest measured point."""
     return x_n / x_base if x_base > 0 else float("nan")
+
+
+def energy_figures(
+    energy_j: float | None, window_s: float, samples: int, train_flops_per_sample: float
+) -> dict[str, float | None]:
+    """Energy figures of the timed work from its energy (None throughout when that is unknown)."""
+    return {
+        "energy_to_solution_j": energy_j,
+        "energy_per_sample_j": energy_per_sample(energy_j, samples),
+        "energy_delay_product_js": energy_delay_product(energy_j, window_s),
+        "ai_ops_per_watt": ai_ops_per_watt(train_flops_per_sample, samples, energy_j),
+    }

@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from hpcdl import metrics
-from hpcdl.measure import telemetry
-from hpcdl.measure.telemetry import TRACE_KEYS, RaplCounter, TelemetrySampler, energy_figures
+from hpcdl.measure.telemetry import TRACE_KEYS, RaplCounter, TelemetrySampler
+from hpcdl.measure.telemetry import nvml as nvml_mod
+from hpcdl.measure.telemetry import rapl as rapl_mod
+from hpcdl.metrics import energy_figures
 
 MAX_UJ = 262_143_328_850  # a real package's max_energy_range_uj
 
@@ -51,7 +53,7 @@ def powercap(tmp_path: Path) -> Path:
 
 
 def test_rapl_packages_are_top_level_package_domains_only(powercap: Path) -> None:
-    assert [p.name for p in telemetry.rapl_packages(powercap)] == ["intel-rapl:0", "intel-rapl:1"]
+    assert [p.name for p in rapl_mod.rapl_packages(powercap)] == ["intel-rapl:0", "intel-rapl:1"]
 
 
 def test_rapl_energy_is_the_sum_over_packages(powercap: Path) -> None:
@@ -69,7 +71,7 @@ def test_rapl_energy_is_the_sum_over_packages(powercap: Path) -> None:
 
 
 def test_rapl_wraparound_once_and_across_polls(powercap: Path) -> None:
-    assert telemetry.rapl_delta_uj(MAX_UJ - 500_000, 1_500_000, MAX_UJ) == 2_000_000
+    assert rapl_mod.rapl_delta_uj(MAX_UJ - 500_000, 1_500_000, MAX_UJ) == 2_000_000
     pkg = powercap / "intel-rapl:0"
     set_energy(pkg, MAX_UJ - 500_000)
     rapl = RaplCounter(powercap)
@@ -99,14 +101,14 @@ def unreadable(summary: dict[str, Any]) -> str:
 
 
 def test_rapl_permission_denied(powercap: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = telemetry._read_uj
+    real = rapl_mod._read_uj
 
     def denied(path: Path) -> int:
         if path.name == "energy_uj":
             raise PermissionError(13, "Permission denied", str(path))
         return real(path)
 
-    monkeypatch.setattr(telemetry, "_read_uj", denied)
+    monkeypatch.setattr(rapl_mod, "_read_uj", denied)
     with TelemetrySampler("cpu", powercap_root=powercap) as s:
         pass
     assert "permission denied" in unreadable(s.summary()["cpu_rapl"])
@@ -356,10 +358,10 @@ def test_nvml_init_failure_is_unavailable(monkeypatch: pytest.MonkeyPatch, no_ra
 def test_handle_by_index_respects_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = FakeNvml()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
-    assert telemetry.nvml_handle(nvml, torch.device("cuda:0")) == ("gpu3", None)
-    assert telemetry.nvml_handle(nvml, torch.device("cuda:1")) == ("gpu1", None)
+    assert nvml_mod.nvml_handle(nvml, torch.device("cuda:0")) == ("gpu3", None)
+    assert nvml_mod.nvml_handle(nvml, torch.device("cuda:1")) == ("gpu1", None)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert telemetry.nvml_handle(nvml, torch.device("cuda:2")) == ("gpu2", None)
+    assert nvml_mod.nvml_handle(nvml, torch.device("cuda:2")) == ("gpu2", None)
 
 
 def test_handle_by_uuid_and_mig_parent(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -367,9 +369,9 @@ def test_handle_by_uuid_and_mig_parent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     uuid = {"value": "abcd"}
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=uuid["value"]))
-    assert telemetry.nvml_handle(nvml, torch.device("cuda:0")) == ("GPU-abcd", None)
+    assert nvml_mod.nvml_handle(nvml, torch.device("cuda:0")) == ("GPU-abcd", None)
     uuid["value"] = "0000"  # a MIG instance: GPU- is not found, MIG- is, and the parent is read
-    assert telemetry.nvml_handle(nvml, torch.device("cuda:0")) == ("parent-of-MIG-0000", telemetry.MIG_NOTE)
+    assert nvml_mod.nvml_handle(nvml, torch.device("cuda:0")) == ("parent-of-MIG-0000", nvml_mod.MIG_NOTE)
     assert nvml.uuids == ["GPU-abcd", "GPU-0000", "MIG-0000"] and nvml.indices == []
 
 

@@ -15,7 +15,6 @@ from hpcdl.measure.config import RunConfig
 from hpcdl.measure.environment import environment
 from hpcdl.measure.loop import StepLog
 from hpcdl.measure.peaks import Peak, datasheet_peak
-from hpcdl.measure.telemetry import energy_figures
 from hpcdl.parallel.backends import BACKENDS
 from hpcdl.parallel.checks import parameters_identical
 from hpcdl.records import schema, validity
@@ -184,7 +183,7 @@ def energy_block(
         "measured": "+".join(n for n, e in (("gpu", gpu_j), ("cpu_rapl", cpu_j)) if e is not None)
         or "unavailable",
         "avg_power_w": metrics.average_power(energy, window_s),
-        **energy_figures(energy, window_s, samples, train_flops),
+        **metrics.energy_figures(energy, window_s, samples, train_flops),
         "per_rank": [r["energy"] for r in ranks],
     }
 
