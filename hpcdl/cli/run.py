@@ -46,18 +46,18 @@ def run_config(args: argparse.Namespace) -> RunConfig:
 def summary_rows(results: dict[str, RunResult]) -> list[list[str]]:
     rows = []
     for name, res in results.items():
-        m, c = res.record["metrics"], res.record["counts"]
-        st = m["step_time_s"]
+        view = res.result
+        m, st = view.metrics, view.metrics.step_time_s
         rows.append(
             [
                 name,
-                si(c["params"]),
-                si(m["train_flops_per_sample"], "FLOP"),
-                f"{m['samples_per_s']:.1f}",
-                si(m["ai_ops_per_s"], "FLOP/s"),
-                f"{st['median'] * 1e3:.1f} ({st['p10'] * 1e3:.1f}-{st['p90'] * 1e3:.1f})",
-                f"{m['mfu'] * 100:.1f}%",
-                "yes" if res.passed else "NO",
+                si(view.counts.params),
+                si(m.train_flops_per_sample, "FLOP"),
+                f"{m.samples_per_s:.1f}",
+                si(m.ai_ops_per_s, "FLOP/s"),
+                f"{st.median * 1e3:.1f} ({st.p10 * 1e3:.1f}-{st.p90 * 1e3:.1f})",
+                f"{m.mfu * 100:.1f}%",
+                "yes" if view.validity.passed else "NO",
             ]
         )
     return rows
@@ -92,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         record_name = args.name if args.name and len(specs) == 1 else f"{stamp}-{name}"
         res = run(spec, cfg, output_dir=out, name=record_name, progress=progress, world=world)
         results[name] = res
-        say(f"{prefix}: {res.metrics['samples_per_s']:.1f} samples/s -> {res.path}")
+        say(f"{prefix}: {res.result.metrics.samples_per_s:.1f} samples/s -> {res.path}")
     if world.rank != 0:
         return 0  # rank 0 reports, and its exit code is the run's
     headers = [
@@ -106,8 +106,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         "valid",
     ]
     print(table(headers, summary_rows(results)))
-    first = next(iter(results.values())).record["metrics"]
-    print(f"MFU is against {si(first['peak_flops'], 'FLOP/s')} ({first['peak_source']}). Records in {out}/")
+    first = next(iter(results.values())).result.metrics
+    print(f"MFU is against {si(first.peak_flops, 'FLOP/s')} ({first.peak_source}). Records in {out}/")
     if len(results) > 1:
         summary = {
             "schema": schema.SUITE,

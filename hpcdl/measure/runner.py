@@ -25,7 +25,8 @@ from hpcdl.measure.device import (
     resolve_device,
     synchronize,
 )
-from hpcdl.measure.loop import BatchSource, StepLog, Trainer
+from hpcdl.measure.loop import BatchSource, Trainer
+from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import matmul_probe
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.parallel.backends import Backend, make_backend, resolve_backend_name
@@ -33,6 +34,7 @@ from hpcdl.parallel.checks import one_step_equivalence, parameter_digest
 from hpcdl.parallel.world import World, init_world
 from hpcdl.records.build import build_record
 from hpcdl.records.store import file_sha256, seal, write_record, write_steps
+from hpcdl.records.views import Result, read_result
 from hpcdl.workloads.spec import Spec
 
 Progress = Callable[[str], None]
@@ -48,12 +50,17 @@ class RunResult:
     steps_path: Path | None
 
     @property
+    def result(self) -> Result:
+        """The record's typed view."""
+        return read_result(self.record)
+
+    @property
     def metrics(self) -> dict[str, Any]:
         return dict(self.record["metrics"])
 
     @property
     def passed(self) -> bool:
-        return bool(self.record["validity"]["passed"])
+        return self.result.validity.passed
 
 
 @functools.cache
@@ -130,7 +137,7 @@ def allreduce_time(backend: Backend, nbytes: int, device: torch.device, reps: in
 
 def measure_rank(
     spec: Spec, cfg: RunConfig, device: torch.device, world: World, backend: Backend, say: Progress
-) -> dict[str, Any]:
+) -> RankMeasurement:
     """This rank's part of a run: checks, warm-up, timed steps; returns what rank 0 gathers."""
     checks = []
     if world.size > 1:
@@ -157,24 +164,26 @@ def measure_rank(
     )
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     mem_bytes, mem_kind = peak_memory(device)
-    return {
-        "rank": world.rank,
-        "host": world.hostname,
-        "node": world.node,
-        "local_rank": world.local_rank,
-        "log": log,
-        "io": io,
-        "checks": checks,
-        "local_backward_s": local_backward,
-        "digest": parameter_digest(model) if world.size > 1 else "",
-        "allreduce_s": allreduce_time(backend, grad_bytes, device) if world.size > 1 else 0.0,
-        "energy": sampler.summary(),
-        "power_trace": sampler.trace(),
-        "probe": probe,
-        "grad_bytes": grad_bytes,
-        "peak_memory": (mem_bytes, mem_kind),
-        "threads": torch.get_num_threads(),
-    }
+    several = world.size > 1
+    return RankMeasurement(
+        rank=world.rank,
+        host=world.hostname,
+        node=world.node,
+        local_rank=world.local_rank,
+        log=log,
+        probe_flops=probe,
+        grad_bytes=grad_bytes,
+        peak_memory_bytes=mem_bytes,
+        peak_memory_kind=mem_kind,
+        threads=torch.get_num_threads(),
+        energy=sampler.summary(),
+        power_trace=sampler.trace(),
+        io=io,
+        checks=checks,
+        local_backward_s=local_backward,
+        digest=parameter_digest(model) if several else "",
+        allreduce_s=allreduce_time(backend, grad_bytes, device) if several else 0.0,
+    )
 
 
 def set_threads(world: World) -> None:
@@ -223,7 +232,7 @@ def finish(
     spec: Spec,
     cfg: RunConfig,
     device: torch.device,
-    ranks: list[dict[str, Any]],
+    ranks: list[RankMeasurement],
     backend: str,
     name: str,
     output_dir: str | Path | None,
@@ -233,8 +242,8 @@ def finish(
     if output_dir is None:
         return RunResult(seal(record), None, None)
     out = Path(output_dir)
-    log: StepLog = ranks[0]["log"]
-    trace = {f"gpu_{k}": v for k, v in ranks[0]["power_trace"].items() if v}  # rank 0's GPU, if any
+    log = ranks[0].log
+    trace = {f"gpu_{k}": v for k, v in ranks[0].power_trace.items() if v}  # rank 0's GPU, if any
     columns = {
         "step_s": log.step_s,
         **{f"{p}_s": v for p, v in log.phases_s.items()},

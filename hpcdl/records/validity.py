@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
 
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    passed: bool
-    detail: str
+from hpcdl.records.views import Check, Validity
 
 
 def loss_finite(losses: Sequence[float]) -> Check:
@@ -34,6 +27,6 @@ def min_duration(seconds: float, minimum: float) -> Check:
     return Check("min_duration", seconds >= minimum, f"timed {seconds:.3g} s, minimum {minimum:g} s")
 
 
-def block(checks: Sequence[Check]) -> dict[str, Any]:
+def block(checks: Sequence[Check]) -> Validity:
     """The record's ``validity`` block: every check, and ``passed`` when all passed."""
-    return {"checks": [asdict(c) for c in checks], "passed": all(c.passed for c in checks)}
+    return Validity(checks=list(checks), passed=all(c.passed for c in checks))

@@ -212,7 +212,9 @@ class Metrics:
 
 
 @dataclass(frozen=True)
-class CheckResult:
+class Check:
+    """One validity check: a fast wrong answer is not a result (``records.validity``)."""
+
     name: str
     passed: bool
     detail: str
@@ -220,10 +222,10 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class Validity:
-    checks: list[CheckResult]
+    checks: list[Check]
     passed: bool
 
-    def check(self, name: str) -> CheckResult | None:
+    def check(self, name: str) -> Check | None:
         return next((c for c in self.checks if c.name == name), None)
 
     @property

@@ -1,0 +1,46 @@
+"""What one rank measured in a run: gathered on rank 0, which builds the record from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcdl.measure.loop import StepLog
+from hpcdl.records.validity import Check
+
+
+@dataclass
+class RankMeasurement:
+    """One rank's part of a run (plain data: it travels to rank 0 pickled)."""
+
+    rank: int
+    host: str
+    node: int
+    local_rank: int
+    log: StepLog
+    """the timed steps, their phases and every step's loss"""
+    probe_flops: float
+    """this rank's measured matmul FLOP/s, taken with the threads it trains with"""
+    grad_bytes: int
+    """bytes of the gradients reduced per step"""
+    peak_memory_bytes: int
+    peak_memory_kind: str
+    threads: int
+    energy: dict[str, Any]
+    """the telemetry summary of the timed window (``TelemetrySampler.summary``)"""
+    power_trace: dict[str, list[float]]
+    io: dict[str, Any] = field(default_factory=dict)
+    """HDF5 write and read figures measured while preparing the data (data=hdf5)"""
+    checks: list[Check] = field(default_factory=list)
+    """correctness checks taken before timing (several ranks)"""
+    local_backward_s: list[float] = field(default_factory=list)
+    """backward times without reduction, where the backend can measure them"""
+    digest: str = ""
+    """SHA-256 of the parameters after training (several ranks)"""
+    allreduce_s: float = 0.0
+    """median blocking allreduce of ``grad_bytes`` after training (several ranks)"""
+
+    def forward_backward_s(self) -> list[float]:
+        """Forward plus backward time of each timed step: the rank's computation."""
+        phases = self.log.phases_s
+        return [f + b for f, b in zip(phases["forward"], phases["backward"], strict=True)]
