@@ -24,21 +24,11 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``hpcdl`` command: 0 on success, 1 when a run completed but failed its checks, 2 on
+    bad input (one line), 124 on a timeout, 130 on Ctrl-C, 143 on SIGTERM."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    # key=value words after options (``generate cnn --json layers=3``) are knobs too
-    words = [w for w in extra if "=" in w and not w.startswith("-")]
-    if len(words) < len(extra) or (words and not hasattr(args, "knobs")):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if words:
-        args.knobs = [*args.knobs, *words]
-    args.argv = argv
-    if isinstance(getattr(args, "np", None), int) and args.np < 1:
-        err(f"hpcdl: error: np={args.np} is invalid: must be >= 1")
-        return 2
     try:
-        return int(args.func(args))
+        return _command(argv)
     except HpcdlError as e:
         if rank_of_process() == 0:  # every rank meets the same bad input: say it once
             err(f"hpcdl: error: {e}")
@@ -55,6 +45,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err("hpcdl: interrupted; records already written are kept")
         return 130
+
+
+def _command(argv: list[str]) -> int:
+    parser = build_parser()  # plugins load here: their families and backends become choices
+    args, extra = parser.parse_known_args(argv)
+    # key=value words after options (``generate cnn --json layers=3``) are knobs too
+    words = [w for w in extra if "=" in w and not w.startswith("-")]
+    if len(words) < len(extra) or (words and not hasattr(args, "knobs")):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if words:
+        args.knobs = [*args.knobs, *words]
+    args.argv = argv
+    if isinstance(getattr(args, "np", None), int) and args.np < 1:
+        err(f"hpcdl: error: np={args.np} is invalid: must be >= 1")
+        return 2
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ was measured, with the suite's scaling efficiency and a quality-regulated varian
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -63,13 +64,15 @@ def _comparable(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in spec.items() if k not in TUNABLE}
 
 
-_SUITE_SPECS = {name: _comparable(spec_from_dict(dict(d)).to_dict()) for name, d in DEFAULT_SUITE.items()}
+@functools.cache
+def _suite_specs() -> dict[str, dict[str, Any]]:
+    return {name: _comparable(spec_from_dict(dict(d)).to_dict()) for name, d in DEFAULT_SUITE.items()}
 
 
 def suite_workload(spec: Mapping[str, Any]) -> str | None:
     """The suite workload a spec runs (tunable knobs aside), or None."""
     mine = _comparable(spec)
-    return next((name for name, s in _SUITE_SPECS.items() if s == mine), None)
+    return next((name for name, s in _suite_specs().items() if s == mine), None)
 
 
 def geomean(values: Sequence[float]) -> float:

@@ -1,0 +1,92 @@
+"""Extensions from one file outside the package, loaded through HPCDL_PLUGINS: a family seen by
+list, generate and run; a backend that trains a real 2-rank run whose correctness checks pass.
+(A scheduler from one file: tests/test_schedulers.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcdl.parallel.launch import mpi_env
+
+PLUGINS = Path(__file__).parent / "plugins"
+
+
+def hpcdl(*args: str, plugins: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {**mpi_env(), "HPCDL_PLUGINS": plugins}
+    return subprocess.run(
+        [sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def test_a_family_from_one_file(tmp_path: Path) -> None:
+    plugin = str(PLUGINS / "tiny_family.py")
+    listed = hpcdl("list", plugins=plugin)
+    assert listed.returncode == 0 and "tiny: Two linear layers" in listed.stdout, listed.stderr
+    gen = hpcdl("generate", "tiny", "width=8", "--json", plugins=plugin)
+    assert gen.returncode == 0, gen.stderr
+    info = json.loads(gen.stdout)
+    assert info["params"] == 8 * 8 + 8 + 8 * 4 + 4 and info["spec"]["family"] == "tiny"
+    sampled = hpcdl("generate", "tiny", "--sample", "3", "--json", plugins=plugin)
+    assert json.loads(sampled.stdout)["spec"]["width"] in (4, 8, 16)
+    run = hpcdl(
+        "run",
+        "--workload",
+        "tiny",
+        "--steps",
+        "5",
+        "--min-duration",
+        "0",
+        "-o",
+        str(tmp_path),
+        plugins=plugin,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert record["spec"]["family"] == "tiny" and record["validity"]["passed"]
+    # without the plugin the family is unknown: one line naming it and what is allowed
+    bare = hpcdl("generate", "tiny", plugins="")
+    assert bare.returncode == 2 and "family='tiny' is invalid: allowed:" in bare.stderr
+
+
+def test_a_plugin_that_does_not_import_is_one_line(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("import no_such_module_anywhere\n")
+    p = hpcdl("list", plugins=str(broken))
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "HPCDL_PLUGINS=" in p.stderr and "no_such_module_anywhere" in p.stderr
+
+
+@pytest.mark.mpi
+def test_a_backend_from_one_file_trains_correctly(tmp_path: Path) -> None:
+    plugin = str(PLUGINS / "naive_backend.py")
+    args = ["--workload", "mlp", "layers=2", "width=32", "input_size=16", "output_size=4", "batch_size=8"]
+    run = hpcdl(
+        "run",
+        *args,
+        "--np",
+        "2",
+        "--backend",
+        "naive-mpi",
+        "--steps",
+        "6",
+        "--min-duration",
+        "0",
+        "-o",
+        str(tmp_path),
+        plugins=plugin,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert record["settings"]["backend"] == "naive-mpi" and record["settings"]["world_size"] == 2
+    checks = {c["name"]: c["passed"] for c in record["validity"]["checks"]}
+    assert checks["one_step_equivalence"] and checks["parameters_identical"], record["validity"]
+    comm = record["metrics"]["communication"]
+    assert comm["exposed_method"].startswith("allreduce phase") and comm["exposed_s"] > 0
+    # auto never picks it, and the runs of other users are not affected by its presence
+    assert "naive-mpi" not in os.environ.get("HPCDL_PLUGINS", "")
