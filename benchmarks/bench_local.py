@@ -4,7 +4,8 @@ Prints, measured side by side in one run:
   1. hpcdl's step time against a bare hand-written PyTorch loop on the identical model and
      batch (target: ratio <= 1.02), interleaved A/B rounds, medians;
   2. analytic against FlopCounterMode-counted FLOPs per family over sampled specs (target <= 1 %);
-  3. achieved FLOP/s of a compute-bound MLP against the measured matmul peak (target >= 80 %).
+  3. achieved FLOP/s of a compute-bound MLP in fp32 and bf16 against the theoretical peak (MFU)
+     and the measured GEMM ceiling (target >= 80 % of the ceiling).
 
     .venv/bin/python benchmarks/bench_local.py [--rounds 5] [--device auto]
 """
@@ -23,7 +24,6 @@ from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import make_batch
 from hpcdl.measure.device import resolve_device, synchronize
 from hpcdl.measure.loop import Trainer
-from hpcdl.measure.peaks import matmul_probe
 from hpcdl.results.text import si, table
 from hpcdl.workloads.crosscheck import counted_flops
 from hpcdl.workloads.registry import FAMILIES
@@ -110,9 +110,11 @@ def flop_accuracy(seeds: int) -> list[list[str]]:
 
 
 def compute_bound(device: torch.device) -> list[list[str]]:
+    """A compute-bound MLP in fp32 and bf16: its sustained FLOP/s against the theoretical peak
+    (MFU, must not exceed 100 % unflagged) and against the measured GEMM ceiling (what the
+    software stack reaches; target >= 80 %)."""
     rows = []
-    # bf16 only on GPUs: CPUs without bf16 units emulate it hundreds of times slower
-    for precision in ("fp32", "bf16") if device.type == "cuda" else ("fp32",):
+    for precision in ("fp32", "bf16"):
         width, batch = (8192, 4096) if device.type == "cuda" else (2048, 512)
         spec = hpcdl.spec_from_dict(
             {
@@ -125,18 +127,18 @@ def compute_bound(device: torch.device) -> list[list[str]]:
                 "precision": precision,
             }
         )
-        res = hpcdl.run(
-            spec, RunConfig(device=str(device), duration_s=5, data="random", optimizer="sgd"), output_dir=None
-        )
-        probe = matmul_probe(device, precision)
-        achieved = res.metrics["ai_ops_per_s"]
+        cfg = RunConfig(device=str(device), duration_s=5, data="random", optimizer="sgd")
+        m = hpcdl.run(spec, cfg, output_dir=None).result.metrics
+        flagged = " (flagged)" if m.flags else ""
         rows.append(
             [
                 f"mlp 4x{width} b{batch} {precision}",
-                si(achieved, "FLOP/s"),
-                si(probe, "FLOP/s"),
-                f"{achieved / probe * 100:.1f}%",
-                ">= 80%",
+                si(m.ai_ops_per_s, "FLOP/s"),
+                si(m.peak_flops, "FLOP/s"),
+                f"{m.mfu * 100:.1f}%{flagged}",
+                si(m.measured_matmul_flops, "FLOP/s"),
+                f"{m.fraction_of_measured_matmul * 100:.1f}%",
+                ">= 80% of the ceiling",
             ]
         )
     return rows
@@ -159,7 +161,8 @@ def main() -> None:
         table(["2. FLOPs family", "specs", "max fwd err", "max train err", "target"], flop_accuracy(a.seeds))
     )
     print()
-    print(table(["3. compute-bound", "achieved", "matmul peak", "fraction", "target"], compute_bound(device)))
+    head = ["3. compute-bound", "achieved", "theoretical peak", "MFU", "GEMM ceiling", "of ceiling", "target"]
+    print(table(head, compute_bound(device)))
 
 
 if __name__ == "__main__":

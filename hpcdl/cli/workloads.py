@@ -7,11 +7,13 @@ import argparse
 import json
 from typing import Any
 
+import torch
+
 from hpcdl import metrics
 from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.device import device_name, memory_capacity, resolve_device
 from hpcdl.measure.environment import availability, environment
-from hpcdl.measure.peaks import datasheet_peak, matmul_probe
+from hpcdl.measure.peaks import gemm_ceiling, theoretical_peak
 from hpcdl.results.text import si, table
 from hpcdl.workloads import recipes
 from hpcdl.workloads.precision import PRECISIONS
@@ -72,20 +74,29 @@ def cmd_info(args: argparse.Namespace) -> int:
     rows = [[k, str(v)] for k, v in env.items() if k not in ("gpus",)]
     rows.append(["gpus", ", ".join(env["gpus"]) or "none"])
     rows.append(["memory available", si(memory_capacity(device), "B")])
-    for prec in PRECISIONS:
-        sheet = datasheet_peak(device_name(device), prec)
-        rows.append(
-            [
-                f"datasheet peak {prec}",
-                f"{si(sheet.flops, 'FLOP/s')} ({sheet.source})" if sheet else "unknown",
-            ]
-        )
-        if args.probe:
-            rows.append([f"measured matmul {prec}", si(matmul_probe(device, prec), "FLOP/s")])
     for name, where in availability().items():
         rows.append([name, where or "not found"])
     print(table(["item", "value"], rows, numeric=False))
+    print()
+    print(peaks_table(device, probe=args.probe))
     return 0
+
+
+def peaks_table(device: torch.device, probe: bool) -> str:
+    """Per precision: the theoretical peak (MFU's denominator) with its source, and with
+    ``probe`` the measured GEMM ceiling and its ratio to the peak, flagged above 1."""
+    rows = []
+    for prec in PRECISIONS:
+        peak = theoretical_peak(device, device_name(device), prec)
+        row = [prec, si(peak.flops, "FLOP/s") if peak else "unknown"]
+        if probe:
+            ceiling = gemm_ceiling(device, prec)
+            ratio = ceiling / peak.flops if peak else float("nan")
+            mark = "  (!) above the theoretical peak: its inputs are low" if ratio > 1 else ""
+            row += [si(ceiling, "FLOP/s"), f"{ratio:.1%}{mark}"]
+        rows.append([*row, peak.source if peak else "no datasheet entry or clock; give --peak-flops"])
+    head = ["precision", "theoretical peak"] + (["measured GEMM ceiling", "ceiling / peak"] if probe else [])
+    return table([*head, "source of the peak"], rows, numeric=False)
 
 
 def cmd_io(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcdl.measure.loop import StepLog
+from hpcdl.measure.peaks import Peak
 from hpcdl.records.validity import Check
 
 
@@ -19,8 +20,16 @@ class RankMeasurement:
     local_rank: int
     log: StepLog
     """the timed steps, their phases and every step's loss"""
-    probe_flops: float
-    """this rank's measured matmul FLOP/s, taken with the threads it trains with"""
+    device_index: int | None
+    """the GPU this rank drives (None on CPUs)"""
+    cpus: list[int]
+    """the logical CPUs this rank may run on (its affinity)"""
+    peak: Peak | None
+    """the theoretical peak of this rank's device at the run's precision (its GPU, or the CPU
+    cores of its affinity), or None where hpcdl knows none"""
+    gemm_ceiling_flops: float
+    """this rank's measured GEMM ceiling, taken with the threads it trains with, every rank at
+    once"""
     grad_bytes: int
     """bytes of the gradients reduced per step"""
     peak_memory_bytes: int

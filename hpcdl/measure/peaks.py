@@ -1,33 +1,51 @@
-"""Peak FLOP/s: datasheet figures for known GPUs, and a measured dense-matmul probe.
+"""Peak FLOP/s. MFU's denominator is a theoretical peak only: a GPU's datasheet figure, or for a
+CPU an estimate from its cores, clock and the FLOPs per cycle its vector units can do, with the
+inputs said. The measured GEMM ceiling (the best of square matrix products of several sizes) is
+reported apart, as what the software stack reaches; it never becomes MFU.
 
-MFU is only as honest as its denominator: every datasheet entry names its source, dense
-(no structured sparsity) figures only, and an unknown device falls back to the measured
-probe with a warning rather than to a guess.
+MFU is only as honest as its denominator: every datasheet entry names its source and is a dense
+figure (no structured sparsity, which doubles it); an unknown device has no peak (MFU is not
+computed) rather than a guess, unless the user gives one (``--peak-flops``).
 """
 
 from __future__ import annotations
 
+import os
+import platform
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from hpcdl.measure.device import synchronize
 from hpcdl.workloads.precision import precision as precision_of
 
-# name fragment (as torch.cuda.get_device_name reports it) -> dense peak FLOP/s by precision.
-# fp32 is the non-tensor-core figure: hpcdl does not enable TF32 unless asked.
-# Sources: NVIDIA H100 Tensor Core GPU datasheet (SXM5 / PCIe columns); NVIDIA H200 datasheet;
-# NVIDIA A100 Tensor Core GPU datasheet; NVIDIA V100 datasheet; NVIDIA L40S datasheet.
-# Sparsity figures ("with sparsity") are twice these and are not used.
+# name fragment (as torch.cuda.get_device_name reports it, first match wins) -> dense peak
+# FLOP/s by precision, and the source. fp32 is the CUDA-core (vector) figure on NVIDIA: hpcdl
+# does not enable TF32 unless asked; on AMD CDNA the FP32 matrix cores compute full fp32, so the
+# fp32 matrix figure is the peak. MI250X: each of its two dies (GCDs) is a device of its own, so
+# a device's peak is half the package's.
 DATASHEET_PEAKS: list[tuple[str, dict[str, float], str]] = [
     ("H100 PCIe", {"fp32": 51.2e12, "bf16": 756.5e12, "fp16": 756.5e12}, "NVIDIA H100 datasheet, PCIe"),
     ("H100", {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12}, "NVIDIA H100 datasheet, SXM5"),
     ("H200", {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12}, "NVIDIA H200 datasheet, SXM"),
     ("GH200", {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12}, "NVIDIA GH200 datasheet"),
+    ("GB200", {"fp32": 90e12, "bf16": 2500e12, "fp16": 2500e12}, "NVIDIA Blackwell datasheet, GB200 per GPU"),
+    ("B200", {"fp32": 80e12, "bf16": 2250e12, "fp16": 2250e12}, "NVIDIA Blackwell datasheet, HGX B200"),
     ("A100", {"fp32": 19.5e12, "bf16": 312e12, "fp16": 312e12}, "NVIDIA A100 datasheet"),
-    ("V100", {"fp32": 15.7e12, "fp16": 125e12}, "NVIDIA V100 datasheet, SXM2"),
+    ("A10", {"fp32": 31.2e12, "bf16": 125e12, "fp16": 125e12}, "NVIDIA A10 datasheet"),
     ("L40S", {"fp32": 91.6e12, "bf16": 362.05e12, "fp16": 362.05e12}, "NVIDIA L40S datasheet"),
+    ("L4", {"fp32": 30.3e12, "bf16": 121e12, "fp16": 121e12}, "NVIDIA L4 datasheet"),
+    ("V100", {"fp32": 15.7e12, "fp16": 125e12}, "NVIDIA V100 datasheet, SXM2"),
+    ("MI300X", {"fp32": 163.4e12, "bf16": 1307.4e12, "fp16": 1307.4e12}, "AMD Instinct MI300X data sheet"),
+    (
+        "MI250X",
+        {"fp32": 47.85e12, "bf16": 191.5e12, "fp16": 191.5e12},
+        "AMD Instinct MI250X data sheet, per GCD",
+    ),
 ]
 
 
@@ -36,35 +54,194 @@ class Peak:
     """The FLOP/s that MFU is computed against, and where it came from."""
 
     flops: float
-    source: str  # "user", "datasheet: ...", or "measured matmul probe"
+    source: str
+    """e.g. "datasheet: NVIDIA H100 datasheet, SXM5" or the CPU formula with its inputs"""
+    kind: str = "datasheet"
+    """datasheet, estimate (a formula whose inputs may be off), or user"""
+    inputs: dict[str, Any] = field(default_factory=dict)
+    """what an estimate was computed from, for the record"""
 
 
 def datasheet_peak(device_name: str, precision: str) -> Peak | None:
     """The datasheet peak of a known device at a precision, or None."""
     for fragment, peaks, source in DATASHEET_PEAKS:
-        if fragment in device_name and precision in peaks:
-            return Peak(peaks[precision], f"datasheet: {source}")
+        if fragment in device_name:
+            return Peak(peaks[precision], f"datasheet: {source}") if precision in peaks else None
     return None
 
 
-def matmul_probe(device: torch.device, precision: str, seconds: float = 1.0) -> float:
-    """Measured peak FLOP/s of square matrix products in ``precision`` on ``device``: after
-    warm-up, products are timed one by one (between device synchronisations) for ``seconds``,
-    and the fastest one counts -- a peak, not a mean, so that noise on a shared node does not
-    lower the MFU denominator."""
-    n = 8192 if device.type == "cuda" else 2048
+# --- CPUs: cores x clock x FLOPs per cycle ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """What the peak formula needs to know of this machine's CPU."""
+
+    vendor: str
+    family: int
+    model: int
+    flags: frozenset[str]
+    cores: int
+    """physical cores this process may run on"""
+    clock_hz: float | None
+    clock_source: str
+
+
+def _cpuinfo_fields() -> dict[str, str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.split("\n\n")[0].splitlines():  # the first processor stands for all
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def physical_cores(cpus: Sequence[int]) -> int:
+    """Physical cores among logical CPUs: SMT siblings share a (package, core) pair."""
+    cores = set()
+    for cpu in cpus:
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(
+                (topo.joinpath("physical_package_id").read_text(), topo.joinpath("core_id").read_text())
+            )
+        except OSError:
+            cores.add((str(cpu), ""))  # no topology: count the logical CPU
+    return len(cores)
+
+
+def _max_clock() -> tuple[float | None, str]:
+    """The highest clock the cores can run at, and where it was read."""
+    try:
+        khz = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()
+        return float(khz) * 1e3, "cpufreq max: boost"
+    except (OSError, ValueError):
+        pass
+    mhz = _cpuinfo_fields().get("cpu MHz")
+    if mhz:
+        return float(mhz) * 1e6, "/proc/cpuinfo: may be the base clock"
+    return None, "unknown"
+
+
+def cpu_info(cpus: Sequence[int] | None = None) -> CpuInfo:
+    """This machine's CPU, for the CPUs this process may use (its affinity) or ``cpus``."""
+    f = _cpuinfo_fields()
+    allowed = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    clock, source = _max_clock()
+    flags = f.get("flags") or f.get("Features") or ""
+    return CpuInfo(
+        vendor=f.get("vendor_id", platform.machine()),
+        family=int(f.get("cpu family", "0") or 0),
+        model=int(f["model"]) if f.get("model", "").isdigit() else 0,
+        flags=frozenset(flags.split()),
+        cores=physical_cores(allowed),
+        clock_hz=clock,
+        clock_source=source,
+    )
+
+
+def fp32_lanes_and_units(info: CpuInfo) -> tuple[int, int, str]:
+    """(fp32 lanes per FMA unit, FMA units per core, why): the vector datapath, by ISA and,
+    where the ISA hides it, by microarchitecture."""
+    flags = info.flags
+    amd = info.vendor == "AuthenticAMD"
+    if amd and info.family == 0x17 and info.model < 0x30:
+        return 4, 2, "Zen/Zen+, 2 x 128-bit FMA"
+    if amd and info.family == 0x19 and "avx512f" in flags:
+        return 8, 2, "Zen 4 AVX-512, 2 x 256-bit FMA"
+    if amd and info.family == 0x1A and info.model >= 0x20:
+        return 8, 2, "Zen 5 mobile AVX-512, 2 x 256-bit FMA"
+    if "avx512f" in flags:
+        return 16, 2, "AVX-512, 2 x 512-bit FMA"
+    if "avx2" in flags and "fma" in flags:
+        return 8, 2, "AVX2, 2 x 256-bit FMA"
+    if "asimd" in flags:
+        return 4, 2, "NEON, 2 x 128-bit FMA assumed"
+    if "avx" in flags:
+        return 8, 1, "AVX without FMA, 1 x 256-bit"
+    return 4, 1, "SSE, 1 x 128-bit"
+
+
+def flops_per_cycle(info: CpuInfo, precision: str) -> tuple[int, str]:
+    """Peak FLOPs per cycle and core at ``precision``, and how it was derived. A multiply-add
+    is 2 FLOPs. bf16/fp16 run at the fp32 rate unless the ISA has instructions for them."""
+    lanes, units, why = fp32_lanes_and_units(info)
+    fp32 = 2 * lanes * units
+    flags = info.flags
+    if precision == "bf16":
+        if "amx_bf16" in flags:
+            return 1024, "AMX tiles"
+        if "avx512_bf16" in flags:
+            return 2 * fp32, f"AVX512-BF16, 2 x the fp32 rate of {why}"
+    if precision == "fp16":
+        if "amx_fp16" in flags:
+            return 1024, "AMX-FP16 tiles"
+        if "avx512_fp16" in flags:
+            return 2 * fp32, f"AVX512-FP16, 2 x the fp32 rate of {why}"
+    converted = "" if precision == "fp32" else f", no {precision} instructions"
+    return fp32, f"{why}{converted}"
+
+
+def cpu_peak(precision: str, info: CpuInfo | None = None) -> Peak | None:
+    """cores x clock x FLOPs per cycle, an estimate with its inputs; None without a clock."""
+    info = info or cpu_info()
+    if info.clock_hz is None:
+        return None
+    per_cycle, why = flops_per_cycle(info, precision)
+    ghz = info.clock_hz / 1e9
+    return Peak(
+        info.cores * info.clock_hz * per_cycle,
+        f"estimate: {info.cores} cores x {ghz:.2f} GHz ({info.clock_source}) x {per_cycle} "
+        f"FLOP/cycle ({why})",
+        kind="estimate",
+        inputs={
+            "cores": info.cores,
+            "clock_hz": info.clock_hz,
+            "clock_source": info.clock_source,
+            "flops_per_cycle": per_cycle,
+            "flops_per_cycle_source": why,
+        },
+    )
+
+
+def theoretical_peak(device: torch.device, name: str, precision: str) -> Peak | None:
+    """One device's theoretical peak: a GPU's datasheet figure, or this process's CPU cores
+    estimated; None where hpcdl knows no peak."""
+    if device.type == "cuda":
+        return datasheet_peak(name, precision)
+    return cpu_peak(precision)
+
+
+# --- the measured GEMM ceiling -----------------------------------------------------------------
+
+CPU_SIZES = (512, 1024, 2048)
+GPU_SIZES = (2048, 4096, 8192)
+
+
+def gemm_ceiling(
+    device: torch.device, precision: str, seconds: float = 1.0, sizes: Sequence[int] | None = None
+) -> float:
+    """The measured GEMM ceiling: the fastest square ``torch.mm`` in ``precision`` over several
+    sizes (the best size differs between machines), each timed one by one between device
+    synchronisations for its share of ``seconds`` after two warm-up products. The best of all
+    counts: noise on a shared node does not lower a ceiling."""
+    sizes = sizes or (GPU_SIZES if device.type == "cuda" else CPU_SIZES)
     dtype = precision_of(precision).dtype
-    gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, generator=gen, device=device).to(dtype)
-    b = torch.randn(n, n, generator=gen, device=device).to(dtype)
-    for _ in range(2):
-        torch.mm(a, b)
-    synchronize(device)
-    best = float("inf")
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        t0 = time.perf_counter()
-        torch.mm(a, b)
+    best = 0.0
+    for n in sizes:
+        gen = torch.Generator(device=device).manual_seed(n)
+        a = torch.randn(n, n, generator=gen, device=device).to(dtype)
+        b = torch.randn(n, n, generator=gen, device=device).to(dtype)
+        for _ in range(2):
+            torch.mm(a, b)
         synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds / len(sizes):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            synchronize(device)
+            best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+    return best

@@ -19,6 +19,7 @@ from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import device_pool
 from hpcdl.measure.device import (
+    device_name,
     memory_capacity,
     peak_memory,
     reset_peak_memory,
@@ -27,7 +28,7 @@ from hpcdl.measure.device import (
 )
 from hpcdl.measure.loop import BatchSource, Trainer
 from hpcdl.measure.measurement import RankMeasurement
-from hpcdl.measure.peaks import matmul_probe
+from hpcdl.measure.peaks import gemm_ceiling, theoretical_peak
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.parallel.backends import Backend, make_backend, resolve_backend_name
 from hpcdl.parallel.checks import one_step_equivalence, parameter_digest
@@ -64,9 +65,9 @@ class RunResult:
 
 
 @functools.cache
-def measured_peak(device: torch.device, precision: str, threads: int) -> float:
-    """This rank's matmul probe, once per device, precision and thread count in a process."""
-    return matmul_probe(device, precision)
+def measured_ceiling(device: torch.device, precision: str, threads: int) -> float:
+    """This rank's GEMM ceiling, once per device, precision and thread count in a process."""
+    return gemm_ceiling(device, precision)
 
 
 def rank_device(cfg: RunConfig, world: World) -> torch.device:
@@ -144,7 +145,7 @@ def measure_rank(
         say("checking that N ranks step like one process")
         checks.append(one_step_equivalence(spec, world, backend, device))
     world.barrier()  # every rank probes at once, sharing the node as in training
-    probe = measured_peak(device, spec.precision, torch.get_num_threads())
+    ceiling = measured_ceiling(device, spec.precision, torch.get_num_threads())
     say(f"building {spec.family} model and {cfg.data} data")
     model = spec.build().to(device)
     source, io = make_source(spec, cfg, device, world)
@@ -171,7 +172,10 @@ def measure_rank(
         node=world.node,
         local_rank=world.local_rank,
         log=log,
-        probe_flops=probe,
+        device_index=device.index if device.type == "cuda" else None,
+        cpus=sorted(os.sched_getaffinity(0)),
+        peak=theoretical_peak(device, device_name(device), spec.precision),
+        gemm_ceiling_flops=ceiling,
         grad_bytes=grad_bytes,
         peak_memory_bytes=mem_bytes,
         peak_memory_kind=mem_kind,

@@ -5,7 +5,6 @@ documented in METRICS.md."""
 from __future__ import annotations
 
 import uuid
-import warnings
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -16,7 +15,7 @@ from hpcdl import metrics
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.environment import environment
 from hpcdl.measure.measurement import RankMeasurement
-from hpcdl.measure.peaks import Peak, datasheet_peak
+from hpcdl.measure.peaks import Peak
 from hpcdl.parallel.backends import BACKENDS
 from hpcdl.parallel.checks import parameters_identical
 from hpcdl.records import schema, validity
@@ -39,26 +38,65 @@ def stats(values: Sequence[float]) -> Stats:
     return Stats(s["median"], s["p10"], s["p90"], s["mean"], s["min"], s["max"], int(s["n"]))
 
 
-def job_peak(
-    device: torch.device, name: str, precision: str, override: float, ranks: Sequence[RankMeasurement]
-) -> tuple[Peak, float]:
-    """(the peak FLOP/s of the whole job MFU is computed against, the job's measured probe).
+def job_peak(device: torch.device, override: float, ranks: Sequence[RankMeasurement]) -> Peak | None:
+    """The theoretical peak FLOP/s of the hardware the whole job ran on (MFU's denominator).
 
-    The peak is the user's or the datasheet's per-device figure times the devices in use
-    (GPUs; for CPU runs, nodes), else the probe. The probe is the sum of every rank's matmul
-    probe, all ranks probing at once with their share of the node, as they train.
+    GPUs: each device the ranks drive, counted once. CPUs: each host's cores the ranks may run
+    on (the union of their affinities), at the peak per core of that host's estimate. The
+    user's figure is per device (per GPU, or per node on CPUs). None where any part has no
+    known peak: a partial sum would overstate MFU.
     """
-    probe = float(sum(r.probe_flops for r in ranks))
-    devices = len(ranks) if device.type == "cuda" else len({r.host for r in ranks})
-    times = f" x {devices} devices" if devices > 1 else ""
+    gpu = device.type == "cuda"
+    units = {(r.host, r.device_index if gpu else None): r for r in ranks}
+    per = "GPU" if gpu else "node"
     if override > 0:
-        return Peak(override * devices, "user" + times), probe
-    sheet = datasheet_peak(name, precision)
-    if sheet is not None:
-        return Peak(sheet.flops * devices, sheet.source + times), probe
+        source = f"user: {override:.4g} FLOP/s per {per} x {len(units)}"
+        return Peak(override * len(units), source, kind="user")
+    total, first = 0.0, None
+    for (host, _), r in units.items():
+        if r.peak is None:
+            return None
+        share = 1.0
+        if not gpu:  # this host's cores of every rank, against the one rank's
+            cpus = {c for x in ranks if x.host == host for c in x.cpus}
+            share = len(cpus) / max(len(r.cpus), 1)
+        total += r.peak.flops * share
+        first = first or r.peak
+    assert first is not None
+    times = f" x {len(units)} {per}s" if len(units) > 1 else ""
+    return Peak(total, first.source + times, kind=first.kind, inputs=first.inputs)
+
+
+def unknown_peak_reason(device: torch.device, name: str) -> str:
     if device.type == "cuda":
-        warnings.warn(f"no datasheet peak for {name!r}; MFU uses the measured matmul probe", stacklevel=2)
-    return Peak(probe, "measured matmul probe" + (f", {len(ranks)} ranks" if len(ranks) > 1 else "")), probe
+        return f"unknown: no datasheet peak for {name!r} in hpcdl; give --peak-flops"
+    return "unknown: the CPU's clock could not be read; give --peak-flops"
+
+
+def implausible(mfu: float, fraction: float, ceiling: float, peak: Peak | None) -> list[str]:
+    """Figures that cannot be true, each with its likely cause: they are flagged, never shown
+    plain (METRICS.md, "Peaks and MFU")."""
+    flags = []
+    low_inputs = (
+        f"the estimated peak's inputs are low (clock from {peak.inputs.get('clock_source')})"
+        if peak is not None and peak.kind == "estimate"
+        else "the peak figure is too low for this device"
+    )
+    if mfu > 1:
+        flags.append(
+            f"MFU {mfu:.1%} > 100%: {low_inputs}, or kernels do fewer FLOPs than counted "
+            "(Winograd or FFT convolutions, fused or skipped work)"
+        )
+    if peak is not None and ceiling > peak.flops:
+        flags.append(
+            f"the measured GEMM ceiling is {ceiling / peak.flops:.0%} of the theoretical peak: {low_inputs}"
+        )
+    if fraction > 1:
+        flags.append(
+            f"the achieved rate is {fraction:.0%} of the measured GEMM ceiling: the ceiling was "
+            "likely measured under load"
+        )
+    return flags
 
 
 def rank_row(spec: Spec, r: RankMeasurement) -> RankRow:
@@ -162,7 +200,10 @@ def build_record(
     window = max(g.window_s for g in logs)
     samples_per_s = metrics.aggregate_throughput(samples, [g.window_s for g in logs])
     ai_ops = metrics.ai_ops_per_s(count.train_flops, samples_per_s)
-    peak, probe = job_peak(device, env["device_name"], spec.precision, cfg.peak_flops, ranks)
+    peak = job_peak(device, cfg.peak_flops, ranks)
+    ceiling = float(sum(r.gemm_ceiling_flops for r in ranks))
+    mfu = metrics.mfu(ai_ops, peak.flops) if peak else float("nan")
+    fraction = metrics.mfu(ai_ops, ceiling)
     phases = {p: stats([t for g in logs for t in g.phases_s[p]]) for p in lead.phases_s}
     rows = [rank_row(spec, r) for r in ranks]
     checks = checks_of(cfg, ranks)
@@ -197,11 +238,14 @@ def build_record(
         communication=communication(backend, ranks, phases),
         peak_memory_bytes=max(r.peak_memory_bytes for r in ranks),
         peak_memory_kind=ranks[0].peak_memory_kind,
-        peak_flops=peak.flops,
-        peak_source=peak.source,
-        measured_matmul_flops=probe,
-        mfu=metrics.mfu(ai_ops, peak.flops),
-        fraction_of_measured_matmul=metrics.mfu(ai_ops, probe),
+        peak_flops=peak.flops if peak else float("nan"),
+        peak_source=peak.source if peak else unknown_peak_reason(device, env["device_name"]),
+        peak_kind=peak.kind if peak else "unknown",
+        peak_inputs=peak.inputs if peak else {},
+        measured_matmul_flops=ceiling,
+        mfu=mfu,
+        fraction_of_measured_matmul=fraction,
+        flags=implausible(mfu, fraction, ceiling, peak),
         loss_first=lead.losses[0] if lead.losses else None,
         loss_last=lead.losses[-1] if lead.losses else None,
         io=ranks[0].io,

@@ -209,6 +209,12 @@ class Metrics:
     loss_last: float | None
     io: dict[str, Any]
     energy: Energy
+    peak_kind: str = ""
+    """datasheet, estimate, user or unknown (records before 2026-11 leave it out)"""
+    peak_inputs: dict[str, Any] = field(default_factory=dict)
+    """what an estimated peak was computed from (cores, clock and its source, FLOPs/cycle)"""
+    flags: list[str] = field(default_factory=list)
+    """figures that cannot be true (an MFU above 100 %), each with its likely cause"""
 
 
 @dataclass(frozen=True)

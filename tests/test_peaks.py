@@ -1,0 +1,152 @@
+"""Peaks: the theoretical peak that MFU is against (datasheets, the CPU formula), the measured
+GEMM ceiling kept apart, and figures that cannot be true flagged with their cause."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from hpcdl.measure.loop import StepLog
+from hpcdl.measure.measurement import RankMeasurement
+from hpcdl.measure.peaks import (
+    CpuInfo,
+    Peak,
+    cpu_info,
+    cpu_peak,
+    datasheet_peak,
+    flops_per_cycle,
+    gemm_ceiling,
+    theoretical_peak,
+)
+from hpcdl.records.build import implausible, job_peak
+
+ZEN5 = CpuInfo(
+    "AuthenticAMD", 0x1A, 2, frozenset({"avx2", "fma", "avx512f", "avx512_bf16"}), 2, 2.6e9, "test"
+)
+ZEN4 = replace(ZEN5, family=0x19, model=0x11)
+SAPPHIRE = CpuInfo(
+    "GenuineIntel", 6, 143, frozenset({"avx2", "fma", "avx512f", "amx_bf16", "avx512_fp16"}), 56, 2e9, "t"
+)
+HASWELL = CpuInfo("GenuineIntel", 6, 63, frozenset({"avx", "avx2", "fma"}), 8, 3e9, "test")
+
+
+@pytest.mark.parametrize(
+    ("info", "precision", "per_cycle"),
+    [
+        (ZEN5, "fp32", 64),  # 2 x 512-bit FMA x 16 lanes x 2
+        (ZEN5, "bf16", 128),  # AVX512-BF16 dot products: twice the fp32 rate
+        (ZEN5, "fp16", 64),  # no fp16 arithmetic: converted to fp32
+        (ZEN4, "fp32", 32),  # AVX-512 on 256-bit datapaths
+        (ZEN4, "bf16", 64),
+        (SAPPHIRE, "bf16", 1024),  # AMX tiles
+        (SAPPHIRE, "fp16", 128),  # AVX512-FP16
+        (HASWELL, "fp32", 32),
+        (HASWELL, "bf16", 32),
+    ],
+)
+def test_flops_per_cycle_from_the_isa(info: CpuInfo, precision: str, per_cycle: int) -> None:
+    assert flops_per_cycle(info, precision)[0] == per_cycle
+
+
+def test_cpu_peak_is_cores_times_clock_times_flops_per_cycle_and_says_so() -> None:
+    peak = cpu_peak("fp32", ZEN5)
+    assert peak is not None and peak.flops == 2 * 2.6e9 * 64
+    assert peak.kind == "estimate" and "2 cores x 2.60 GHz" in peak.source
+    assert peak.inputs["cores"] == 2 and peak.inputs["flops_per_cycle"] == 64
+    assert cpu_peak("fp32", replace(ZEN5, clock_hz=None)) is None  # no clock: no guess
+
+
+def test_this_machine_has_a_cpu_peak() -> None:
+    info = cpu_info()
+    assert info.cores >= 1
+    peak = theoretical_peak(torch.device("cpu"), "", "fp32")
+    assert peak is None or peak.flops > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "fp32", "bf16"),
+    [
+        ("NVIDIA H100 80GB HBM3", 66.9e12, 989.4e12),
+        ("NVIDIA H100 PCIe", 51.2e12, 756.5e12),
+        ("NVIDIA GB200", 90e12, 2500e12),
+        ("NVIDIA B200", 80e12, 2250e12),
+        ("NVIDIA A100-SXM4-80GB", 19.5e12, 312e12),
+        ("NVIDIA A10", 31.2e12, 125e12),
+        ("NVIDIA L40S", 91.6e12, 362.05e12),
+        ("NVIDIA L4", 30.3e12, 121e12),
+        ("AMD Instinct MI300X", 163.4e12, 1307.4e12),
+        ("AMD Instinct MI250X", 47.85e12, 191.5e12),
+    ],
+)
+def test_datasheet_entries_match_the_right_device(name: str, fp32: float, bf16: float) -> None:
+    got32, got16 = datasheet_peak(name, "fp32"), datasheet_peak(name, "bf16")
+    assert got32 is not None and got16 is not None
+    assert (got32.flops, got16.flops) == (fp32, bf16) and got32.source.startswith("datasheet: ")
+
+
+def test_unknown_gpu_has_no_peak() -> None:
+    assert datasheet_peak("Some Future GPU", "bf16") is None
+    assert datasheet_peak("Tesla V100-SXM2-16GB", "bf16") is None  # V100 has no bf16
+
+
+def rank(
+    r: int, host: str, cpus: list[int], peak: Peak | None, device_index: int | None = None
+) -> RankMeasurement:
+    return RankMeasurement(
+        rank=r,
+        host=host,
+        node=0,
+        local_rank=0,
+        log=StepLog(),
+        device_index=device_index,
+        cpus=cpus,
+        peak=peak,
+        gemm_ceiling_flops=1e9,
+        grad_bytes=4,
+        peak_memory_bytes=1,
+        peak_memory_kind="x",
+        threads=1,
+        energy={},
+        power_trace={},
+    )
+
+
+def test_job_peak_counts_each_host_s_cores_and_each_gpu_once() -> None:
+    core = Peak(100.0, "estimate: 1 core", kind="estimate")
+    # two ranks bound to one core each on one host, two on another: 2 cores per host
+    ranks = [
+        rank(0, "a", [0], core),
+        rank(1, "a", [1], core),
+        rank(2, "b", [0], core),
+        rank(3, "b", [1], core),
+    ]
+    peak = job_peak(torch.device("cpu"), 0.0, ranks)
+    assert peak is not None and peak.flops == 400.0 and peak.kind == "estimate"
+    # ranks that may all run on every core of their host count the host once
+    shared = [rank(0, "a", [0, 1], Peak(200.0, "e")), rank(1, "a", [0, 1], Peak(200.0, "e"))]
+    assert job_peak(torch.device("cpu"), 0.0, shared).flops == 200.0  # type: ignore[union-attr]
+    gpus = [rank(i, "a", [0], Peak(1e12, "datasheet"), device_index=i) for i in range(4)]
+    assert job_peak(torch.device("cuda"), 0.0, gpus).flops == 4e12  # type: ignore[union-attr]
+    user = job_peak(torch.device("cuda"), 5e12, gpus)
+    assert user is not None and user.flops == 20e12 and user.kind == "user"
+    # one part without a known peak: no peak at all (a partial sum would overstate MFU)
+    assert job_peak(torch.device("cuda"), 0.0, [*gpus[:3], replace(gpus[3], peak=None)]) is None
+
+
+def test_figures_that_cannot_be_true_are_flagged_with_a_cause() -> None:
+    estimate = Peak(100.0, "e", kind="estimate", inputs={"clock_source": "/proc/cpuinfo"})
+    assert implausible(0.5, 0.8, 90.0, estimate) == []
+    flags = implausible(1.09, 0.9, 120.0, estimate)
+    assert any("MFU 109.0% > 100%" in f and "/proc/cpuinfo" in f for f in flags)
+    assert any("GEMM ceiling is 120% of the theoretical peak" in f for f in flags)
+    under_load = implausible(0.4, 2.46, 20.0, estimate)
+    assert any("measured under load" in f for f in under_load)
+    assert implausible(math.nan, 0.5, 10.0, None) == []
+
+
+def test_gemm_ceiling_is_the_best_of_several_sizes() -> None:
+    flops = gemm_ceiling(torch.device("cpu"), "fp32", seconds=0.3, sizes=(64, 128))
+    assert flops > 0
