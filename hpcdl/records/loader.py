@@ -168,12 +168,13 @@ def open_regular(path: Path, limit: int, what: str) -> Iterator[io.BufferedReade
         raise Unreadable(_ERRORS.get(e.errno or 0, e.strerror or str(e))) from None
     except ValueError:  # a NUL byte in a name taken from a document
         raise Unreadable("not a valid file name") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+        os.close(fd)
         if not stat.S_ISREG(st.st_mode):
             raise Unreadable(f"{_KINDS.get(stat.S_IFMT(st.st_mode), 'not a file')}, not a regular file")
-        if st.st_size > limit:
-            raise Unreadable(f"{size_text(st.st_size)}, more than the {size_text(limit)} {what}")
+        raise Unreadable(f"{size_text(st.st_size)}, more than the {size_text(limit)} {what}")
+    with os.fdopen(fd, "rb") as f:
         yield f
 
 
@@ -257,13 +258,15 @@ def read_comm(path: Path) -> CommSweep:
 
 def load_tree(paths: Sequence[Path]) -> Tree:
     """Every ``*.json`` under the given files and directories (each file once, in a stable
-    order), read and sorted by kind; :class:`InputError` when a path does not exist."""
+    order), read and sorted by kind; :class:`InputError` when a path does not exist. Documents
+    carry their resolved path (a record's steps file lies beside the file itself, not beside a
+    link to it); a file that cannot be read carries the path it was found under."""
     tree = Tree()
-    for path in _json_files(paths, tree.unreadable):
+    for path, found in _json_files(paths, tree.unreadable).items():
         try:
             _add(tree, path)
         except Unreadable as e:
-            tree.unreadable.append(Unread(path, str(e)))
+            tree.unreadable.append(Unread(found, str(e)))
     return tree
 
 
@@ -284,16 +287,19 @@ def _add(tree: Tree, path: Path) -> None:
         raise Unreadable(f"not an hpcdl document (schema {kind!r})")
 
 
-def _json_files(paths: Sequence[Path], unreadable: list[Unread]) -> list[Path]:
-    """The files named and the ``*.json`` below the directories named (hidden files, such as
-    half-written temporary ones, left out), resolved, each once; directories that cannot be
-    listed go to ``unreadable``."""
+def _json_files(paths: Sequence[Path], unreadable: list[Unread]) -> dict[Path, Path]:
+    """Resolved path -> the path it was first found under, for the files named and the
+    ``*.json`` below the directories named (hidden files, such as half-written temporary ones,
+    left out); directories that cannot be listed go to ``unreadable``."""
     files: list[Path] = []
     for p in paths:
         if not p.exists():
             raise InputError("path", str(p), "an existing record file or directory")
         files += sorted(_walk(p, unreadable)) if p.is_dir() else [p]
-    return list(dict.fromkeys(Path(os.path.realpath(f)) for f in files))
+    found: dict[Path, Path] = {}
+    for f in files:
+        found.setdefault(Path(os.path.realpath(f)), f)
+    return found
 
 
 def _walk(top: Path, unreadable: list[Unread]) -> Iterator[Path]:
