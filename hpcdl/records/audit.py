@@ -33,6 +33,13 @@ REL_TOL = 1e-9
 CORRECTNESS_CHECKS = ("one_step_equivalence", "parameters_identical")
 DIGEST_MISMATCH = "digest mismatch: the record was edited after it was written"
 
+TIMER_SLACK_S = 1e-6
+"""per step: how far rank 0's step times may add up beyond its window. Each step and the
+window are differences of ``time.perf_counter`` readings (1 ns resolution on Linux, 100 ns on
+Windows) and the steps lie inside the window, so only resolution and rounding may exceed it"""
+MIN_STEPS_SHARE = 0.5
+"""rank 0's step times fill at least this share of its window: between steps only the loop's
+bookkeeping and the stop agreement run (the reference records' steps fill 99.1-99.98 %)"""
 STEPS_FILE_BASE_BYTES = 1 << 20
 """a steps file's size bound: HDF5's metadata of a dozen datasets (about 5 kB written) ..."""
 STEPS_FILE_STEP_BYTES = 1 << 10
@@ -137,15 +144,17 @@ def _derived_figures(r: Result) -> list[str]:
     return problems
 
 
-def steps_file_limit(r: Result) -> int:
-    """The most bytes a steps file of this record's step counts and window may hold."""
+def steps_file_limit(r: Result) -> tuple[int, str]:
+    """The most bytes a steps file of this record's step counts and window may hold, and the
+    words that say so."""
     lead = _lead(r)
     warmup = r.run.get("warmup_steps")
     steps = lead.timed_steps + (warmup if isinstance(warmup, int) else 0)
     claimed = (
         STEPS_FILE_BASE_BYTES + STEPS_FILE_STEP_BYTES * steps + STEPS_FILE_SECOND_BYTES * lead.timed_window_s
     )
-    return int(min(claimed, STEPS_FILE_MAX_BYTES))
+    what = f"a steps file of {steps} steps and a {lead.timed_window_s:.3g} s window may hold"
+    return int(min(claimed, STEPS_FILE_MAX_BYTES)), what
 
 
 def _lead(r: Result) -> RankRow:
@@ -159,9 +168,9 @@ def _steps_file(record: Record) -> tuple[list[str], dict[str, np.ndarray]]:
     name = r.steps_file
     if not name or Path(name).name != name:  # beside the record, never elsewhere
         return [f"steps file {name!r} is not a file name beside {record.path.name}"], {}
-    limit = steps_file_limit(r)
+    limit, what = steps_file_limit(r)
     try:
-        with open_regular(record.path.parent / name, limit, "a steps file of its steps may hold") as f:
+        with open_regular(record.path.parent / name, limit, what) as f:
             if file_sha256(f) != r.steps_sha256:
                 return [f"steps file {name} was changed after the record was written"], {}
             f.seek(0)
@@ -175,7 +184,8 @@ def _steps_file(record: Record) -> tuple[list[str], dict[str, np.ndarray]]:
 
 def _step_times(r: Result, steps: Mapping[str, np.ndarray]) -> list[str]:
     """Rank 0's per-step times against its claimed figures: as many steps as it claims, its
-    median, and a loss for every step (warm-up included), the first one positive."""
+    median, times that add up to at most its window and to not much less, and a loss for every
+    step (warm-up included), the first one positive."""
     lead = _lead(r)
     step_s, loss = steps.get("step_s"), steps.get("loss")
     if step_s is None or loss is None:
@@ -185,6 +195,13 @@ def _step_times(r: Result, steps: Mapping[str, np.ndarray]) -> list[str]:
         return [f"steps file holds {n} steps, rank 0 claims {lead.timed_steps}"]
     if not _close(float(np.median(step_s)), lead.step_time_median_s, 1e-6):
         return ["rank 0's median step time does not match its steps file"]
+    if not np.all(step_s > 0):  # NaN fails too
+        return ["steps file: a step time is not a positive number"]
+    total, window = float(np.sum(step_s)), lead.timed_window_s
+    if total > window + TIMER_SLACK_S * n:
+        return [f"rank 0's {n} step times add up to {total:.6g} s, more than its window {window:.6g} s"]
+    if total < MIN_STEPS_SHARE * window:
+        return [f"rank 0's {n} step times fill only {total / window:.1%} of its {window:.6g} s window"]
     warmup = r.run.get("warmup_steps")
     if not isinstance(warmup, int) or len(loss) != warmup + n:
         return [f"steps file holds {len(loss)} losses, the run claims {warmup!r} warm-up and {n} timed steps"]
