@@ -117,7 +117,7 @@ def test_read_json_refuses_what_it_cannot_read(tmp_path: Path) -> None:
     with pytest.raises(Unreadable, match="unreadable: missing"):
         read_json(tmp_path / "missing.json")
     (tmp_path / "sweep.json").write_text(json.dumps({"schema": schema.SWEEP}))
-    with pytest.raises(Unreadable, match="not a result record"):
+    with pytest.raises(Unreadable, match="schema 'hpcdl.sweep', not hpcdl.result"):
         read_record(tmp_path / "sweep.json")
 
 

@@ -4,6 +4,7 @@ real reference records, and ``hpcdl predict``."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,10 @@ def test_predict_bad_input_is_one_line_and_exit_2(bad: list[str]) -> None:
     p = hpcdl("predict", *bad)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_predict_refuses_a_fifo_at_once(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "base.json")  # opening it for reading would wait for a writer
+    p = hpcdl("predict", "--base", str(tmp_path / "base.json"), "--beta", "1e9")
+    assert p.returncode == 2 and "a FIFO, not a regular file" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr

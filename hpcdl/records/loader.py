@@ -4,8 +4,9 @@ by kind and typed (METRICS.md, "Verification").
 A results tree is data written by whoever ran it, so reading is bounded: only regular files
 are read (a FIFO would block, a device never end), opened without blocking; symbolic links to
 directories are not entered (a link to an ancestor would loop); a JSON file larger than
-:data:`MAX_JSON_BYTES` or nested deeper than :data:`MAX_DEPTH` is refused. Whatever cannot be
-read is returned with its reason, never raised, so the rest of the tree still reads.
+:data:`MAX_JSON_BYTES` or nested deeper than :data:`MAX_DEPTH` is refused. A single file that
+cannot be read raises :class:`Unreadable` with the reason; a tree returns every such file
+with its reason, so that the rest of the tree still reads.
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ def read_record(path: Path) -> Record:
     """The result record in ``path``; :class:`Unreadable` says why there is none."""
     doc = read_object(path)
     if doc.get("schema") != schema.RESULT:
-        raise Unreadable(f"not a result record (schema {doc.get('schema')!r})")
+        raise Unreadable(f"schema {doc.get('schema')!r}, not {schema.RESULT}")
     return _record(path, doc)
 
 
@@ -249,7 +250,7 @@ def read_comm(path: Path) -> CommSweep:
     """The allreduce sweep in ``path``; :class:`Unreadable` says why there is none."""
     doc = read_object(path)
     if doc.get("schema") != schema.COMM:
-        raise Unreadable(f"not an allreduce sweep of hpcdl comm -o (schema {doc.get('schema')!r})")
+        raise Unreadable(f"schema {doc.get('schema')!r}, not {schema.COMM}")
     return view(CommSweep, doc, "comm")
 
 

@@ -77,9 +77,9 @@ def write_steps(columns: Mapping[str, Sequence[float]], path: str | Path) -> Pat
 
 
 def read_steps(source: str | Path | BinaryIO, max_bytes: int | None = None) -> dict[str, np.ndarray]:
-    """The per-step columns (1-D float64 datasets) of a steps file, a path or an open binary
-    file; ``ValueError`` for anything else. With ``max_bytes``, a dataset that would take more
-    memory is refused before it is read: a compressed one can expand far beyond the file."""
+    """The per-step columns of a steps file (a path or an open binary file) as float64 arrays;
+    ``ValueError`` for a dataset that is not a 1-D column, or, with ``max_bytes``, that would
+    take more memory than that (a compressed dataset can expand far beyond its file's size)."""
     with h5py.File(source, "r") as f:
         datasets = {name: d for name, d in f.items() if isinstance(d, h5py.Dataset)}
         for name, d in datasets.items():
