@@ -133,8 +133,8 @@ class Tree:
     @property
     def files(self) -> int:
         """How many files were looked at."""
-        kinds: tuple[list[Any], ...] = (self.records, self.sweeps, self.comms, self.predictions, self.others)
-        return sum(len(k) for k in kinds) + len(self.unreadable)
+        found = len(self.records) + len(self.sweeps) + len(self.comms) + len(self.predictions)
+        return found + len(self.others) + len(self.unreadable)
 
 
 # --- reading one file -------------------------------------------------------------------------
@@ -149,7 +149,7 @@ _KINDS = {
 _ERRORS = {errno.ENOENT: "missing", errno.ELOOP: "a symbolic link loop", errno.EACCES: "permission denied"}
 
 
-def size_text(n: float) -> str:
+def _size_text(n: float) -> str:
     """Bytes for a reason: '1.5 MB'."""
     for factor, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
         if n >= factor:
@@ -174,7 +174,7 @@ def open_regular(path: Path, limit: int, what: str) -> Iterator[io.BufferedReade
         os.close(fd)
         if not stat.S_ISREG(st.st_mode):
             raise Unreadable(f"{_KINDS.get(stat.S_IFMT(st.st_mode), 'not a file')}, not a regular file")
-        raise Unreadable(f"{size_text(st.st_size)}, more than the {size_text(limit)} {what}")
+        raise Unreadable(f"{_size_text(st.st_size)}, more than the {_size_text(limit)} {what}")
     with os.fdopen(fd, "rb") as f:
         yield f
 
@@ -187,7 +187,7 @@ def read_json(path: Path) -> Any:
     except Unreadable as e:
         raise Unreadable(f"unreadable: {e}") from None
     if len(data) > MAX_JSON_BYTES:
-        raise Unreadable(f"unreadable: more than the {size_text(MAX_JSON_BYTES)} a JSON document may hold")
+        raise Unreadable(f"unreadable: more than the {_size_text(MAX_JSON_BYTES)} a JSON document may hold")
     try:
         value = json.loads(data)
     except RecursionError:
