@@ -4,6 +4,7 @@ real reference records, and ``hpcdl predict``."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpcdl.errors import InputError
+from hpcdl.records.loader import CommRow, read_comm, read_record
 from hpcdl.records.store import load_record
 from hpcdl.scaling.model import Comm, Model, comm_from_record, fit_comm, model_from_records
 
@@ -31,7 +33,7 @@ def model(**kw: object) -> Model:
 @pytest.mark.parametrize("ranks", [2, 4, 16])
 def test_fit_recovers_alpha_and_beta_of_a_ring(ranks: int) -> None:
     truth = Comm(alpha_s=7e-6, beta_bytes_per_s=3e9)
-    rows = [{"bytes": s, "backend_s": truth.time(s, ranks)} for s in (1 << 10, 1 << 16, 1 << 20, 1 << 26)]
+    rows = [CommRow(bytes=s, backend_s=truth.time(s, ranks)) for s in (1 << 10, 1 << 16, 1 << 20, 1 << 26)]
     fitted = fit_comm(rows, ranks)
     assert fitted.alpha_s == pytest.approx(truth.alpha_s, rel=1e-6)
     assert fitted.beta_bytes_per_s == pytest.approx(truth.beta_bytes_per_s, rel=1e-6)
@@ -59,18 +61,18 @@ def test_bad_model_input_names_the_field() -> None:
     with pytest.raises(InputError, match="predict.gamma_flops_per_s"):
         model(gamma_flops_per_s=0.0)
     with pytest.raises(InputError, match="comm.ranks"):
-        fit_comm([{"bytes": 1, "backend_s": 1.0}], 1)
+        fit_comm([CommRow(bytes=1, backend_s=1.0)], 1)
 
 
 def test_calibration_from_reference_records() -> None:
-    base = load_record(REF / "mlp-horovod-weak-np1.json")
-    comm = comm_from_record(load_record(REF / "comm-horovod.json"))
+    base = read_record(REF / "mlp-horovod-weak-np1.json").result
+    comm = comm_from_record(read_comm(REF / "comm-horovod.json"))
     m = model_from_records(base, comm)
-    assert m.gamma_flops_per_s == base["metrics"]["ai_ops_per_s"]
-    assert m.grad_bytes == 4 * base["counts"]["params"] and m.batch == base["settings"]["batch_per_rank"]
+    assert m.gamma_flops_per_s == base.metrics.ai_ops_per_s
+    assert m.grad_bytes == 4 * base.counts.params and m.batch == base.settings.batch_per_rank
     assert comm.beta_bytes_per_s > 0 and comm.alpha_s >= 0
     with pytest.raises(InputError, match="predict.base"):
-        model_from_records(load_record(REF / "mlp-horovod-weak-np2.json"), comm)
+        model_from_records(read_record(REF / "mlp-horovod-weak-np2.json").result, comm)
 
 
 def hpcdl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -109,3 +111,10 @@ def test_predict_bad_input_is_one_line_and_exit_2(bad: list[str]) -> None:
     p = hpcdl("predict", *bad)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_predict_refuses_a_fifo_at_once(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "base.json")  # opening it for reading would wait for a writer
+    p = hpcdl("predict", "--base", str(tmp_path / "base.json"), "--beta", "1e9")
+    assert p.returncode == 2 and "a FIFO, not a regular file" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr

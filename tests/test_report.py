@@ -14,8 +14,13 @@ import torch
 import hpcdl
 from hpcdl.errors import HpcdlError
 from hpcdl.metrics import memory_estimate
+from hpcdl.records.audit import DIGEST_MISMATCH, Audit
+from hpcdl.records.loader import Record, SweepSummary, read_record
 from hpcdl.records.store import file_sha256, load_record, read_steps, seal, write_record, write_steps
-from hpcdl.results.report import EDITED, NO_POWER, Record, memory_points, sample_elements, write_report
+from hpcdl.records.views import read_result
+from hpcdl.results.report import write_report
+from hpcdl.results.report.memory import memory_points, sample_elements
+from hpcdl.results.report.write import NO_POWER
 
 REFERENCE = Path(__file__).resolve().parent.parent / "reference_results"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -46,9 +51,9 @@ def img_sources(page: str) -> list[str]:
     return re.findall(r"<img src='([^']+)'", page)
 
 
-def plus_ten_percent(summary: dict[str, Any]) -> dict[int, float]:
+def plus_ten_percent(summary: SweepSummary) -> dict[int, float]:
     """A 'model' 10 % above every measured point, extended to twice the largest rank count."""
-    points = {p["np"]: p["samples_per_s"] for p in summary["points"] if p.get("record")}
+    points = {p.np: p.samples_per_s for p in summary.points if p.record and p.samples_per_s}
     top = max(points)
     return {**{n: 1.1 * x for n, x in points.items()}, 2 * top: 2.2 * points[top]}
 
@@ -124,8 +129,8 @@ def test_edited_record_is_marked(tmp_path: Path) -> None:
     path = copy_record(reference_record(1), tmp_path / "in", double, reseal=False)
     page = write_report([path], tmp_path / "out", say=lambda _line: None).read_text(encoding="utf-8")
     name = html.escape(load_record(path)["name"])
-    assert page.count(EDITED) >= 2  # in the table and in the list of records that do not verify
-    assert re.search(rf"<li><b>{re.escape(name)}</b>.*{re.escape(EDITED)}", page)
+    assert page.count(DIGEST_MISMATCH) >= 2  # in the table and in the list of records that do not verify
+    assert re.search(rf"<li><b>{re.escape(name)}</b>.*{re.escape(DIGEST_MISMATCH)}", page)
 
 
 def test_record_strings_are_escaped(tmp_path: Path) -> None:
@@ -189,12 +194,12 @@ def mlp_records(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_memory_points_are_input_size_against_peak_memory(mlp_records: Path) -> None:
-    records = [Record(p, load_record(p), ()) for p in sorted(mlp_records.glob("*.json"))]
+    records = [Audit(read_record(p), ()) for p in sorted(mlp_records.glob("*.json"))]
     points = sorted(memory_points(records), key=lambda p: p.input_elements)
     assert [p.input_elements for p in points] == [b * 48 for b in MLP_BATCHES]
     assert len({p.workload for p in points}) == 1  # one workload: one curve
-    for p, r in zip(points, sorted(records, key=lambda r: r.data["settings"]["batch_per_rank"]), strict=True):
-        d = r.data
+    for p, a in zip(points, sorted(records, key=lambda a: a.result.settings.batch_per_rank), strict=True):
+        d = a.record.raw
         assert p.family == "mlp" and p.measured_bytes == d["metrics"]["peak_memory_bytes"]
         counts = d["counts"]
         batch = d["settings"]["batch_per_rank"]
@@ -222,6 +227,6 @@ def test_sample_elements_is_the_numel_of_one_sample(family: str) -> None:
 
 def test_records_without_a_valid_spec_have_no_memory_point() -> None:
     _, rec = reference_records()[0]
-    assert memory_points([Record(Path("x.json"), rec, ())])
+    assert memory_points([Audit(Record(Path("x.json"), read_result(rec)), ())])
     broken = {**rec, "spec": {**rec["spec"], "family": "no-such-family"}}
-    assert memory_points([Record(Path("x.json"), broken, ())]) == []
+    assert memory_points([Audit(Record(Path("x.json"), read_result(broken)), ())]) == []

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hpcdl.cli.common import add_workload_options, err, workload_specs
 from hpcdl.errors import InputError
 from hpcdl.records import schema
-from hpcdl.records.store import json_files, load_record, write_record
+from hpcdl.records.loader import Unreadable, load_tree, read_comm, read_record
+from hpcdl.records.store import write_record
+from hpcdl.records.views import Result
 from hpcdl.results import ranking as rank_mod
+from hpcdl.results.best import best_per_rank_count
 from hpcdl.results.text import si, table
 from hpcdl.scaling import model as model_mod
+
+T = TypeVar("T")
 
 
 def cmd_rank(args: argparse.Namespace) -> int:
@@ -47,14 +53,11 @@ def _positive(field: str, value: float | None) -> float:
     return value
 
 
-def _load(field: str, path: str) -> dict[str, Any]:
+def _read(field: str, path: str, read: Callable[[Path], T], what: str) -> T:
     try:
-        doc = load_record(path)
-    except (OSError, ValueError) as e:
-        raise InputError(field, path, f"a readable JSON record ({type(e).__name__})") from None
-    if not isinstance(doc, dict):
-        raise InputError(field, path, "a JSON record (an object)")
-    return doc
+        return read(Path(path))
+    except Unreadable as e:
+        raise InputError(field, path, f"{what} ({e})") from None
 
 
 def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str, Any], str]:
@@ -67,11 +70,11 @@ def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str
             )
         if not args.comm and args.beta is None:
             raise InputError("predict.comm", None, "--comm COMM.json (hpcdl comm -o) or --alpha/--beta")
-        base = _load("predict.base", args.base)
+        base = _read("predict.base", args.base, read_record, "a 1-rank result record").result
         if args.comm:
-            comm_record = _load("predict.comm", args.comm)
-            comm = model_mod.comm_from_record(comm_record)
-            backend = args.backend or comm_record["backend"]
+            sweep = _read("predict.comm", args.comm, read_comm, "an allreduce sweep of hpcdl comm -o")
+            comm = model_mod.comm_from_record(sweep)
+            backend = args.backend or sweep.backend
         else:
             comm = model_mod.Comm(
                 alpha_s=args.alpha or 0.0, beta_bytes_per_s=_positive("predict.beta", args.beta)
@@ -80,7 +83,7 @@ def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str
         model = model_mod.model_from_records(
             base, comm, backend=backend, mode=args.mode, overlap=args.overlap
         )
-        return model, base["spec"], backend
+        return model, base.spec, backend
     specs = workload_specs(args)
     if len(specs) != 1:
         raise InputError(
@@ -97,22 +100,27 @@ def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str
 
 
 def measured_points(folder: Path, spec: dict[str, Any], mode: str, backend: str) -> dict[int, float]:
-    """Measured samples/s by rank count: valid records under ``folder`` of the same workload
-    and backend. Weak scaling keeps the batch per rank; strong scaling the global batch."""
-    found: dict[int, float] = {}
-    for path in json_files([folder]):
-        rec = load_record(path)
-        if rec.get("schema") != schema.RESULT or not rec["validity"]["passed"]:
-            continue
-        s = rec["settings"]
-        same = {k: v for k, v in rec["spec"].items() if k != "batch_size"} == {
-            k: v for k, v in spec.items() if k != "batch_size"
-        }
-        batch = s["batch_per_rank"] if mode == "weak" else s["global_batch"]
-        n = s["world_size"]
-        if same and batch == spec["batch_size"] and (n == 1 or s["backend"] == backend):
-            found[n] = max(found.get(n, 0.0), rec["metrics"]["samples_per_s"])
-    return found
+    """Measured samples/s by rank count: the best valid record under ``folder`` of the same
+    workload and backend at each count. Weak scaling keeps the batch per rank; strong scaling
+    the global batch."""
+
+    def same(r: Result) -> bool:
+        s = r.settings
+        batch = s.batch_per_rank if mode == "weak" else s.global_batch
+        return (
+            r.validity.passed
+            and _but_batch(r.spec) == _but_batch(spec)
+            and batch == spec["batch_size"]
+            and (s.world_size == 1 or s.backend == backend)
+        )
+
+    found = [rec for rec in load_tree([folder]).records if same(rec.result)]
+    best = best_per_rank_count(found, lambda r: r.metrics.samples_per_s)
+    return {n: rec.result.metrics.samples_per_s for n, rec in best.items()}
+
+
+def _but_batch(spec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if k != "batch_size"}
 
 
 def cmd_predict(args: argparse.Namespace) -> int:

@@ -1,25 +1,28 @@
 """Verification of result records before they may rank: is the record intact, do its figures
-follow from its own measurements, and does it pass the ranking's validity gate?
+follow from its own measurements (its steps file included), and does it pass the ranking's
+validity gate? (METRICS.md, "Verification".)
 
 A digest without a secret detects edits, not forgery: someone who edits a figure and
-recomputes every derived figure and the digest is caught only by re-running the workload.
-What this module guarantees is that a record edited by hand (or by a buggy tool) fails.
+recomputes every derived figure, the steps file and the digest is caught only by re-running
+the workload. What this module guarantees is that a record edited by hand (or by a buggy tool)
+fails, and that a forgery must be consistent with its own per-step times to pass.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from hpcdl import metrics
 from hpcdl.errors import HpcdlError
 from hpcdl.records import schema
+from hpcdl.records.loader import Record, Unreadable, open_regular
 from hpcdl.records.store import digest_ok, file_sha256, read_steps
+from hpcdl.records.views import RankRow, Result
 from hpcdl.workloads.precision import PRECISIONS
 from hpcdl.workloads.registry import spec_from_dict
 
@@ -30,113 +33,203 @@ REL_TOL = 1e-9
 CORRECTNESS_CHECKS = ("one_step_equivalence", "parameters_identical")
 DIGEST_MISMATCH = "digest mismatch: the record was edited after it was written"
 
+TIMER_SLACK_S = 1e-6
+"""per step: how far rank 0's step times may add up beyond its window. Each step and the
+window are differences of ``time.perf_counter`` readings (1 ns resolution on Linux, 100 ns on
+Windows) and the steps lie inside the window, so only resolution and rounding may exceed it"""
+MIN_STEPS_SHARE = 0.5
+"""rank 0's step times fill at least this share of its window: between steps only the loop's
+bookkeeping and the stop agreement run (the reference records' steps fill 99.1-99.98 %)"""
+STEPS_FILE_BASE_BYTES = 1 << 20
+"""a steps file's size bound: HDF5's metadata of a dozen datasets (about 5 kB written) ..."""
+STEPS_FILE_STEP_BYTES = 1 << 10
+"""... plus this per step, warm-up included (7 float64 columns: 56 bytes) ..."""
+STEPS_FILE_SECOND_BYTES = 4 << 10
+"""... plus this per second of window (a GPU trace: 5 float64 columns every 0.1 s, 400 bytes) ..."""
+STEPS_FILE_MAX_BYTES = 1 << 30
+"""... and never more than this (19 million steps), whatever the record claims"""
+
+
+@dataclass(frozen=True)
+class Audit:
+    """A record and what its audit found: why it is not what hpcdl wrote (empty when it is),
+    and rank 0's per-step columns, read from its steps file once here (empty unless the file
+    matched its hash) for whoever needs them next (the score's losses, the report's power)."""
+
+    record: Record
+    problems: tuple[str, ...]
+    steps: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return self.record.path
+
+    @property
+    def result(self) -> Result:
+        return self.record.result
+
+    @property
+    def losses(self) -> list[float]:
+        """Rank 0's loss of every step, warm-up first (empty when the steps file was not read)."""
+        loss = self.steps.get("loss")
+        return [] if loss is None else [float(x) for x in loss]
+
 
 def _close(a: float, b: float, rel: float = REL_TOL) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=0.0)
 
 
-def _malformed(check: Callable[..., list[str]]) -> Callable[..., list[str]]:
-    """A record with missing or mistyped keys is a problem to report, not a crash."""
+def audit(record: Record) -> Audit:
+    """Check a record against itself: schema, digest (over the JSON as read), FLOPs and
+    parameters recomputed from the spec, every derived figure recomputed from the per-rank
+    measurements, and the steps file (hash, step count, median, times within the window)."""
+    r = record.result
+    if (r.schema, r.schema_version) != (schema.RESULT, schema.RESULT_VERSION):
+        kind = f"{r.schema} v{r.schema_version}"
+        return Audit(
+            record, (f"not a result record of schema {schema.RESULT} v{schema.RESULT_VERSION}: {kind}",)
+        )
+    problems = [] if digest_ok(r.raw) else [DIGEST_MISMATCH]
+    problems += _counts(r)
+    ranks = _ranks(r)
+    if ranks:  # the figures below divide by the ranks' windows and need rank 0
+        return Audit(record, (*problems, *ranks))
+    problems += _derived_figures(r)
+    found, steps = _steps_file(record)
+    return Audit(record, (*problems, *found), steps)
 
-    @functools.wraps(check)
-    def guarded(rec: Mapping[str, Any], *args: Any) -> list[str]:
-        try:
-            return check(rec, *args)
-        except (KeyError, TypeError, ValueError, AttributeError, StopIteration, OSError) as e:
-            return [f"malformed record: {type(e).__name__} {e}"]
 
-    return guarded
-
-
-@_malformed
-def integrity_problems(rec: Mapping[str, Any], path: Path | None = None) -> list[str]:
-    """Why this record is not what hpcdl wrote, or [] if it is: schema, digest, the steps
-    file's hash, FLOPs recomputed from the spec, and every derived figure recomputed from
-    the per-rank measurements."""
-    if rec.get("schema") != schema.RESULT or rec.get("schema_version") != schema.RESULT_VERSION:
-        return [
-            f"not a result record of schema {schema.RESULT} v{schema.RESULT_VERSION}: {rec.get('schema')!r}"
-        ]
-    problems = []
-    if not digest_ok(rec):
-        problems.append(DIGEST_MISMATCH)
+def _counts(r: Result) -> list[str]:
     try:
-        count = spec_from_dict(dict(rec["spec"])).count()
-    except HpcdlError as e:
-        return [*problems, f"spec does not rebuild: {e}"]
-    m = rec["metrics"]
-    if count.train_flops != rec["counts"]["train_flops_per_sample"] or count.train_flops != m.get(
-        "train_flops_per_sample"
+        count = spec_from_dict(dict(r.spec)).count()
+    except (HpcdlError, TypeError) as e:  # TypeError: a knob of a type no spec has (a list)
+        return [f"spec does not rebuild: {e}"]
+    problems = []
+    if (
+        count.train_flops != r.counts.train_flops_per_sample
+        or count.train_flops != r.metrics.train_flops_per_sample
     ):
         problems.append(
-            f"train FLOPs per sample claimed {m.get('train_flops_per_sample')}, "
+            f"train FLOPs per sample claimed {r.metrics.train_flops_per_sample}, "
             f"recomputed from the spec {count.train_flops}"
         )
-    if count.params != rec["counts"]["params"]:
-        problems.append(f"parameters claimed {rec['counts']['params']}, recomputed {count.params}")
-    problems += _derived_figures(rec)
-    if path is not None:
-        problems += _steps_file(rec, path)
+    if count.params != r.counts.params:
+        problems.append(f"parameters claimed {r.counts.params}, recomputed {count.params}")
     return problems
 
 
-def _derived_figures(rec: Mapping[str, Any]) -> list[str]:
-    m, s = rec["metrics"], rec["settings"]
-    rows = m["per_rank"]
+def _ranks(r: Result) -> list[str]:
+    rows = r.metrics.per_rank
+    if r.settings.world_size < 1 or sorted(x.rank for x in rows) != list(range(r.settings.world_size)):
+        return [f"per_rank holds ranks {[x.rank for x in rows]}, world size {r.settings.world_size}"]
+    if any(x.timed_steps < 1 or not 0 < x.timed_window_s < math.inf for x in rows):
+        return ["per_rank: a rank without timed steps or with a window that is not a positive time"]
+    return []
+
+
+def _derived_figures(r: Result) -> list[str]:
+    m, rows = r.metrics, r.metrics.per_rank
+    samples = [r.settings.batch_per_rank * x.timed_steps for x in rows]
+    want = metrics.aggregate_throughput(samples, [x.timed_window_s for x in rows])
     problems = []
-    if sorted(r["rank"] for r in rows) != list(range(s["world_size"])):
-        problems.append(f"per_rank holds ranks {[r['rank'] for r in rows]}, world size {s['world_size']}")
-        return problems
-    samples = [s["batch_per_rank"] * r["timed_steps"] for r in rows]
-    windows = [r["timed_window_s"] for r in rows]
-    want = metrics.aggregate_throughput(samples, windows)
-    if not _close(m["samples_per_s"], want):
-        problems.append(f"samples_per_s {m['samples_per_s']:.6g} != all ranks' samples / window {want:.6g}")
-    if not _close(m["ai_ops_per_s"], metrics.ai_ops_per_s(m["train_flops_per_sample"], m["samples_per_s"])):
+    if not _close(m.samples_per_s, want):
+        problems.append(f"samples_per_s {m.samples_per_s:.6g} != all ranks' samples / window {want:.6g}")
+    if not _close(m.ai_ops_per_s, metrics.ai_ops_per_s(m.train_flops_per_sample, m.samples_per_s)):
         problems.append("ai_ops_per_s != train_flops_per_sample x samples_per_s")
-    for r, n in zip(rows, samples, strict=True):
-        if not _close(r["samples_per_s"], metrics.throughput(n, r["timed_window_s"])):
-            problems.append(f"rank {r['rank']}: samples_per_s does not follow from its steps and window")
-    if not _close(m["timed_window_s"], max(windows)):
+    for x, n in zip(rows, samples, strict=True):
+        if not _close(x.samples_per_s, metrics.throughput(n, x.timed_window_s)):
+            problems.append(f"rank {x.rank}: samples_per_s does not follow from its steps and window")
+    if not _close(m.timed_window_s, max(x.timed_window_s for x in rows)):
         problems.append("timed_window_s is not the slowest rank's window")
     return problems
 
 
-def _steps_file(rec: Mapping[str, Any], path: Path) -> list[str]:
-    steps = path.parent / str(rec.get("steps_file", ""))
-    if not rec.get("steps_file") or not steps.is_file():
-        return [f"steps file {rec.get('steps_file')!r} missing beside {path.name}"]
-    if file_sha256(steps) != rec.get("steps_sha256"):
-        return [f"steps file {steps.name} was changed after the record was written"]
-    lead = next(r for r in rec["metrics"]["per_rank"] if r["rank"] == 0)
-    step_s = read_steps(steps)["step_s"]
-    if len(step_s) != lead["timed_steps"]:
-        return [f"steps file holds {len(step_s)} steps, rank 0 claims {lead['timed_steps']}"]
-    if not _close(float(np.median(step_s)), lead["step_time_median_s"], 1e-6):
+def steps_file_limit(r: Result) -> tuple[int, str]:
+    """The most bytes a steps file of this record's step counts and window may hold, and the
+    words that say so."""
+    lead = _lead(r)
+    warmup = r.run.get("warmup_steps")
+    steps = lead.timed_steps + (warmup if isinstance(warmup, int) else 0)
+    claimed = (
+        STEPS_FILE_BASE_BYTES + STEPS_FILE_STEP_BYTES * steps + STEPS_FILE_SECOND_BYTES * lead.timed_window_s
+    )
+    what = f"a steps file of {steps} steps and a {lead.timed_window_s:.3g} s window may hold"
+    return int(min(claimed, STEPS_FILE_MAX_BYTES)), what
+
+
+def _lead(r: Result) -> RankRow:
+    return next(x for x in r.metrics.per_rank if x.rank == 0)
+
+
+def _steps_file(record: Record) -> tuple[list[str], dict[str, np.ndarray]]:
+    """The steps file's problems and its columns (read only when it matches its hash). Its size
+    is bounded before it is hashed: a huge (even sparse) file is refused unread."""
+    r = record.result
+    name = r.steps_file
+    if not name or Path(name).name != name:  # beside the record, never elsewhere
+        return [f"steps file {name!r} is not a file name beside {record.path.name}"], {}
+    limit, what = steps_file_limit(r)
+    try:
+        with open_regular(record.path.parent / name, limit, what) as f:
+            if file_sha256(f) != r.steps_sha256:
+                return [f"steps file {name} was changed after the record was written"], {}
+            f.seek(0)
+            steps = read_steps(f, limit)
+    except Unreadable as e:
+        return [f"steps file {name!r} beside {record.path.name}: {e}"], {}
+    except (OSError, ValueError) as e:  # a file hashed as written, but not HDF5 hpcdl wrote
+        return [f"steps file {name} does not read as per-step columns: {e}"], {}
+    return _step_times(r, steps), steps
+
+
+def _step_times(r: Result, steps: Mapping[str, np.ndarray]) -> list[str]:
+    """Rank 0's per-step times against its claimed figures: as many steps as it claims, its
+    median, times that add up to at most its window and to not much less, and a loss for every
+    step (warm-up included), the first one positive."""
+    lead = _lead(r)
+    step_s, loss = steps.get("step_s"), steps.get("loss")
+    if step_s is None or loss is None:
+        return ["steps file lacks step_s or loss"]
+    n = len(step_s)
+    if n != lead.timed_steps:
+        return [f"steps file holds {n} steps, rank 0 claims {lead.timed_steps}"]
+    if not _close(float(np.median(step_s)), lead.step_time_median_s, 1e-6):
         return ["rank 0's median step time does not match its steps file"]
+    if not np.all(step_s > 0):  # NaN fails too
+        return ["steps file: a step time is not a positive number"]
+    total, window = float(np.sum(step_s)), lead.timed_window_s
+    if total > window + TIMER_SLACK_S * n:
+        return [f"rank 0's {n} step times add up to {total:.6g} s, more than its window {window:.6g} s"]
+    if total < MIN_STEPS_SHARE * window:
+        return [f"rank 0's {n} step times fill only {total / window:.1%} of its {window:.6g} s window"]
+    warmup = r.run.get("warmup_steps")
+    if not isinstance(warmup, int) or len(loss) != warmup + n:
+        return [f"steps file holds {len(loss)} losses, the run claims {warmup!r} warm-up and {n} timed steps"]
+    if not (len(loss) and loss[0] > 0):  # the quality factor divides by it; cross-entropy is positive
+        return ["steps file: the first step's loss is not a positive number"]
     return []
 
 
-@_malformed
-def gate_problems(rec: Mapping[str, Any]) -> list[str]:
+def gate_problems(r: Result) -> list[str]:
     """Why an intact record may still not rank: failed validity, a short window, a precision
     below fp16/bf16, no learnable-loss evidence, missing correctness checks."""
     problems = []
-    checks = {c["name"]: c for c in rec["validity"]["checks"]}
-    failed = [name for name, c in checks.items() if not c["passed"]]
-    if failed or not rec["validity"]["passed"]:
-        problems.append(f"validity checks failed: {', '.join(failed) or 'passed is false'}")
-    if rec["settings"]["precision"] not in PRECISIONS:  # no lower than 16 bits
-        problems.append(f"precision {rec['settings']['precision']} is below fp16/bf16")
-    shortest = min(r["timed_window_s"] for r in rec["metrics"]["per_rank"])
+    names = {c.name for c in r.validity.checks}
+    if r.validity.failed or not r.validity.passed:
+        problems.append(
+            f"validity checks failed: {', '.join(dict.fromkeys(r.validity.failed)) or 'passed is false'}"
+        )
+    if r.settings.precision not in PRECISIONS:  # no lower than 16 bits
+        problems.append(f"precision {r.settings.precision} is below fp16/bf16")
+    shortest = min(x.timed_window_s for x in r.metrics.per_rank)
     if shortest < RANK_MIN_WINDOW_S:
         problems.append(f"shortest timed window {shortest:.3g} s < {RANK_MIN_WINDOW_S:g} s")
-    if "loss_falls" not in checks:
+    if "loss_falls" not in names:
         problems.append(
-            f"no loss_falls check: data {rec['run']['data']!r}; ranking needs learnable or hdf5 data"
+            f"no loss_falls check: data {r.run.get('data')!r}; ranking needs learnable or hdf5 data"
         )
-    if rec["settings"]["world_size"] > 1:
-        missing = [c for c in CORRECTNESS_CHECKS if c not in checks]
+    if r.world_size > 1:
+        missing = [c for c in CORRECTNESS_CHECKS if c not in names]
         if missing:
-            problems.append(f"{rec['settings']['world_size']} ranks without the checks {', '.join(missing)}")
+            problems.append(f"{r.world_size} ranks without the checks {', '.join(missing)}")
     return problems

@@ -8,17 +8,18 @@ matches its digest.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import h5py
 import numpy as np
 
-from hpcdl.errors import InputError
+from hpcdl.records.loader import read_object
 
 
 def digest(record: Mapping[str, Any]) -> str:
@@ -75,28 +76,28 @@ def write_steps(columns: Mapping[str, Sequence[float]], path: str | Path) -> Pat
     return path
 
 
-def read_steps(path: str | Path) -> dict[str, np.ndarray]:
-    with h5py.File(path, "r") as f:
-        return {name: np.asarray(f[name]) for name in f}
+def read_steps(source: str | Path | BinaryIO, max_bytes: int | None = None) -> dict[str, np.ndarray]:
+    """The per-step columns of a steps file (a path or an open binary file) as float64 arrays;
+    ``ValueError`` for a dataset that is not a 1-D column, or, with ``max_bytes``, that would
+    take more memory than that (a compressed dataset can expand far beyond its file's size)."""
+    with h5py.File(source, "r") as f:
+        datasets = {name: d for name, d in f.items() if isinstance(d, h5py.Dataset)}
+        for name, d in datasets.items():
+            if d.ndim != 1 or (max_bytes is not None and d.size * 8 > max_bytes):
+                raise ValueError(f"dataset {name} of shape {d.shape} is not a column of a steps file")
+        return {name: np.asarray(d, dtype=np.float64) for name, d in datasets.items()}
 
 
-def file_sha256(path: str | Path) -> str:
-    """``sha256:<hex>`` of a file's bytes (the steps file, so a record's digest covers it too)."""
-    with open(path, "rb") as f:
-        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def json_files(paths: Sequence[Path]) -> list[Path]:
-    """Every ``*.json`` under the given files and directories, each once, in a stable order."""
-    files: list[Path] = []
-    for p in paths:
-        if not p.exists():
-            raise InputError("path", str(p), "an existing record file or directory")
-        files += sorted(f for f in p.rglob("*.json") if not f.name.startswith(".")) if p.is_dir() else [p]
-    return list(dict.fromkeys(f.resolve() for f in files))
+def file_sha256(source: str | Path | io.BufferedReader) -> str:
+    """``sha256:<hex>`` of a file's bytes (the steps file, so a record's digest covers it too);
+    an open file is read from where it stands to its end."""
+    if isinstance(source, str | Path):
+        with open(source, "rb") as f:
+            return file_sha256(f)
+    return "sha256:" + hashlib.file_digest(source, "sha256").hexdigest()
 
 
 def load_record(path: str | Path) -> dict[str, Any]:
-    with open(path) as f:
-        record: dict[str, Any] = json.load(f)
-    return record
+    """The JSON object in a record file, read within ``loader``'s bounds (regular files only, a
+    size and a nesting limit); ``loader.Unreadable`` (a ``ValueError``) says why not."""
+    return read_object(Path(path))

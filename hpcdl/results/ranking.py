@@ -13,13 +13,15 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from hpcdl.errors import InputError
 from hpcdl.records import schema
-from hpcdl.records.audit import gate_problems, integrity_problems
-from hpcdl.records.store import json_files, load_record, write_record
-from hpcdl.results.score import Entry, SystemScore, score_system
+from hpcdl.records.audit import Audit, audit, gate_problems
+from hpcdl.records.loader import Document, Record, SweepSummary, beside, load_tree
+from hpcdl.records.store import write_record
+from hpcdl.results.output import output_dir
+from hpcdl.results.score import SystemScore, score_system
 from hpcdl.results.text import HTML_STYLE, html_table, si, table
 from hpcdl.scaling.table import scaling_table
 
@@ -53,76 +55,69 @@ def parse_submission(arg: str) -> tuple[str, Path]:
 
 def collect(
     submissions: Sequence[tuple[str, Path]], say: Callable[[str], None] = lambda _m: None
-) -> tuple[dict[str, list[Entry]], list[Rejected], dict[str, list[tuple[Path, dict[str, Any]]]]]:
-    """Every accepted result record per system, every rejected one with its reason, and the
-    sweep summaries. Other JSON files (suite indexes, comm sweeps) are not records to rank."""
-    summaries: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
-    accepted: dict[str, list[Entry]] = {}
+) -> tuple[dict[str, list[Audit]], list[Rejected], dict[str, list[Document[SweepSummary]]]]:
+    """Every accepted result record per system (audited, with rank 0's steps), every rejected
+    file with its reason (in the order the files were found), and the sweep summaries. Other
+    hpcdl documents (suite indexes, comm sweeps, rankings) are not records to rank."""
+    summaries: dict[str, list[Document[SweepSummary]]] = {}
+    accepted: dict[str, list[Audit]] = {}
     rejected: list[Rejected] = []
     seen: dict[str, str] = {}  # record id or digest -> path of its first occurrence
     for system, root in submissions:
-        accepted.setdefault(system, [])
-        files = json_files([root])
-        say(f"rank: {system}: checking {len(files)} JSON files under {root}")
-        for found in files:
-            path = Path(os.path.relpath(found))  # shown as the user named it, not /abs/olute
-            try:
-                rec = load_record(path)
-            except (OSError, ValueError) as e:
-                rejected.append(Rejected(system, str(path), f"unreadable: {e}"))
-                continue
-            kind = rec.get("schema") if isinstance(rec, dict) else None
-            if kind == schema.PREDICTION:
-                rejected.append(Rejected(system, str(path), "a prediction, not a measurement"))
-                continue
-            if kind == schema.SWEEP:
-                summaries.setdefault(system, []).append((path, rec))
-            if kind in schema.NOT_RECORDS:
-                continue
-            problems = integrity_problems(rec, path)
-            if not problems:
-                problems = gate_problems(rec)
-            keys = [str(rec.get("id")), str(rec.get("digest"))]
+        tree = load_tree([root])
+        say(f"rank: {system}: checking {tree.files} JSON files under {root}")
+        refused = [(u.path, u.reason) for u in tree.unreadable]
+        refused += [(d.path, "a prediction, not a measurement") for d in tree.predictions]
+        accepted[system] = []
+        for found in tree.records:
+            checked = audit(Record(shown(found.path), found.result))
+            problems = list(checked.problems) or gate_problems(found.result)
+            keys = [found.result.id, found.result.digest]
             first = next((seen[k] for k in keys if k in seen), None)
             if first is not None:
                 problems = [f"duplicate of {first}", *problems]
             if problems:
-                rejected.append(Rejected(system, str(path), "; ".join(problems)))
+                refused.append((found.path, "; ".join(problems)))
                 continue
-            for k in keys:
-                seen[k] = str(path)
-            accepted[system].append(Entry(path, rec))
+            seen |= dict.fromkeys(keys, str(checked.path))
+            accepted[system].append(checked)
+        rejected += [Rejected(system, str(shown(p)), why) for p, why in sorted(refused, key=lambda x: x[0])]
+        summaries[system] = tree.sweeps
     return accepted, rejected, summaries
 
 
-def sweep_rows(summary_path: Path, summary: dict[str, Any], entries: Sequence[Entry]) -> dict[str, Any]:
+def shown(path: Path) -> Path:
+    """A path as the user named it (relative to the working directory), not /abs/olute."""
+    return Path(os.path.relpath(path))
+
+
+def sweep_rows(summary: Document[SweepSummary], entries: Sequence[Audit]) -> dict[str, Any]:
     """A sweep of a system, from the accepted records its summary names (the summary's own
     figures are not trusted): samples/s, speed-up and efficiency against its smallest point."""
-    by_path = {e.path.resolve(): e for e in entries}
+    by_path = {Path(os.path.realpath(e.path)): e for e in entries}
     points = []
-    for p in summary.get("points", []):
-        entry = (
-            by_path.get((summary_path.parent / str(p.get("record"))).resolve()) if p.get("record") else None
-        )
+    for p in summary.view.points:
+        target = beside(summary.path, p.record) if p.record else None
+        entry = by_path.get(target) if target else None
         if entry is not None:
-            points.append((entry.world_size, float(entry.record["metrics"]["samples_per_s"])))
+            points.append((entry.result.world_size, entry.result.metrics.samples_per_s))
     rows = [
         {"np": t.ranks, "samples_per_s": t.samples_per_s, "speedup": t.speedup, "efficiency": t.efficiency}
         for t in scaling_table(points)
     ]
-    name = summary_path.name.removesuffix("-summary.json").removesuffix(".json")
-    return {"sweep": name, "mode": summary.get("mode"), "points": rows}
+    name = summary.path.name.removesuffix("-summary.json").removesuffix(".json")
+    return {"sweep": name, "mode": summary.view.mode, "points": rows}
 
 
 def rank(submissions: Sequence[tuple[str, Path]], say: Callable[[str], None] = lambda _m: None) -> Ranking:
+    """Verify every record of every system, score each system and rank them."""
     if len({name for name, _ in submissions}) != len(submissions):
         raise InputError("rank.system", [n for n, _ in submissions], "each system name once (use NAME=DIR)")
     accepted, rejected, summaries = collect(submissions, say)
     scores = [score_system(name, entries) for name, entries in accepted.items()]
     scored = sorted((s for s in scores if s.score is not None), key=lambda s: -(s.score or 0.0))
     sweeps = {
-        name: [sweep_rows(path, doc, accepted[name]) for path, doc in found]
-        for name, found in summaries.items()
+        name: [sweep_rows(doc, accepted[name]) for doc in found] for name, found in summaries.items() if found
     }
     return Ranking(
         scored + [s for s in scores if s.score is None], rejected, sum(map(len, accepted.values())), sweeps
@@ -264,54 +259,59 @@ def _html(r: Ranking) -> str:
 
 
 def write(r: Ranking, out: Path) -> list[Path]:
-    """ranking.md, ranking.html, ranking.csv and ranking.json in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "ranking.md", out / "ranking.html", out / "ranking.csv"]
-    paths[0].write_text(_markdown(r))
-    paths[1].write_text(_html(r))
-    with open(paths[2], "w", newline="") as f:
-        w = csv.writer(f)
+    """ranking.md, ranking.html, ranking.csv and ranking.json in ``out``; :class:`InputError`
+    when ``out`` cannot be written."""
+    with output_dir("rank.output", out):
+        paths = [out / "ranking.md", out / "ranking.html", out / "ranking.csv"]
+        paths[0].write_text(_markdown(r))
+        paths[1].write_text(_html(r))
+        with open(paths[2], "w", newline="") as f:
+            _csv(r, f)
+        doc: dict[str, Any] = {
+            "schema": schema.RANKING,
+            "systems": [asdict(s) for s in r.systems],
+            "sweeps": r.sweeps,
+            "rejected": [asdict(x) for x in r.rejected],
+        }
+        paths.append(write_record(doc, out / "ranking.json"))
+    return paths
+
+
+def _csv(r: Ranking, f: TextIO) -> None:
+    w = csv.writer(f)
+    w.writerow(
+        [
+            "rank",
+            "system",
+            "nodes",
+            "ranks",
+            "device",
+            "score_ai_ops_per_s",
+            "regulated_ai_ops_per_s",
+            "efficiency",
+            "efficiency_base_ranks",
+            "ai_ops_per_watt",
+            "date",
+            "reason",
+        ]
+    )
+    for place, s in enumerate(r.systems, 1):  # ranked systems come first
         w.writerow(
             [
-                "rank",
-                "system",
-                "nodes",
-                "ranks",
-                "device",
-                "score_ai_ops_per_s",
-                "regulated_ai_ops_per_s",
-                "efficiency",
-                "efficiency_base_ranks",
-                "ai_ops_per_watt",
-                "date",
-                "reason",
+                place if s.score is not None else "",
+                s.system,
+                s.nodes or "",
+                s.world_size or "",
+                s.device,
+                s.score or "",
+                s.regulated if s.regulated is not None else "",
+                s.efficiency or "",
+                s.efficiency_base or "",
+                s.ai_ops_per_watt or "",
+                s.date,
+                s.reason,
             ]
         )
-        for place, s in enumerate(r.systems, 1):  # ranked systems come first
-            w.writerow(
-                [
-                    place if s.score is not None else "",
-                    s.system,
-                    s.nodes or "",
-                    s.world_size or "",
-                    s.device,
-                    s.score or "",
-                    s.regulated if s.regulated is not None else "",
-                    s.efficiency or "",
-                    s.efficiency_base or "",
-                    s.ai_ops_per_watt or "",
-                    s.date,
-                    s.reason,
-                ]
-            )
-    doc: dict[str, Any] = {
-        "schema": schema.RANKING,
-        "systems": [asdict(s) for s in r.systems],
-        "sweeps": r.sweeps,
-        "rejected": [asdict(x) for x in r.rejected],
-    }
-    paths.append(write_record(doc, out / "ranking.json"))
-    return paths
 
 
 def terminal_table(r: Ranking) -> str:

@@ -8,13 +8,14 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hpcdl import metrics
-from hpcdl.records.store import read_steps
+from hpcdl.records.audit import Audit
+from hpcdl.records.views import Result, finite
+from hpcdl.results.best import best_per_rank_count
 from hpcdl.workloads import recipes
 from hpcdl.workloads.registry import spec_from_dict
 
@@ -24,22 +25,6 @@ TUNABLE = ("batch_size", "precision", "seed")
 """knobs a submitter may change and still run the standard workload"""
 QUALITY_TARGET = 0.5
 """the loss must fall to half its first-step value for the full quality factor"""
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One accepted record as the score sees it."""
-
-    path: Path
-    record: Mapping[str, Any]
-
-    @property
-    def world_size(self) -> int:
-        return int(self.record["settings"]["world_size"])
-
-    @property
-    def ai_ops_per_s(self) -> float:
-        return float(self.record["metrics"]["ai_ops_per_s"])
 
 
 @dataclass
@@ -92,23 +77,23 @@ def quality_factor(q: float, target: float = QUALITY_TARGET) -> float:
     return min(1.0, max(0.0, q / target))
 
 
-def record_quality(entry: Entry) -> float:
-    """q of a record, from rank 0's losses in its steps file (warm-up steps first)."""
-    steps = read_steps(entry.path.parent / entry.record["steps_file"])
-    return loss_reduction(steps["loss"].tolist())
+def _ai_ops(r: Result) -> float:
+    return r.metrics.ai_ops_per_s
 
 
-def score_system(system: str, entries: Sequence[Entry]) -> SystemScore:
-    """Score the suite records of one system (records already verified and gated)."""
+def score_system(system: str, entries: Sequence[Audit]) -> SystemScore:
+    """Score the suite records of one system: records already audited and gated, each with
+    rank 0's losses from its steps file (read by the audit), so that scoring reads no file."""
     out = SystemScore(system)
-    best: dict[int, dict[str, Entry]] = {}  # world size -> workload -> best record
+    by_workload: dict[str, list[Audit]] = {}
     for e in entries:
-        name = suite_workload(e.record["spec"])
-        if name is None:
-            continue
-        at = best.setdefault(e.world_size, {})
-        if name not in at or e.ai_ops_per_s > at[name].ai_ops_per_s:
-            at[name] = e
+        name = suite_workload(e.result.spec)
+        if name is not None:
+            by_workload.setdefault(name, []).append(e)
+    best: dict[int, dict[str, Audit]] = {}  # world size -> workload -> best record
+    for name, found in by_workload.items():
+        for n, e in best_per_rank_count(found, _ai_ops).items():
+            best.setdefault(n, {})[name] = e
     complete = sorted(n for n, at in best.items() if len(at) == len(DEFAULT_SUITE))
     if not complete:
         seen = sorted({w for at in best.values() for w in at})
@@ -120,35 +105,38 @@ def score_system(system: str, entries: Sequence[Entry]) -> SystemScore:
         )
         return out
     top = best[complete[-1]]
-    ordered = [top[w] for w in DEFAULT_SUITE]
+    ordered = [top[w].result for w in DEFAULT_SUITE]
     out.world_size = complete[-1]
-    out.nodes = max(int(e.record["settings"]["nodes"]) for e in ordered)
-    out.device = str(ordered[0].record["environment"].get("device_name", ""))
-    out.score = geomean([e.ai_ops_per_s for e in ordered])
-    qualities = {w: record_quality(top[w]) for w in DEFAULT_SUITE}
-    regulated = [top[w].ai_ops_per_s * quality_factor(qualities[w]) for w in DEFAULT_SUITE]
+    out.nodes = max(r.settings.nodes for r in ordered)
+    out.device = ordered[0].environment.device_name
+    out.score = geomean([_ai_ops(r) for r in ordered])
+    qualities = {w: loss_reduction(top[w].losses) for w in DEFAULT_SUITE}
+    regulated = [_ai_ops(top[w].result) * quality_factor(qualities[w]) for w in DEFAULT_SUITE]
     out.regulated = geomean(regulated) if min(regulated) > 0 else 0.0  # a workload that never learned
     if len(complete) > 1:
         base_n, base = complete[0], best[complete[0]]
         out.efficiency_base = base_n
         out.efficiency = geomean(
             [
-                metrics.scaling_efficiency(top[w].ai_ops_per_s, out.world_size, base[w].ai_ops_per_s, base_n)
+                metrics.scaling_efficiency(
+                    _ai_ops(top[w].result), out.world_size, _ai_ops(base[w].result), base_n
+                )
                 for w in DEFAULT_SUITE
             ]
         )
-    watts = [e.record["metrics"]["energy"].get("ai_ops_per_watt") for e in ordered]
-    if all(isinstance(w, float | int) and w > 0 for w in watts):
-        out.ai_ops_per_watt = geomean([float(w) for w in watts if w])
-    out.date = max(str(e.record["created"]) for e in ordered)[:10]
+    watts = [r.metrics.energy.ai_ops_per_watt for r in ordered]
+    measured = [w for w in watts if w is not None and finite(w) and w > 0]
+    if len(measured) == len(watts):
+        out.ai_ops_per_watt = geomean(measured)
+    out.date = max(r.created for r in ordered)[:10]
     out.workloads = {
         w: {
             "record": str(top[w].path),
-            "ai_ops_per_s": top[w].ai_ops_per_s,
-            "samples_per_s": top[w].record["metrics"]["samples_per_s"],
-            "mfu": top[w].record["metrics"].get("mfu"),
-            "precision": top[w].record["settings"]["precision"],
-            "batch_per_rank": top[w].record["settings"]["batch_per_rank"],
+            "ai_ops_per_s": _ai_ops(top[w].result),
+            "samples_per_s": top[w].result.metrics.samples_per_s,
+            "mfu": top[w].result.metrics.mfu,
+            "precision": top[w].result.settings.precision,
+            "batch_per_rank": top[w].result.settings.batch_per_rank,
             "loss_reduction": qualities[w],
             "quality_factor": quality_factor(qualities[w]),
         }

@@ -21,15 +21,15 @@ import numpy as np
 
 from hpcdl import metrics
 from hpcdl.errors import HpcdlError, InputError
-from hpcdl.records import schema
+from hpcdl.parallel.backends import BACKENDS, SINGLE
+from hpcdl.records.loader import CommRow, CommSweep, SweepSummary
+from hpcdl.records.views import Result
 from hpcdl.scaling.table import scaling_table
 from hpcdl.workloads.precision import GRADIENT_BYTES
 from hpcdl.workloads.registry import spec_from_dict
 
 MODES = ("weak", "strong")
 OVERLAPS = ("none", "full")
-FUSION_BYTES = {"horovod": 64 << 20, "torch": 25 << 20}
-"""bytes per allreduce message: Horovod's fusion buffer and DDP's bucket size (defaults)"""
 DEFAULT_NODES = tuple(2**k for k in range(13))  # 1 ... 4096
 
 
@@ -67,12 +67,14 @@ class Model:
         if self.overlap not in OVERLAPS:
             raise InputError("predict.overlap", self.overlap, "allowed: none, full")
         for name in ("train_flops_per_sample", "gamma_flops_per_s"):
-            if not getattr(self, name) > 0:
-                raise InputError(f"predict.{name}", getattr(self, name), "must be > 0")
-        if not self.comm.beta_bytes_per_s > 0:
-            raise InputError("predict.beta", self.comm.beta_bytes_per_s, "must be > 0")
-        if not self.comm.alpha_s >= 0:
-            raise InputError("predict.alpha", self.comm.alpha_s, "must be >= 0")
+            if not 0 < getattr(self, name) < math.inf:
+                raise InputError(f"predict.{name}", getattr(self, name), "must be > 0 and finite")
+        if not self.batch >= 1:
+            raise InputError("predict.batch", self.batch, "must be >= 1")
+        if not 0 < self.comm.beta_bytes_per_s < math.inf:
+            raise InputError("predict.beta", self.comm.beta_bytes_per_s, "must be > 0 and finite")
+        if not 0 <= self.comm.alpha_s < math.inf:
+            raise InputError("predict.alpha", self.comm.alpha_s, "must be >= 0 and finite")
 
     def batch_per_rank(self, p: int) -> float:
         return self.batch if self.mode == "weak" else self.batch / p
@@ -103,29 +105,29 @@ class Model:
         }
 
 
-def fit_comm(rows: Sequence[Mapping[str, Any]], ranks: int, key: str = "backend_s") -> Comm:
-    """α and β from an allreduce sweep at ``ranks`` ranks (rows of ``hpcdl comm``):
+def fit_comm(rows: Sequence[CommRow], ranks: int) -> Comm:
+    """α and β from an allreduce sweep at ``ranks`` ranks (the backend's times of ``hpcdl comm``):
     least squares of ``t(S) = a + c·S`` in relative error (every size counts alike, not just
     the largest), then ``α = a / 2(p−1)`` and ``β = 2(p−1)/p / c``."""
     if ranks < 2:
         raise InputError("comm.ranks", ranks, "an allreduce sweep of at least 2 ranks")
-    sizes = np.array([float(r["bytes"]) for r in rows])
-    times = np.array([float(r[key]) for r in rows])
+    sizes = np.array([float(r.bytes) for r in rows])
+    times = np.array([r.backend_s for r in rows])
+    if not (np.all(np.isfinite(sizes) & (sizes > 0)) and np.all(np.isfinite(times) & (times > 0))):
+        raise HpcdlError("the allreduce sweep holds a size or a time that is not a positive number")
     if len(rows) < 2 or len(set(sizes.tolist())) < 2:
         raise HpcdlError("the allreduce sweep needs at least two buffer sizes to fit latency and bandwidth")
     design = np.stack([np.ones_like(sizes), sizes], axis=1) / times[:, None]
     (a, c), *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
     a = max(float(a), 0.0)  # a negative intercept is noise in the latency: none
-    if c <= 0:
+    if not c > 0:
         raise HpcdlError("the allreduce sweep does not grow with the buffer size; cannot fit a bandwidth")
     return Comm(alpha_s=a / (2 * (ranks - 1)), beta_bytes_per_s=2 * (ranks - 1) / ranks / float(c))
 
 
-def comm_from_record(comm_record: Mapping[str, Any]) -> Comm:
-    """The fitted α, β of an ``hpcdl.comm`` record (the backend's column, not raw MPI)."""
-    if comm_record.get("schema") != schema.COMM:
-        raise InputError("predict.comm", comm_record.get("schema"), "an allreduce sweep of hpcdl comm -o")
-    return fit_comm(comm_record["rows"], int(comm_record["ranks"]))
+def comm_from_record(comm: CommSweep) -> Comm:
+    """The fitted α, β of an allreduce sweep (the backend's column, not raw MPI)."""
+    return fit_comm(comm.rows, comm.ranks)
 
 
 def model_for(
@@ -139,8 +141,9 @@ def model_for(
     overlap: str = "none",
 ) -> Model:
     """The model of a workload (a spec dict, counted analytically) on a system (γ, α, β)."""
-    if backend not in FUSION_BYTES:
-        raise InputError("predict.backend", backend, f"allowed: {', '.join(FUSION_BYTES)}")
+    reducing = [n for n in BACKENDS.names() if n != SINGLE]
+    if backend not in reducing:
+        raise InputError("predict.backend", backend, f"allowed: {', '.join(reducing)}")
     count = spec_from_dict(dict(spec)).count()
     grad_bytes = float(GRADIENT_BYTES * count.params)
     return Model(
@@ -156,7 +159,7 @@ def model_for(
 
 
 def model_from_records(
-    base: Mapping[str, Any],
+    base: Result,
     comm: Comm,
     *,
     backend: str = "horovod",
@@ -165,45 +168,47 @@ def model_from_records(
 ) -> Model:
     """The model of ``base``'s workload on ``base``'s system: γ from its AI-ops/s (it must be
     a 1-rank record), α and β given (``comm_from_record`` fits them to an allreduce sweep)."""
-    if base.get("schema") != schema.RESULT or base["settings"]["world_size"] != 1:
-        raise InputError("predict.base", base.get("name"), "a 1-rank result record calibrates gamma")
-    gamma = float(base["metrics"]["ai_ops_per_s"])
-    batch = base["settings"]["batch_per_rank"]
-    return model_for(base["spec"], batch, gamma, comm, backend=backend, mode=mode, overlap=overlap)
+    if base.world_size != 1:
+        raise InputError("predict.base", base.name, "a 1-rank result record calibrates gamma")
+    gamma = base.metrics.ai_ops_per_s
+    batch = base.settings.batch_per_rank
+    return model_for(base.spec, batch, gamma, comm, backend=backend, mode=mode, overlap=overlap)
 
 
-def sweep_predictor(
-    comm_records: Sequence[Mapping[str, Any]],
-) -> Callable[[dict[str, Any]], dict[int, float] | None]:
+def sweep_predictor(fits: Mapping[str, Comm]) -> Callable[[SweepSummary], dict[int, float] | None]:
     """For reports: a sweep summary -> predicted samples/s at its rank counts, calibrated on
-    its 1-rank point and the allreduce sweep of its backend; None where either is missing."""
-    fits = {str(c["backend"]): comm_from_record(c) for c in comm_records}
+    its 1-rank point and the fitted allreduce sweep of its backend (``fits``, by backend); None
+    where either is missing, or where the summary holds figures the model cannot take."""
 
-    def predicted(summary: dict[str, Any]) -> dict[int, float] | None:
-        points = summary.get("points", [])
-        base = next((p for p in points if p.get("np") == 1 and p.get("ai_ops_per_s")), None)
-        backends = {p.get("backend") for p in points if p.get("np", 1) > 1 and p.get("backend")}
-        if base is None or len(backends) != 1:
+    def predicted(summary: SweepSummary) -> dict[int, float] | None:
+        base = next((p for p in summary.points if p.np == 1 and p.ai_ops_per_s), None)
+        backends = {p.backend for p in summary.points if p.np > 1 and p.backend}
+        if base is None or base.ai_ops_per_s is None or base.batch_per_rank is None or len(backends) != 1:
             return None
         backend = str(backends.pop())
         if backend not in fits:
             return None
-        m = model_for(
-            summary["spec"],
-            int(base["batch_per_rank"]),
-            float(base["ai_ops_per_s"]),
-            fits[backend],
-            backend=backend,
-            mode=str(summary.get("mode", "weak")),
-        )
-        return {int(p["np"]): m.samples_per_s(int(p["np"])) for p in points}
+        try:
+            m = model_for(
+                summary.spec,
+                base.batch_per_rank,
+                base.ai_ops_per_s,
+                fits[backend],
+                backend=backend,
+                mode=summary.mode,
+            )
+        except (HpcdlError, TypeError):  # a spec that does not rebuild (TypeError: a knob that is a list)
+            return None
+        return {p.np: m.samples_per_s(p.np) for p in summary.points if p.np >= 1}
 
     return predicted
 
 
 def messages_per_step(grad_bytes: float, backend: str) -> int:
-    """Allreduce calls per step: gradients travel in fusion buffers (Horovod) or buckets (DDP)."""
-    return max(1, math.ceil(grad_bytes / FUSION_BYTES[backend]))
+    """Allreduce calls per step: gradients travel in the backend's messages (Horovod's fusion
+    buffer, DDP's buckets; ``Backend.message_bytes``, 0 for one message of all of them)."""
+    size = BACKENDS.get(backend).message_bytes
+    return max(1, math.ceil(grad_bytes / size)) if size else 1
 
 
 def relative_error(predicted: float, measured: float) -> float:

@@ -10,8 +10,9 @@ from typing import Any
 from hpcdl.errors import InputError, SpecError
 from hpcdl.parallel.launch import TERMINATED, launch
 from hpcdl.records import schema
-from hpcdl.records.audit import integrity_problems
-from hpcdl.records.store import load_record, write_record
+from hpcdl.records.audit import audit
+from hpcdl.records.loader import Record, Unreadable, read_record
+from hpcdl.records.store import write_record
 from hpcdl.scaling.table import scaling_table
 from hpcdl.workloads.registry import spec_to_args
 from hpcdl.workloads.spec import Spec
@@ -37,21 +38,22 @@ def point_name(prefix: str, mode: str, np: int) -> str:
     return f"{prefix}-{mode}-np{np}"
 
 
-def valid_point(path: Path, spec: Spec, np: int) -> bool:
-    """A record that may stand for this point: intact (``verify.integrity_problems``: digest,
-    steps file, recomputed figures), valid, same spec and rank count."""
-    if not path.exists():
-        return False
+def valid_record(path: Path, spec: Spec, np: int) -> Record | None:
+    """The record at ``path`` if it may stand for this point: same spec and rank count, valid,
+    and intact (``audit``: digest, steps file, recomputed figures); else None."""
     try:
-        rec = load_record(path)
-    except (OSError, ValueError):
-        return False
-    return (
-        not integrity_problems(rec, path)
-        and rec["validity"]["passed"]
-        and rec["spec"] == spec.to_dict()
-        and rec["settings"]["world_size"] == np
-    )
+        record = read_record(path)
+    except Unreadable:
+        return None
+    r = record.result
+    if r.spec != spec.to_dict() or r.world_size != np or not r.validity.passed or audit(record).problems:
+        return None
+    return record
+
+
+def valid_point(path: Path, spec: Spec, np: int) -> bool:
+    """Whether ``path`` holds a record that may stand for this point (:func:`valid_record`)."""
+    return valid_record(path, spec, np) is not None
 
 
 def run_point(
@@ -99,23 +101,24 @@ def sweep(
 
 def summarize(out: Path, prefix: str, mode: str, specs: dict[int, Spec]) -> dict[str, Any]:
     """Throughput and efficiency of every point with a valid record."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for np, s in specs.items():
         path = out / f"{point_name(prefix, mode, np)}.json"
-        if valid_point(path, s, np):
-            rec = load_record(path)
-            rows.append(
-                {
-                    "np": np,
-                    "record": path.name,
-                    "samples_per_s": rec["metrics"]["samples_per_s"],
-                    "ai_ops_per_s": rec["metrics"]["ai_ops_per_s"],
-                    "batch_per_rank": rec["settings"]["batch_per_rank"],
-                    "backend": rec["settings"]["backend"],
-                }
-            )
-        else:
+        record = valid_record(path, s, np)
+        if record is None:
             rows.append({"np": np, "record": None})
+            continue
+        m, settings = record.result.metrics, record.result.settings
+        rows.append(
+            {
+                "np": np,
+                "record": path.name,
+                "samples_per_s": m.samples_per_s,
+                "ai_ops_per_s": m.ai_ops_per_s,
+                "batch_per_rank": settings.batch_per_rank,
+                "backend": settings.backend,
+            }
+        )
     done = [r for r in rows if r["record"]]
     table = scaling_table((r["np"], r["samples_per_s"]) for r in done)
     for r, t in zip(done, table, strict=True):

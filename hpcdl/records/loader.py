@@ -1,0 +1,330 @@
+"""Reading hpcdl's JSON documents: one file, or every ``*.json`` under a results tree, sorted
+by kind and typed (METRICS.md, "Verification").
+
+A results tree is data written by whoever ran it, so reading is bounded: only regular files
+are read (a FIFO would block, a device never end), opened without blocking; symbolic links to
+directories are not entered (a link to an ancestor would loop); a JSON file larger than
+:data:`MAX_JSON_BYTES` or nested deeper than :data:`MAX_DEPTH` is refused. A single file that
+cannot be read raises :class:`Unreadable` with the reason; a tree returns every such file
+with its reason, so that the rest of the tree still reads.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from hpcdl.errors import HpcdlError, InputError
+from hpcdl.records import schema
+from hpcdl.records.views import MalformedRecord, Result, parse, read_result
+
+T = TypeVar("T")
+
+MAX_JSON_BYTES = 64 << 20
+"""a record of 4,096 ranks is about 4 MB (1 KB per rank with its energy block)"""
+MAX_DEPTH = 64
+"""hpcdl's documents nest 7 deep; Python's parser raises RecursionError near 1,000"""
+
+
+class Unreadable(HpcdlError, ValueError):
+    """A file that cannot be read as an hpcdl document; the message is the reason."""
+
+
+# --- typed views of the documents that sit beside records -------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One rank count of a sweep summary; ``record`` is None where the point has no valid record."""
+
+    np: int
+    record: str | None = None
+    samples_per_s: float | None = None
+    ai_ops_per_s: float | None = None
+    batch_per_rank: int | None = None
+    backend: str | None = None
+    speedup: float | None = None
+    efficiency: float | None = None
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    """A scaling sweep's summary (``schema: hpcdl.sweep``, written by ``hpcdl sweep``)."""
+
+    schema: str
+    mode: str
+    spec: dict[str, Any]
+    points: list[SweepPoint]
+    base_np: int | None = None
+
+
+@dataclass(frozen=True)
+class CommRow:
+    """One buffer size of an allreduce sweep: the backend's and raw MPI's median seconds."""
+
+    bytes: int
+    backend_s: float
+    mpi_s: float | None = None
+
+
+@dataclass(frozen=True)
+class CommSweep:
+    """An allreduce sweep (``schema: hpcdl.comm``, written by ``hpcdl comm -o``)."""
+
+    schema: str
+    ranks: int
+    backend: str
+    rows: list[CommRow]
+
+
+# --- what a file holds ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    """A result record: where it was read, and its view (``result.raw``: the JSON as read)."""
+
+    path: Path
+    result: Result
+
+    @property
+    def raw(self) -> dict[str, Any]:
+        return self.result.raw
+
+
+@dataclass(frozen=True)
+class Document(Generic[T]):
+    """Another hpcdl document: where it was read, its ``schema`` and its view (or its JSON)."""
+
+    path: Path
+    kind: str
+    view: T
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A file (or directory) that could not be read, and why."""
+
+    path: Path
+    reason: str
+
+
+@dataclass
+class Tree:
+    """Everything under a results tree, by kind, each list in the order the files were found."""
+
+    records: list[Record] = field(default_factory=list)
+    sweeps: list[Document[SweepSummary]] = field(default_factory=list)
+    comms: list[Document[CommSweep]] = field(default_factory=list)
+    predictions: list[Document[dict[str, Any]]] = field(default_factory=list)
+    """extrapolations (``hpcdl predict -o``): never measurements"""
+    others: list[Document[dict[str, Any]]] = field(default_factory=list)
+    """suite indexes, rankings, job states and collections: not records to read one by one"""
+    unreadable: list[Unread] = field(default_factory=list)
+
+    @property
+    def files(self) -> int:
+        """How many files were looked at."""
+        found = len(self.records) + len(self.sweeps) + len(self.comms) + len(self.predictions)
+        return found + len(self.others) + len(self.unreadable)
+
+
+# --- reading one file -------------------------------------------------------------------------
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+_ERRORS = {errno.ENOENT: "missing", errno.ELOOP: "a symbolic link loop", errno.EACCES: "permission denied"}
+
+
+def _size_text(n: float) -> str:
+    """Bytes for a reason: '1.5 MB'."""
+    for factor, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if n >= factor:
+            return f"{n / factor:.3g} {unit}"
+    return f"{n:.0f} bytes"
+
+
+@contextmanager
+def open_regular(path: Path, limit: int, what: str) -> Iterator[io.BufferedReader]:
+    """``path`` open for reading if it is a regular file of at most ``limit`` bytes (``what``
+    names the limit in the reason); :class:`Unreadable` otherwise. Opened without blocking, so
+    that a FIFO is refused instead of waiting for a writer, and checked on the open file, so
+    that it cannot be swapped between the check and the read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise Unreadable(_ERRORS.get(e.errno or 0, e.strerror or str(e))) from None
+    except ValueError:  # a NUL byte in a name taken from a document
+        raise Unreadable("not a valid file name") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+        os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unreadable(f"{_KINDS.get(stat.S_IFMT(st.st_mode), 'not a file')}, not a regular file")
+        raise Unreadable(f"{_size_text(st.st_size)}, more than the {_size_text(limit)} {what}")
+    with os.fdopen(fd, "rb") as f:
+        yield f
+
+
+def read_json(path: Path) -> Any:
+    """The JSON value of a file, read within the bounds above; :class:`Unreadable` says why not."""
+    try:
+        with open_regular(path, MAX_JSON_BYTES, "a JSON document may hold") as f:
+            data = f.read(MAX_JSON_BYTES + 1)  # the file may have grown since it was checked
+    except Unreadable as e:
+        raise Unreadable(f"unreadable: {e}") from None
+    if len(data) > MAX_JSON_BYTES:
+        raise Unreadable(f"unreadable: more than the {_size_text(MAX_JSON_BYTES)} a JSON document may hold")
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise Unreadable(f"unreadable: JSON nested deeper than {MAX_DEPTH} levels") from None
+    except UnicodeDecodeError:
+        raise Unreadable("unreadable: not UTF-8 text") from None
+    except ValueError as e:
+        raise Unreadable(f"unreadable: not JSON ({e})") from None
+    if _too_deep(value, MAX_DEPTH):  # the digest and the views recurse too: refuse it here
+        raise Unreadable(f"unreadable: JSON nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests objects and lists more than ``limit`` deep (without recursing)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack += [(c, depth + 1) for c in children]
+    return False
+
+
+def read_object(path: Path) -> dict[str, Any]:
+    """The JSON object in a file; :class:`Unreadable` says why there is none."""
+    doc = read_json(path)
+    if not isinstance(doc, dict):
+        raise Unreadable(f"not a JSON object but {type(doc).__name__}")
+    return doc
+
+
+def view(cls: type[T], doc: dict[str, Any], where: str) -> T:
+    """``doc`` as the view ``cls``; :class:`Unreadable` names the key that is missing or wrong."""
+    try:
+        return parse(cls, doc, where)
+    except MalformedRecord as e:
+        raise Unreadable(f"malformed {where}: {e}") from None
+
+
+def _record(path: Path, doc: dict[str, Any]) -> Record:
+    try:
+        return Record(path, read_result(doc))
+    except MalformedRecord as e:
+        raise Unreadable(f"malformed record: {e}") from None
+
+
+def read_record(path: Path) -> Record:
+    """The result record in ``path``; :class:`Unreadable` says why there is none."""
+    doc = read_object(path)
+    if doc.get("schema") != schema.RESULT:
+        raise Unreadable(f"schema {doc.get('schema')!r}, not {schema.RESULT}")
+    return _record(path, doc)
+
+
+def read_comm(path: Path) -> CommSweep:
+    """The allreduce sweep in ``path``; :class:`Unreadable` says why there is none."""
+    doc = read_object(path)
+    if doc.get("schema") != schema.COMM:
+        raise Unreadable(f"schema {doc.get('schema')!r}, not {schema.COMM}")
+    return view(CommSweep, doc, "comm")
+
+
+# --- reading a tree ---------------------------------------------------------------------------
+
+
+def load_tree(paths: Sequence[Path]) -> Tree:
+    """Every ``*.json`` under the given files and directories (each file once, in a stable
+    order), read and sorted by kind; :class:`InputError` when a path does not exist. Documents
+    carry their resolved path (a record's steps file lies beside the file itself, not beside a
+    link to it); a file that cannot be read carries the path it was found under."""
+    tree = Tree()
+    for path, found in _json_files(paths, tree.unreadable).items():
+        try:
+            _add(tree, path)
+        except Unreadable as e:
+            tree.unreadable.append(Unread(found, str(e)))
+    return tree
+
+
+def _add(tree: Tree, path: Path) -> None:
+    doc = read_object(path)
+    kind = doc.get("schema")
+    if kind == schema.RESULT:
+        tree.records.append(_record(path, doc))
+    elif kind == schema.SWEEP:
+        tree.sweeps.append(Document(path, kind, view(SweepSummary, doc, "sweep")))
+    elif kind == schema.COMM:
+        tree.comms.append(Document(path, kind, view(CommSweep, doc, "comm")))
+    elif kind == schema.PREDICTION:
+        tree.predictions.append(Document(path, kind, doc))
+    elif kind in schema.NOT_RECORDS:
+        tree.others.append(Document(path, str(kind), doc))
+    else:
+        raise Unreadable(f"not an hpcdl document (schema {kind!r})")
+
+
+def _json_files(paths: Sequence[Path], unreadable: list[Unread]) -> dict[Path, Path]:
+    """Resolved path -> the path it was first found under, for the files named and the
+    ``*.json`` below the directories named (hidden files, such as half-written temporary ones,
+    left out); directories that cannot be listed go to ``unreadable``."""
+    files: list[Path] = []
+    for p in paths:
+        if not p.exists():
+            raise InputError("path", str(p), "an existing record file or directory")
+        files += sorted(_walk(p, unreadable)) if p.is_dir() else [p]
+    found: dict[Path, Path] = {}
+    for f in files:
+        found.setdefault(Path(os.path.realpath(f)), f)
+    return found
+
+
+def _walk(top: Path, unreadable: list[Unread]) -> Iterator[Path]:
+    """``*.json`` entries below ``top`` of any type (a FIFO is refused when read, with its
+    reason); directories are entered only when they are not symbolic links."""
+    stack = [top]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as e:
+            unreadable.append(Unread(folder, f"directory not listed: {e.strerror or e}"))
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+            elif entry.name.endswith(".json") and not entry.name.startswith("."):
+                yield Path(entry.path)
+
+
+def beside(document: Path, name: str) -> Path | None:
+    """The file a document names relative to its own folder (a sweep's point record),
+    resolved for comparison with loaded paths; None for a name no file can have."""
+    try:
+        return Path(os.path.realpath(document.parent / name))
+    except ValueError:  # a NUL byte
+        return None

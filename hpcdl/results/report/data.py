@@ -1,0 +1,51 @@
+"""What a report is made of: the records under its paths, each audited (the checks ``hpcdl
+rank`` applies before its gate), the sweep summaries, the allreduce sweeps fitted for the
+scaling model, and the files that could not be read."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcdl.errors import HpcdlError
+from hpcdl.records.audit import Audit, audit
+from hpcdl.records.loader import Document, SweepSummary, Unread, load_tree
+from hpcdl.scaling.model import Comm, comm_from_record
+
+
+@dataclass(frozen=True)
+class ReportData:
+    records: list[Audit]
+    """every result record, with why it does not verify (empty when it does)"""
+    summaries: list[Document[SweepSummary]]
+    fits: dict[str, Comm]
+    """the allreduce latency and bandwidth of each backend, from its allreduce sweep"""
+    skipped: list[Unread]
+    """files that could not be read, and allreduce sweeps that could not be fitted"""
+
+
+def load(paths: Sequence[Path], say: Callable[[str], None]) -> ReportData:
+    """Everything under ``paths`` a report shows; each file skipped is said with its reason."""
+    tree = load_tree(paths)
+    skipped = list(tree.unreadable)
+    fits: dict[str, Comm] = {}
+    for doc in tree.comms:
+        try:
+            fits[doc.view.backend] = comm_from_record(doc.view)
+        except HpcdlError as e:
+            skipped.append(Unread(doc.path, f"allreduce sweep not fitted: {e}"))
+    for s in skipped:
+        say(f"report: skipped {s.path}: {s.reason}")
+    records = sorted(map(audit, tree.records), key=lambda a: (a.result.family, label(a), a.result.world_size))
+    return ReportData(records, tree.sweeps, fits, skipped)
+
+
+def label(a: Audit) -> str:
+    """Short name for figures: without the suite's timestamp, with the rank count."""
+    name = re.sub(r"^\d{8}-\d{6}-", "", a.result.name)
+    n = a.result.world_size
+    if n > 1 and not re.search(r"np\d+$", name):
+        name += f" (np{n})"
+    return name + (" (edited)" if a.problems else "")

@@ -1,0 +1,129 @@
+"""The figures a report draws, as data: for each, its file name, caption, the HTML under it and
+the drawing (``figures``) with the figures taken from the records and sweeps."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from hpcdl.records.audit import Audit
+from hpcdl.records.loader import SweepSummary
+from hpcdl.records.views import Stats, finite
+from hpcdl.results.report import figures
+from hpcdl.results.report.data import label
+from hpcdl.results.report.sweeps import Sweep, measured_points, plottable
+from hpcdl.results.text import html_table
+from hpcdl.scaling.model import relative_error
+
+Predictor = Callable[[SweepSummary], dict[int, float] | None]
+"""a sweep summary -> predicted samples/s by rank count, or None"""
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A figure to draw: its file name, caption, HTML shown under it, and the drawing."""
+
+    file: str
+    caption: str
+    draw: Callable[[Path], Path]
+    extra: str = ""
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "x"
+
+
+def scaling_plots(found: Sequence[Sweep], predicted: Predictor | None) -> list[Plot]:
+    """One throughput-and-efficiency figure per sweep, with the predicted line when the model gives one."""
+    out = []
+    for i, s in enumerate(found, 1):
+        measured = measured_points(s.summary)
+        pred = plottable(predicted(s.summary) or {}) if predicted else {}
+        spec, mode = s.summary.spec, s.summary.mode
+        caption = (
+            f"{s.label}: {mode} scaling of {spec.get('family', '?')} ({spec.get('precision', '?')}, "
+            f"batch {spec.get('batch_size', '?')}{' per rank' if mode == 'weak' else ''}) at "
+            f"{', '.join(map(str, sorted(measured)))} ranks: samples/s of all ranks and efficiency "
+            "against the ideal (N/N₀)·X(N₀)" + ("; dotted: the scaling model's prediction" if pred else "")
+        )
+        draw = partial(figures.scaling, title=s.label, measured=measured, predicted=pred or None, mode=mode)
+        extra = error_table(measured, pred) if pred else ""
+        out.append(Plot(f"scaling-{i}-{slug(s.label)}.png", caption, draw, extra))
+    return out
+
+
+def error_table(measured: Mapping[int, float], predicted: Mapping[int, float]) -> str:
+    """Predicted against measured samples/s at the measured rank counts, with the relative error."""
+    rows = [
+        [str(n), f"{x:.4g}", f"{predicted[n]:.4g}", f"{relative_error(predicted[n], x):+.1%}"]
+        for n, x in sorted(measured.items())
+        if n in predicted and x > 0
+    ]
+    if not rows:
+        return "<p>prediction: no measured rank count to compare with</p>"
+    head = ["ranks", "measured samples/s", "predicted samples/s", "error (predicted − measured) / measured"]
+    return html_table(head, rows, "prediction")
+
+
+def phase_plots(records: Sequence[Audit]) -> list[Plot]:
+    rows = [
+        (label(a), {p: _median_s(a.result.metrics.phases_s.get(p)) for p in figures.PHASES})
+        for a in records
+        if a.result.metrics.phases_s
+    ]
+    if not rows:
+        return []
+    caption = (
+        "Median time of each step phase (data, forward with loss, backward, allreduce, optimizer) "
+        "per record, in ms and as a share of their sum"
+    )
+    return [Plot("phases.png", caption, partial(figures.phases, rows=rows))]
+
+
+def _median_s(stats: Stats | None) -> float:
+    return stats.median if stats is not None and finite(stats.median) else 0.0
+
+
+def per_rank_plots(records: Sequence[Audit]) -> list[Plot]:
+    groups = [
+        figures.RankFigures(
+            label(a),
+            [x.samples_per_s for x in a.result.metrics.per_rank],
+            [x.compute_median_s for x in a.result.metrics.per_rank],
+        )
+        for a in records
+        if a.result.world_size > 1
+    ]
+    # A figure needs two ranks and real numbers (an edited record may hold NaN)
+    groups = [
+        g for g in groups if len(g.samples_per_s) > 1 and all(map(finite, [*g.samples_per_s, *g.compute_s]))
+    ]
+    if not groups:
+        return []
+    caption = (
+        "Each rank of multi-rank records against the median over the record's ranks: samples/s, and "
+        "median compute time (forward + backward, which shows a straggler: synchronous ranks wait for "
+        "each other, so their samples/s hardly differ); spread = (max − min) / median"
+    )
+    return [Plot("per-rank.png", caption, partial(figures.per_rank, groups=groups))]
+
+
+def power_traces(records: Sequence[Audit]) -> list[figures.PowerTrace]:
+    """Rank 0's GPU power trace of every record whose steps file holds one (read by its audit)."""
+    traces = []
+    for a in records:
+        t, w = a.steps.get("gpu_time_s"), a.steps.get("gpu_power_w")
+        if t is not None and w is not None and len(t) > 1 and len(t) == len(w):
+            traces.append(figures.PowerTrace(label(a), t.tolist(), w.tolist()))
+    return traces
+
+
+def power_plots(records: Sequence[Audit]) -> list[Plot]:
+    traces = power_traces(records)
+    if not traces:
+        return []
+    caption = "GPU power of rank 0 over the timed window (NVML, sampled every 0.1 s), one line per record"
+    return [Plot("power.png", caption, partial(figures.power, traces=traces))]
