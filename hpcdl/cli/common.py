@@ -23,8 +23,15 @@ def err(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def suite_class(args: argparse.Namespace) -> str:
+    """The size class the command runs: ``--class``, or S when no workload is named."""
+    if getattr(args, "size_class", None):
+        return str(args.size_class)
+    return "" if args.workload or args.preset else recipes.DEFAULT_CLASS
+
+
 def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
-    """The specs named on the command line: one workload, a preset, or the default suite."""
+    """The specs named on the command line: one workload, a preset, or a class's suite."""
     if args.workload:
         return {args.workload: spec_from_args(args.workload, args.knobs)}
     if args.preset:
@@ -34,9 +41,9 @@ def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
     for word in args.knobs:
         key, sep, text = word.partition("=")
         if key not in Spec.knobs() or not sep:
-            raise SpecError("knob", word, "the default suite takes only batch_size=, precision=, seed=")
+            raise SpecError("knob", word, "a suite takes only batch_size=, precision=, seed=")
         overrides[key] = Spec.parse_knob(key, text)
-    return recipes.suite().specs(**overrides)
+    return recipes.suite(suite_class(args)).specs(**overrides)
 
 
 def add_workload_options(r: argparse.ArgumentParser) -> None:
@@ -45,6 +52,12 @@ def add_workload_options(r: argparse.ArgumentParser) -> None:
         "--workload", choices=list(FAMILIES), help="family of one workload; knobs follow as key=value"
     )
     g.add_argument("--preset", help="a preset (resnet50, gpt2_small, ...); knobs override it")
+    g.add_argument(
+        "--class",
+        dest="size_class",
+        metavar="CLASS",
+        help="the standard suite of a size class: S (default: a smoke test), M (one node), L (multi-node)",
+    )
     r.add_argument(
         "knobs", nargs="*", help="key=value knob settings (for the suite: batch_size, precision, seed)"
     )

@@ -7,9 +7,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpcdl.cli.common import add_workload_options, err, workload_specs
+from hpcdl.cli.common import add_workload_options, err, suite_class, workload_specs
 from hpcdl.errors import InputError
 from hpcdl.measure.config import RunConfig
+from hpcdl.measure.device import resolve_device
+from hpcdl.measure.peaks import has_bf16
 from hpcdl.measure.runner import RunResult, preflight, run
 from hpcdl.parallel.launch import launch
 from hpcdl.parallel.world import World, init_world, under_mpi
@@ -17,6 +19,8 @@ from hpcdl.records import schema
 from hpcdl.records.store import write_record
 from hpcdl.results.text import si, table
 from hpcdl.scaling import sweep as sweep_mod
+from hpcdl.workloads import recipes
+from hpcdl.workloads.spec import Spec
 
 RUN_FLAGS = {
     "warmup": "warmup_steps",
@@ -31,6 +35,7 @@ RUN_FLAGS = {
     "device": "device",
     "peak_flops": "peak_flops",
     "backend": "backend",
+    "fit": "fit_fraction",
 }
 
 
@@ -40,7 +45,25 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         for flag, knob in RUN_FLAGS.items()
         if getattr(args, flag) is not None
     }
+    if args.fit is not None and not 0 < values["fit_fraction"] <= 1:
+        raise InputError("fit", args.fit, "a fraction of the device's memory in (0, 1], e.g. 0.8")
     return RunConfig.from_dict(values)
+
+
+def class_run(
+    args: argparse.Namespace, specs: dict[str, Spec], cfg: RunConfig
+) -> tuple[dict[str, Spec], RunConfig]:
+    """For a size class's suite: the class and version in the run settings, and bf16 where the
+    hardware computes it, fp32 elsewhere (said, and recorded in each record's precision)."""
+    size_class = suite_class(args)
+    if not size_class:
+        return specs, cfg
+    cfg = cfg.replace(suite_class=size_class, suite_version=recipes.suite(size_class).version)
+    device = resolve_device(cfg.device)
+    if any(s.precision == "bf16" for s in specs.values()) and not has_bf16(device):
+        err(f"class {size_class}: {device} has no bf16 arithmetic; running its bf16 workloads in fp32")
+        specs = {n: s.replace(precision="fp32") if s.precision == "bf16" else s for n, s in specs.items()}
+    return specs, cfg
 
 
 def summary_rows(results: dict[str, RunResult]) -> list[list[str]]:
@@ -64,8 +87,7 @@ def summary_rows(results: dict[str, RunResult]) -> list[list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    specs = workload_specs(args)
-    cfg = run_config(args)
+    specs, cfg = class_run(args, workload_specs(args), run_config(args))
     if len(specs) > 1 and args.duration is None and args.steps is None:
         cfg = cfg.replace(duration_s=12.0)  # the default suite: ~2 minutes on a 2-core CPU
     for spec in specs.values():
@@ -188,6 +210,13 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
         "--peak-flops", dest="peak_flops", help="peak FLOP/s for MFU (default: datasheet, else probe)"
     )
     r.add_argument("--backend", help="gradient reduction: auto (default) | horovod | torch")
+    r.add_argument(
+        "--fit",
+        nargs="?",
+        const="0.8",
+        metavar="FRACTION",
+        help="size each workload's batch per rank to fill this fraction of the device memory (default 0.8)",
+    )
     r.add_argument("--timeout", type=float, help="end a multi-rank run that takes longer than this (seconds)")
 
 

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from hpcdl.errors import SpecError
 from hpcdl.parallel.backends import backend_choices
+from hpcdl.workloads.recipes import size_classes
 from hpcdl.workloads.spec import Knobs, knob
 
 DATA_KINDS = ("random", "learnable", "hdf5")
@@ -40,8 +41,20 @@ class RunConfig(Knobs):
         "auto", doc="gradient reduction across ranks: horovod, torch (DDP), auto (horovod if installed)"
     )
     phase_sync: bool = knob(True, doc="synchronise the device between phases to time each (costs a little)")
+    suite_class: str = knob(
+        "", doc="the size class whose standard suite this workload belongs to ('' = none)"
+    )
+    suite_version: int = knob(0, lo=0, hi=1_000_000, doc="the version of that class's suite")
+    fit_fraction: float = knob(
+        0.0,
+        lo=0.0,
+        hi=1.0,
+        doc="size the batch per rank to fill this fraction of the device's memory (0 = off)",
+    )
 
     def check(self) -> None:
+        if self.suite_class and self.suite_class not in size_classes():
+            raise SpecError("run.suite_class", self.suite_class, "allowed: " + ", ".join(size_classes()))
         if self.backend not in backend_choices():
             raise SpecError("run.backend", self.backend, "allowed: " + ", ".join(backend_choices()))
         if self.data == "hdf5" and not self.data_dir:

@@ -207,6 +207,14 @@ def cpu_peak(precision: str, info: CpuInfo | None = None) -> Peak | None:
     )
 
 
+def has_bf16(device: torch.device) -> bool:
+    """Whether the device computes in bf16 natively: a CUDA device that supports it, or a CPU
+    with AVX512-BF16, AMX or Arm's BF16 instructions (elsewhere bf16 is emulated, far slower)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    return bool(cpu_info().flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
 def theoretical_peak(device: torch.device, name: str, precision: str) -> Peak | None:
     """One device's theoretical peak: a GPU's datasheet figure, or this process's CPU cores
     estimated; None where hpcdl knows no peak."""

@@ -20,12 +20,12 @@ from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import device_pool
 from hpcdl.measure.device import (
     device_name,
-    memory_capacity,
     peak_memory,
     reset_peak_memory,
     resolve_device,
     synchronize,
 )
+from hpcdl.measure.fit import Fit, estimated_batch, fit_batch, rank_memory
 from hpcdl.measure.loop import BatchSource, Trainer
 from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import gemm_ceiling, theoretical_peak
@@ -83,11 +83,14 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
     world = world or World()
     device = rank_device(cfg, world)
     resolve_backend_name(cfg.backend, world.size)
+    have = rank_memory(device, world)
+    if cfg.fit_fraction > 0:
+        estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, have)  # refuses what cannot fit
+        return device
     count = spec.count()
     need = metrics.memory_estimate(
         count.params, count.activation_bytes(spec.precision), spec.batch_size, cfg.optimizer
     )
-    have = memory_capacity(device) // (world.local_size if device.type == "cpu" else 1)
     if need > have:
         raise SpecError(
             f"{spec.family}.batch_size",
@@ -216,6 +219,12 @@ def run(
     cfg = config or RunConfig()
     world = world or init_world()
     device = preflight(spec, cfg, world)
+    fit = None
+    if cfg.fit_fraction > 0:
+        spec, fit = fit_batch(spec, cfg, device, world)
+        if progress and world.rank == 0:
+            gib = fit.capacity_bytes / 2**30
+            progress(f"fitted batch {spec.batch_size}/rank to {cfg.fit_fraction:g} of {gib:.1f} GiB")
     set_threads(world)
     backend_name = resolve_backend_name(cfg.backend, world.size)
     say = (progress or (lambda _m: None)) if world.rank == 0 else (lambda _m: None)
@@ -228,7 +237,7 @@ def run(
     name = name or f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.family}"
     result = RunResult({}, None, None)
     if ranks is not None:  # rank 0
-        result = finish(spec, cfg, device, ranks, backend_name, name, output_dir)
+        result = finish(spec, cfg, device, ranks, backend_name, name, output_dir, fit)
     return world.bcast(result)
 
 
@@ -240,9 +249,10 @@ def finish(
     backend: str,
     name: str,
     output_dir: str | Path | None,
+    fit: Fit | None = None,
 ) -> RunResult:
     """Rank 0: build, seal and write the record and the per-step file (rank 0's steps)."""
-    record = build_record(spec, cfg, device, ranks, backend, name)
+    record = build_record(spec, cfg, device, ranks, backend, name, fit)
     if output_dir is None:
         return RunResult(seal(record), None, None)
     out = Path(output_dir)

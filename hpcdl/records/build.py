@@ -4,6 +4,7 @@ documented in METRICS.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -14,6 +15,7 @@ import torch
 from hpcdl import metrics
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.environment import environment
+from hpcdl.measure.fit import Fit
 from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import Peak
 from hpcdl.parallel.backends import BACKENDS
@@ -188,6 +190,7 @@ def build_record(
     ranks: Sequence[RankMeasurement],
     backend: str,
     name: str,
+    fit: Fit | None = None,
 ) -> dict[str, Any]:
     """The result record (see METRICS.md) from every rank's measurements (rank 0 first), as
     the JSON object to seal; the steps file's name and hash are added by the writer."""
@@ -250,6 +253,7 @@ def build_record(
         loss_last=lead.losses[-1] if lead.losses else None,
         io=ranks[0].io,
         energy=energy_of(ranks, count.train_flops, sum(samples), window),
+        fit=dataclasses.asdict(fit) if fit else None,
     )
     return {
         "schema": schema.RESULT,

@@ -215,6 +215,8 @@ class Metrics:
     """what an estimated peak was computed from (cores, clock and its source, FLOPs/cycle)"""
     flags: list[str] = field(default_factory=list)
     """figures that cannot be true (an MFU above 100 %), each with its likely cause"""
+    fit: dict[str, Any] | None = None
+    """how ``--fit`` chose the batch per rank (``measure.fit.Fit``), when it did"""
 
 
 @dataclass(frozen=True)

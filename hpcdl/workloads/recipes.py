@@ -53,6 +53,9 @@ class Suite:
     description: str
     workloads: dict[str, dict[str, Any]]
     """workload name -> ``{"family": ..., **knobs}``, in the file's order"""
+    published: dict[str, dict[str, Any]]
+    """workload name -> the original model's figures (``params``, ``forward_macs``, ``source``)
+    that its analytic counts must match within 2 %"""
 
     def specs(self, **overrides: Any) -> dict[str, Spec]:
         """The specs by workload name; ``overrides`` (e.g. precision) apply to each."""
@@ -74,4 +77,10 @@ def suite(size_class: str = DEFAULT_CLASS) -> Suite:
     if size_class not in size_classes():
         raise InputError("class", size_class, "allowed: " + ", ".join(size_classes()))
     doc = _read(_folder() / "suites" / f"{size_class}.toml")
-    return Suite(doc["class"], int(doc["version"]), str(doc.get("description", "")), dict(doc["workloads"]))
+    return Suite(
+        doc["class"],
+        int(doc["version"]),
+        str(doc.get("description", "")),
+        dict(doc["workloads"]),
+        dict(doc.get("published", {})),
+    )

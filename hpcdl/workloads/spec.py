@@ -9,6 +9,7 @@ network and its analytic FLOP count stay side by side.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import types
 import typing
@@ -221,6 +222,8 @@ def _checked(obj: Knobs, f: dataclasses.Field[Any], value: Any) -> Any:
 def _check_scalar(field: str, f: dataclasses.Field[Any], kind: type, value: Any) -> Any:
     if not _type_ok(kind, value):
         raise SpecError(field, value, f"expected {_describe(kind)}")
+    if kind is float and not math.isfinite(value):
+        raise SpecError(field, value, "must be a finite number")
     choices, lo, hi = f.metadata.get("choices"), f.metadata.get("lo"), f.metadata.get("hi")
     if choices is not None and value not in choices:
         raise SpecError(field, value, "allowed: " + ", ".join(map(str, choices)))
