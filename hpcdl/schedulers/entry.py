@@ -115,7 +115,8 @@ def run_rank(point: Point) -> dict[str, Any]:
     if world.rank != 0:
         return {"point": point.name, "rank": world.rank}
     view = read_result(result.record)
-    say(f"{point.name}: {view.metrics.samples_per_s:.1f} samples/s, valid: {view.validity.passed}")
+    rate, passed = view.metrics.samples_per_s, view.validity.passed
+    say(f"{point.name}: {rate:.1f} samples/s, valid: {passed} -> {result.path}")
     return summary(point, view)
 
 

@@ -40,7 +40,7 @@ class Entry:
     @property
     def logs(self) -> Path:
         """The folder of the job's logs (older state files wrote it with submitit's ``%j``)."""
-        return Path(self.folder.replace("%j", self.job_id or "%j"))
+        return Path(self.folder.replace("%j", str(self.job_id)))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -78,9 +78,10 @@ def point_status(output: Path, entry: Entry, record: Result | None, job: JobStat
     if record is not None:
         row.state, row.record, row.samples_per_s = "done", record, record.metrics.samples_per_s
         row.detail = f"{row.samples_per_s:.1f} samples/s"
-    elif entry.job_id is None or job is None:
+    elif entry.job_id is None:
         row.state = "not submitted"
     else:
+        job = job or JobState("UNKNOWN", "its scheduler did not say")
         row.state, row.detail = job.state, job.detail
         if not job.active and path.exists():
             row.state, row.detail = "invalid", invalid_detail(path)

@@ -36,9 +36,7 @@ class Stopped(Exception):
     :data:`hpcdl.parallel.launch.TERMINATED`)."""
 
     def __init__(self, signum: int, cancelled: list[str]) -> None:
-        self.signum = signum
         self.code = 128 + signum
-        self.cancelled = cancelled
         what = f"; cancelled {', '.join(cancelled)} (no record written)" if cancelled else ""
         super().__init__(f"{signal.Signals(signum).name}: submission stopped{what}")
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from hpcdl.schedulers.builtin import submitit_missing
 from hpcdl.schedulers.protocol import SCHEDULERS, Handle, JobState
 
 if TYPE_CHECKING:
@@ -33,9 +35,7 @@ class Local:
     options: ClassVar[type[Knobs] | None] = None
 
     def missing(self) -> str:
-        import importlib.util
-
-        return "" if importlib.util.find_spec("submitit") else "submitit: pip install 'hpcdl[slurm]'"
+        return submitit_missing()
 
     def script(self, job: Job, point: Point) -> str:
         from hpcdl.schedulers.entry import launch_command
@@ -46,7 +46,7 @@ class Local:
             [
                 f"# hpcdl point {point.name}: {point.ranks} rank(s) here, through submitit's local executor",
                 *job.export_lines(),
-                " ".join(command),
+                shlex.join(command),
                 "",
             ]
         )

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from hpcdl.errors import HpcdlError, SpecError
+from hpcdl.schedulers.builtin import submitit_missing
 from hpcdl.schedulers.protocol import SCHEDULERS, Handle, JobState
 from hpcdl.workloads.spec import Knobs, knob
 
@@ -118,9 +119,9 @@ class Slurm:
     options: ClassVar[type[Knobs] | None] = SlurmOptions
 
     def missing(self) -> str:
-        if shutil.which("sbatch") and shutil.which("srun"):
-            return ""
-        return "sbatch and srun are not on PATH (run from a login node)"
+        if not (shutil.which("sbatch") and shutil.which("srun")):
+            return "sbatch and srun are not on PATH (run from a login node)"
+        return submitit_missing()  # it runs the point inside the job
 
     def script(self, job: Job, point: Point) -> str:
         from hpcdl.schedulers.entry import ENTRY
