@@ -24,14 +24,14 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 from hpcdl.errors import HpcdlError
 from hpcdl.parallel.launch import TERMINATED, Terminated, mpirun_command, supervise
+from hpcdl.parallel.world import end_all_ranks, init_world
+from hpcdl.records.store import load_record
+from hpcdl.records.views import Result, read_result
 from hpcdl.schedulers.point import Point, write_point_file
-
-if TYPE_CHECKING:
-    from hpcdl.records.views import Result
 
 ENTRY = "hpcdl.schedulers.entry"
 Start = Literal["rank", "allocation", "here"]
@@ -83,9 +83,7 @@ def say_rank0(rank: int) -> Say:
 
 def run_rank(point: Point) -> dict[str, Any]:
     """One rank of the point (every rank calls this): run it unless it is already done."""
-    from hpcdl.measure.runner import run
-    from hpcdl.parallel.world import end_all_ranks, init_world
-    from hpcdl.records.views import read_result
+    from hpcdl.measure.runner import run  # the whole measurement stack: only inside a job
 
     world = init_world()
     say = say_rank0(world.rank)
@@ -122,9 +120,6 @@ def run_rank(point: Point) -> dict[str, Any]:
 
 def run_launched(point: Point, *, oversubscribe: bool) -> dict[str, Any]:
     """The point from a single process: alone for one rank, else through ``mpirun``."""
-    from hpcdl.records.store import load_record
-    from hpcdl.records.views import read_result
-
     if point.done():
         return skipped(point)
     if point.ranks == 1:

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from hpcdl.schedulers.builtin import submitit_missing
+from hpcdl.schedulers.entry import PointTask, launch_command
+from hpcdl.schedulers.logs import error_line, log_error
+from hpcdl.schedulers.point import Point, jobs_folder, point_file
 from hpcdl.schedulers.protocol import SCHEDULERS, Handle, JobState
 
 if TYPE_CHECKING:
     from hpcdl.schedulers.jobfile import Job
-    from hpcdl.schedulers.point import Point
     from hpcdl.schedulers.state import Entry
     from hpcdl.workloads.spec import Knobs
 
@@ -38,9 +40,6 @@ class Local:
         return submitit_missing()
 
     def script(self, job: Job, point: Point) -> str:
-        from hpcdl.schedulers.entry import launch_command
-        from hpcdl.schedulers.point import point_file
-
         command = launch_command(point, point_file(point), oversubscribe=True)
         return "\n".join(
             [
@@ -53,9 +52,6 @@ class Local:
 
     def submit(self, job: Job, point: Point) -> Handle:
         import submitit
-
-        from hpcdl.schedulers.entry import PointTask
-        from hpcdl.schedulers.point import jobs_folder
 
         ex = submitit.LocalExecutor(folder=jobs_folder(point))
         # one process, which starts the point's ranks with mpirun (the local executor has no MPI)
@@ -91,8 +87,6 @@ def running(pid: str) -> bool:
 def state(entry: Entry) -> JobState:
     """A local job's state: running, or how it ended (from submitit's result file)."""
     from submitit.core.utils import JobPaths, pickle_load
-
-    from hpcdl.schedulers.logs import error_line, log_error
 
     job_id = str(entry.job_id)
     if running(job_id):

@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 from hpcdl.errors import HpcdlError, SpecError
 from hpcdl.schedulers.builtin import submitit_missing
+from hpcdl.schedulers.entry import ENTRY, PointTask
+from hpcdl.schedulers.point import Point, jobs_folder
 from hpcdl.schedulers.protocol import SCHEDULERS, Handle, JobState
+from hpcdl.schedulers.sacct import describe, histories
 from hpcdl.workloads.spec import Knobs, knob
 
 if TYPE_CHECKING:
     from hpcdl.schedulers.jobfile import Job
-    from hpcdl.schedulers.point import Point
     from hpcdl.schedulers.state import Entry
 
 MAX_TIMEOUTS = 3  # a point that reaches its time limit is requeued at most this often
@@ -124,9 +126,6 @@ class Slurm:
         return submitit_missing()  # it runs the point inside the job
 
     def script(self, job: Job, point: Point) -> str:
-        from hpcdl.schedulers.entry import ENTRY
-        from hpcdl.schedulers.point import jobs_folder
-
         folder = jobs_folder(point)
         opts = job.table(SlurmOptions)
         directives: dict[str, object] = {
@@ -168,9 +167,6 @@ class Slurm:
     def submit(self, job: Job, point: Point) -> Handle:
         from submitit.core.utils import DelayedSubmission, JobPaths
 
-        from hpcdl.schedulers.entry import PointTask
-        from hpcdl.schedulers.point import jobs_folder
-
         folder = jobs_folder(point)
         folder.parent.mkdir(parents=True, exist_ok=True)
         task = DelayedSubmission(PointTask(point, "rank" if job.launcher == "srun" else "allocation"))
@@ -186,8 +182,6 @@ class Slurm:
         return Handle(str(paths.job_id), paths.folder)
 
     def states(self, entries: Sequence[Entry]) -> dict[str, JobState]:
-        from hpcdl.schedulers.sacct import describe, histories
-
         runs = histories([str(e.job_id) for e in entries])
         return {str(e.job_id): describe(e, runs[str(e.job_id)]) for e in entries}
 
