@@ -157,6 +157,21 @@ def test_unknown_executor_is_one_line_exit_2(tmp_path: Path, capsys: pytest.Capt
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
+def test_slurm_dry_run_needs_no_slurm_but_submission_does(tmp_path: Path) -> None:
+    """A job file can be checked on a laptop; auto picks the local executor there."""
+    bare = {"PATH": str(Path(sys.executable).parent)}  # no sbatch or srun on it
+    f = write_job(tmp_path / "job.toml", name="x", output=str(tmp_path / "out"), slurm={"partition": "gpu"})
+    p = hpcdl("submit", str(f), "--executor", "slurm", "--dry-run", env=bare)
+    assert p.returncode == 0 and "#SBATCH --partition=gpu" in p.stdout, p.stdout + p.stderr
+    p = hpcdl("submit", str(f), "--executor", "slurm", env=bare)
+    assert p.returncode == 2 and p.stderr.strip() == (
+        "hpcdl: error: --executor slurm: sbatch and srun are not on PATH (run from a login node)"
+    ), p.stderr
+    p = hpcdl("submit", str(f), "--dry-run", env=bare)
+    assert p.returncode == 0 and "not submitted (--dry-run, local)" in p.stdout, p.stdout + p.stderr
+    assert not (tmp_path / "out").exists()
+
+
 # ------------------------------------------------------------------------------ one-file scheduler
 @pytest.fixture
 def plugin(tmp_path: Path) -> dict[str, str]:
