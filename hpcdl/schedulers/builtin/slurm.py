@@ -176,7 +176,8 @@ class Slurm:
             script.write_text(self.script(job, point))
             task.dump(pickled)
             paths = JobPaths(folder, job_id=sbatch(point, script))
-            # the job waits for its pickle (up to a minute), so it may start before this
+            # as with submitit's own executor, the job's folder (its logs) appears just after
+            # sbatch returns, well before Slurm can start the job; the job waits for its pickle
             paths.move_temporary_file(pickled, "submitted_pickle")
             paths.move_temporary_file(script, "submission_file")
         return Handle(str(paths.job_id), paths.folder)
