@@ -19,14 +19,21 @@ from typing import Any
 import pytest
 
 from hpcdl import cli
+from hpcdl.cli.jobs import status_table
 from hpcdl.scaling.sweep import valid_point
-from hpcdl.schedulers import submit as submit_mod
-from hpcdl.schedulers.jobfile import load_job
+from hpcdl.schedulers.jobfile import Job, load_job
+from hpcdl.schedulers.point import points
+from hpcdl.schedulers.protocol import SCHEDULERS
+from hpcdl.schedulers.state import load_state
+from hpcdl.schedulers.status import PointStatus, status, wait
 from hpcdl.workloads.registry import spec_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
-# the one reason to skip: the cluster's daemons, /etc/hosts and UTS namespaces need root
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local Slurm test cluster needs root")
+pytestmark = [
+    pytest.mark.slurm,
+    # the one reason to skip: the cluster's daemons, /etc/hosts and UTS namespaces need root
+    pytest.mark.skipif(os.geteuid() != 0, reason="the local Slurm test cluster needs root"),
+]
 
 MLP = {"family": "mlp", "layers": 2, "width": 64, "input_size": 32, "output_size": 10, "batch_size": 16}
 SHORT_RUN = {"steps": 12, "warmup_steps": 2, "min_duration_s": 0.0}
@@ -90,14 +97,20 @@ def all_job_ids() -> set[str]:
 
 
 def job_id(out: Path, point: str) -> str:
-    return str(submit_mod.load_state(out)["points"][point]["job_id"])
+    return str(load_state(out)["points"][point]["job_id"])
 
 
-def wait_for(out: Path, point: str, ok: Any, timeout_s: float) -> submit_mod.PointStatus:
+def sbatch_script(job: Job, nodes: int, out: Path) -> str:
+    """The batch script of the job's point on ``nodes`` nodes: what --dry-run prints."""
+    (point,) = [p for p in points(job, "slurm", out) if p.nodes == nodes]
+    return SCHEDULERS.get("slurm")().script(job, point)
+
+
+def wait_for(out: Path, point: str, ok: Any, timeout_s: float) -> PointStatus:
     """Poll the point's status until ``ok(status)``; fail with the last status after the timeout."""
     end = time.monotonic() + timeout_s
     while True:
-        (row,) = submit_mod.status(out, [point])
+        (row,) = status(out, [point])
         if ok(row):
             return row
         if time.monotonic() > end:
@@ -127,11 +140,12 @@ def sweep(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
         p = hpcdl("submit", str(f))
         assert p.returncode == 0, p.stderr
         assert "submitted Slurm job" in p.stdout and f"hpcdl status {out}" in p.stdout, p.stdout
-    rows = submit_mod.wait(out, timeout_s=300, poll_s=1)
-    assert all(r.state == "done" for r in rows), "\n" + cli.status_table(rows)
+    rows = wait(out, timeout_s=300, poll_s=1)
+    assert all(r.state == "done" for r in rows), "\n" + status_table(rows)
     return out
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize(
     "point, backend", [("torch-n2", "torch"), ("horovod-n2", "horovod"), ("mpirun-n2", "torch")]
 )
@@ -153,6 +167,7 @@ def test_two_nodes_one_rank_each(sweep: Path, point: str, backend: str) -> None:
     assert env["slurm"]["nodelist"] == "n[1-2]" and env["slurm"]["num_nodes"] == "2"
 
 
+@pytest.mark.mpi
 def test_node_count_sweep_status_and_collect(sweep: Path) -> None:
     one = record(sweep, "torch-n1")
     assert one["settings"]["world_size"] == 1 and one["settings"]["hosts"][0] in ("n1", "n2")
@@ -170,6 +185,7 @@ def test_node_count_sweep_status_and_collect(sweep: Path) -> None:
     assert torch_points["torch-n2"]["efficiency"] > 0 and torch_points["torch-n2"]["hosts"] == ["n1", "n2"]
 
 
+@pytest.mark.mpi
 def test_resubmit_skips_valid_points(sweep: Path) -> None:
     before = all_job_ids()
     p = hpcdl("submit", str(sweep / "torch.toml"))
@@ -178,11 +194,15 @@ def test_resubmit_skips_valid_points(sweep: Path) -> None:
     assert all_job_ids() == before
 
 
-def test_dry_run_prints_the_script_submitit_submitted(sweep: Path) -> None:
+@pytest.mark.mpi
+def test_dry_run_prints_the_script_sbatch_was_given(sweep: Path) -> None:
     job = load_job(sweep / "torch.toml")
-    script = submit_mod.sbatch_script(job, 2, sweep)
+    script = sbatch_script(job, 2, sweep)
     jid = job_id(sweep, "torch-n2")
     assert (sweep / "submitit" / jid / f"{jid}_submission.sh").read_text() == script
+    # Slurm's own copy of what it was given (it keeps a finished job for MinJobAge, 300 s)
+    kept = subprocess.run(["scontrol", "write", "batch_script", jid, "-"], capture_output=True, text=True)
+    assert kept.returncode == 0 and kept.stdout == script, kept.stderr
     for line in (
         "#SBATCH --nodes=2",
         "#SBATCH --ntasks-per-node=1",
@@ -195,6 +215,7 @@ def test_dry_run_prints_the_script_submitit_submitted(sweep: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ failures
+@pytest.mark.mpi
 def test_cancelled_point_is_reported_and_other_records_stay(sweep: Path) -> None:
     f = write_job(sweep / "cancel.toml", name="cancel", nodes=[2], run=LONG_RUN, output=str(sweep))
     p = hpcdl("submit", str(f))
@@ -213,6 +234,7 @@ def test_cancelled_point_is_reported_and_other_records_stay(sweep: Path) -> None
     assert valid_point(sweep / "torch-n1.json", spec, 1) and valid_point(sweep / "torch-n2.json", spec, 2)
 
 
+@pytest.mark.mpi
 def test_node_down_mid_job_shows_the_failure(sweep: Path) -> None:
     """Bounded: 85 s from submission to the end, whatever Slurm does."""
     deadline = time.monotonic() + 85
@@ -240,6 +262,7 @@ def test_node_down_mid_job_shows_the_failure(sweep: Path) -> None:
     wait_for(sweep, "nodefail-n2", lambda r: not r.active, left(15))
 
 
+@pytest.mark.mpi
 def test_preempted_point_is_requeued_and_runs_again(sweep: Path) -> None:
     """USR2 is what Slurm sends before the time limit (--signal) or on preemption: submitit
     checkpoints the point and requeues the job, which runs the point again from its start."""
@@ -273,9 +296,22 @@ def test_preempted_point_is_requeued_and_runs_again(sweep: Path) -> None:
         ({"tasks_per_node": "two"}, "job.tasks_per_node='two' is invalid: expected an integer"),
         ({"nodes": [0]}, "job.nodes=0 is invalid"),
         ({"nodes": 2}, "job.nodes=2 is invalid: expected a non-empty list"),
-        ({"sbatch_extra": ["--wrap=rm -rf /"]}, "job.sbatch_extra='--wrap=rm -rf /' is invalid"),
-        ({"sbatch_extra": ["foo"]}, "job.sbatch_extra='foo' is invalid: expected a long option"),
-        ({"sbatch_extra": ["--time=10"]}, "set through job.time_min"),
+        (
+            {"slurm": {"sbatch_extra": ["--wrap=rm -rf /"]}},
+            "job.slurm.sbatch_extra='--wrap=rm -rf /' is invalid",
+        ),
+        (
+            {"slurm": {"sbatch_extra": ["foo"]}},
+            "job.slurm.sbatch_extra='foo' is invalid: expected a long option",
+        ),
+        ({"slurm": {"sbatch_extra": ["--time=10"]}}, "set through job.time_min"),
+        ({"slurm": {"partition": "a b"}}, "job.slurm.partition='a b' is invalid"),
+        ({"slurm": {"colour": "red"}}, "job.slurm.colour='red' is invalid: valid knobs are partition"),
+        ({"partition": "gpu"}, "job.partition='gpu' is invalid: moved to the [slurm] table"),
+        (
+            {"sbatch_extra": ["--exclusive"]},
+            "job.sbatch_extra=['--exclusive'] is invalid: moved to the [slurm]",
+        ),
         ({"gpus_per_node": 4, "tasks_per_node": 8}, "job.tasks_per_node=8 is invalid: at most gpus_per_node"),
         ({"run": {"steps": -1}}, "job.run.steps=-1"),
         ({"workload": {"preset": "alexnet"}}, "job.workload.preset='alexnet'"),
@@ -298,18 +334,13 @@ def test_bad_job_file_is_one_line_exit_2_and_submits_nothing(
 def test_submission_refused_by_sbatch_is_one_line_exit_2(
     cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    f = write_job(tmp_path / "gpu.toml", name="nogpu", partition="gpu", output=str(tmp_path / "out"))
+    f = write_job(
+        tmp_path / "gpu.toml", name="nogpu", slurm={"partition": "gpu"}, output=str(tmp_path / "out")
+    )
     assert cli.main(["submit", str(f)]) == 2
     err = capsys.readouterr().err
     assert "nogpu-n1: submission failed: sbatch: error: Batch job submission failed: Invalid partition" in err
     assert len(err.strip().splitlines()) == 1, err
-
-
-def test_not_toml_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "bad.toml").write_text("name = 'x'\nnodes = [1,\n")
-    assert cli.main(["submit", str(tmp_path / "bad.toml")]) == 2
-    err = capsys.readouterr().err
-    assert "not valid TOML" in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_dry_run_submits_nothing(cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -327,7 +358,7 @@ def test_shipped_job_files_are_valid() -> None:
     assert local.nodes == (1, 2) and local.tasks_per_node == 1 and local.backend == "torch"
     gpu = load_job(ROOT / "jobs/gpu-cluster-example.toml")
     assert gpu.nodes == (1, 2, 4, 8) and gpu.gpus_per_node == 4 and gpu.spec().precision == "bf16"
-    script = submit_mod.sbatch_script(gpu, 8, Path("/scratch/results"))
+    script = sbatch_script(gpu, 8, Path("/scratch/results"))
     for line in (
         "#SBATCH --gpus-per-node=4",
         "#SBATCH --partition=gpu",
@@ -340,17 +371,3 @@ def test_shipped_job_files_are_valid() -> None:
         "export NCCL_DEBUG=WARN",
     ):
         assert line in script, script
-
-
-# ------------------------------------------------------------------------------ no Slurm
-def test_local_executor_runs_the_same_job_file(tmp_path: Path) -> None:
-    """submitit's local executor (what hpcdl uses where sbatch is missing): the 2-node point's
-    ranks start on this machine through mpirun."""
-    f = write_job(tmp_path / "local.toml", name="here", nodes=[2], backend="torch", output=str(tmp_path))
-    p = hpcdl("submit", str(f), "--executor", "local", timeout=180)
-    assert p.returncode == 0, p.stdout + p.stderr
-    rec = record(tmp_path, "here-n2")
-    assert rec["settings"]["world_size"] == 2 and rec["validity"]["passed"]
-    assert rec["environment"]["slurm"] is None
-    (row,) = submit_mod.status(tmp_path)
-    assert row.state == "done"

@@ -1,4 +1,4 @@
-"""``hpcdl submit``, ``status`` and ``collect``: job files on a batch scheduler."""
+"""``hpcdl submit``, ``status`` and ``collect``: job files on a scheduler."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hpcdl.cli.common import err
 from hpcdl.results.text import table
 
 
@@ -20,28 +21,35 @@ def status_table(rows: Sequence[Any]) -> str:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    """One Slurm job per node count of a job file (see hpcdl/submit.py)."""
-    from hpcdl.schedulers import submit as submit_mod
+    """One job per node count of a job file (see hpcdl/schedulers/submit.py)."""
     from hpcdl.schedulers.jobfile import load_job
+    from hpcdl.schedulers.point import points
+    from hpcdl.schedulers.protocol import choose
+    from hpcdl.schedulers.state import state_path
+    from hpcdl.schedulers.status import status, wait
+    from hpcdl.schedulers.submit import Stopped, preflight_job, submit
 
     job = load_job(args.jobfile)
-    submit_mod.preflight_job(job)
+    preflight_job(job)
+    scheduler = choose(args.executor)
     out = job.output_dir()
     if args.dry_run:
-        for n in sorted(job.nodes):
-            layout = f"{n} node(s) x {job.tasks_per_node} task(s)"
-            print(f"# ---- {job.point_name(n)}: {layout}, not submitted (--dry-run)")
-            print(submit_mod.sbatch_script(job, n, out))
+        for point in points(job, scheduler.name, out):
+            layout = f"{point.nodes} node(s) x {point.tasks_per_node} task(s)"
+            print(f"# ---- {point.name}: {layout}, not submitted (--dry-run, {scheduler.name})")
+            print(scheduler.script(job, point))
         return 0
-    done = submit_mod.submit(
-        job, executor=args.executor, redo=args.redo, job_file=str(Path(args.jobfile).resolve())
-    )
-    print(f"records: {out}/{job.name}-n<nodes>.json; state: {submit_mod.state_path(out)}")
+    try:
+        done = submit(job, scheduler, redo=args.redo, job_file=str(Path(args.jobfile).resolve()))
+    except Stopped as e:
+        err(f"hpcdl: {e}")
+        return e.code
+    print(f"records: {out}/{job.name}-n<nodes>.json; state: {state_path(out)}")
     names = [d.point.name for d in done]
-    if any(d.point.cluster == "local" for d in done):
-        rows = submit_mod.status(out, names)  # the local executor has run them already
+    if scheduler.here:
+        rows = status(out, names)  # they have run already
     elif args.wait:
-        rows = submit_mod.wait(out, names)
+        rows = wait(out, names)
     else:
         print(f"follow with: hpcdl status {out}")
         return 0
@@ -50,9 +58,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from hpcdl.schedulers import submit as submit_mod
+    from hpcdl.schedulers.status import status
 
-    rows = submit_mod.status(Path(args.dir))
+    rows = status(Path(args.dir))
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=1))
     else:
@@ -61,10 +69,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from hpcdl.schedulers import submit as submit_mod
+    from hpcdl.schedulers.collect import COLLECTED_FILE, collect
 
     out = Path(args.dir)
-    points = submit_mod.collect(out)["points"]
+    points = collect(out)["points"]
     rows = [
         [
             p["point"],
@@ -79,19 +87,22 @@ def cmd_collect(args: argparse.Namespace) -> int:
     ]
     print(table(["point", "nodes", "ranks", "samples/s", "speed-up", "weak efficiency", "record"], rows))
     have = sum("record" in p for p in points)
-    print(f"{have} of {len(points)} points have a valid record -> {out / submit_mod.COLLECTED_FILE}")
+    print(f"{have} of {len(points)} points have a valid record -> {out / COLLECTED_FILE}")
     return 0
 
 
 def add_parsers(sub: Any) -> None:
-    sb = sub.add_parser("submit", help="submit a job file to Slurm: one job per node count (submitit)")
+    sb = sub.add_parser("submit", help="submit a job file to a scheduler: one job per node count")
     sb.add_argument("jobfile", help="TOML job file (see jobs/)")
     sb.add_argument(
-        "--dry-run", action="store_true", help="print the sbatch script of each point; submit nothing"
+        "--dry-run", action="store_true", help="print the batch script of each point; submit nothing"
     )
     sb.add_argument("--wait", action="store_true", help="wait until every point has ended, then show status")
     sb.add_argument(
-        "--executor", default="auto", help="auto (slurm where sbatch is on PATH, else local) | slurm | local"
+        "--executor",
+        default="auto",
+        help="scheduler: slurm, local (submitit's local executor) or a plugin's (HPCDL_PLUGINS); "
+        "auto: the first batch scheduler found here, else local",
     )
     sb.add_argument("--redo", action="store_true", help="submit points that already have a valid record")
     sb.set_defaults(func=cmd_submit)

@@ -1,0 +1,191 @@
+"""Inside a job: running one point, on whichever scheduler started it.
+
+How the point's ranks start (``start``) is the scheduler's choice:
+
+- ``rank``: the scheduler started every rank (``srun --mpi=pmix``, or ``mpirun`` starting this
+  module); each calls :func:`run_rank` and finds its MPI world itself.
+- ``allocation``: the point runs once, in a batch allocation, and starts its ranks with
+  ``mpirun``, which places them on the allocation's nodes.
+- ``here``: as ``allocation``, on this machine (more ranks than cores allowed), and SIGTERM
+  ends the point: ``hpcdl submit`` cancels a local job that way when it is terminated.
+
+Command line: ``python -m hpcdl.schedulers.entry [--start MODE] POINT.json`` (the point as
+:func:`hpcdl.schedulers.point.write_point_file` writes it), or ``--submitit FOLDER``: run the
+job that submitit's files in FOLDER describe (what Slurm batch scripts call, so that submitit
+checkpoints and requeues the point on preemption).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal, get_args
+
+from hpcdl.errors import HpcdlError
+from hpcdl.parallel.launch import TERMINATED, Terminated, mpirun_command, supervise
+from hpcdl.parallel.world import end_all_ranks, init_world
+from hpcdl.records.store import load_record
+from hpcdl.records.views import Result, read_result
+from hpcdl.schedulers.point import Point, write_point_file
+
+ENTRY = "hpcdl.schedulers.entry"
+Start = Literal["rank", "allocation", "here"]
+Say = Callable[[str], None]
+
+
+class PointTask:
+    """The callable a submitit job runs: one point. It has submitit's ``checkpoint`` method, so
+    a preempted or timed-out point is requeued instead of failing."""
+
+    def __init__(self, point: Point, start: Start) -> None:
+        self.point = point
+        self.start = start
+
+    def __call__(self) -> dict[str, Any]:
+        return run_point(self.point, self.start)
+
+    def checkpoint(self) -> Any:
+        """What submitit requeues: the same point. It starts over (a measurement cut short is
+        not resumable); if the record was written in the meantime, the requeued job skips it."""
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(PointTask(self.point, self.start))
+
+
+def run_point(point: Point, start: Start) -> dict[str, Any]:
+    """Run the point as ``start`` says; a summary of how it went."""
+    if start == "rank":
+        return run_rank(point)
+    if start == "here":
+        # submitit ignores SIGTERM in its jobs (Slurm sends it before a requeue); here it is
+        # how a cancelled point must end, before it writes a record
+        signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return run_launched(point, oversubscribe=start == "here")
+    except Terminated:
+        return cancelled(point)
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
+def say_rank0(rank: int) -> Say:
+    if rank != 0:
+        return lambda _m: None
+    return lambda m: print(f"hpcdl: {m}", flush=True)  # into the job's log
+
+
+def run_rank(point: Point) -> dict[str, Any]:
+    """One rank of the point (every rank calls this): run it unless it is already done."""
+    from hpcdl.measure.runner import run  # the whole measurement stack: only inside a job
+
+    world = init_world()
+    say = say_rank0(world.rank)
+    if world.size != point.ranks:
+        # without a working MPI launch every task would think it is alone and run its own copy
+        raise HpcdlError(
+            f"{point.name}: this task sees {world.size} rank(s), the point needs {point.ranks}: "
+            'the MPI world was not set up (srun --mpi=pmix, or launcher = "mpirun")'
+        )
+    if world.bcast(point.done() if world.rank == 0 else None):
+        say(f"{point.name}: a valid record exists ({point.record_path}); not run again")
+        return skipped(point)
+    try:
+        result = run(
+            point.workload(),
+            point.config(),
+            output_dir=point.output,
+            name=point.name,
+            progress=lambda m: say(f"{point.name}: {m}"),
+            world=world,
+        )
+    except HpcdlError:
+        raise  # every rank meets the same bad input and stops: nothing hangs
+    except Exception as e:
+        end_all_ranks(e)  # said where status finds it, then every rank ends
+        raise
+    if world.rank != 0:
+        return {"point": point.name, "rank": world.rank}
+    view = read_result(result.record)
+    rate, passed = view.metrics.samples_per_s, view.validity.passed
+    say(f"{point.name}: {rate:.1f} samples/s, valid: {passed} -> {result.path}")
+    return summary(point, view)
+
+
+def run_launched(point: Point, *, oversubscribe: bool) -> dict[str, Any]:
+    """The point from a single process: alone for one rank, else through ``mpirun``."""
+    if point.done():
+        return skipped(point)
+    if point.ranks == 1:
+        return run_rank(point)
+    cmd = launch_command(point, write_point_file(point), oversubscribe=oversubscribe)
+    code = supervise(cmd, f"{point.ranks}-rank point {point.name}", timeout_s=None)
+    if code == TERMINATED:
+        return cancelled(point)
+    if code != 0:
+        raise HpcdlError(f"{point.name}: mpirun of {point.ranks} ranks exited with code {code}")
+    return summary(point, read_result(load_record(point.record_path)))
+
+
+def launch_command(point: Point, path: Path, *, oversubscribe: bool) -> list[str]:
+    """How a single process starts the point's ranks: ``mpirun`` (inside an allocation Open MPI
+    places them on its nodes), or this module alone for one rank."""
+    args = [ENTRY, str(path)]
+    if point.ranks == 1:
+        return [sys.executable, "-m", *args]
+    return mpirun_command(point.ranks, args, oversubscribe=oversubscribe)
+
+
+def summary(point: Point, view: Result) -> dict[str, Any]:
+    """What a job returns for a point it measured (submitit keeps it in its result file)."""
+    return {
+        "point": point.name,
+        "record": str(point.record_path),
+        "passed": view.validity.passed,
+        "samples_per_s": view.metrics.samples_per_s,
+        "world_size": view.settings.world_size,
+        "hosts": view.settings.hosts,
+    }
+
+
+def skipped(point: Point) -> dict[str, Any]:
+    return {"point": point.name, "skipped": True, "record": str(point.record_path)}
+
+
+def cancelled(point: Point) -> dict[str, Any]:
+    print(f"hpcdl: {point.name}: terminated; no record written", file=sys.stderr, flush=True)
+    return {"point": point.name, "cancelled": True}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hpcdl.schedulers.entry [--start MODE] POINT.json | --submitit FOLDER``."""
+    p = argparse.ArgumentParser(prog=f"python -m {ENTRY}", description="Run one point of a job file.")
+    p.add_argument("point", nargs="?", type=Path, help="the point, as JSON")
+    p.add_argument("--start", choices=get_args(Start), default="rank", help="how its ranks start")
+    p.add_argument("--submitit", metavar="FOLDER", help="run the submitit job whose files are in FOLDER")
+    args = p.parse_args(argv)
+    if args.submitit:
+        from submitit.core.submission import process_job
+
+        process_job(args.submitit)
+        return 0
+    if args.point is None:
+        p.error("POINT.json or --submitit FOLDER is required")
+    try:
+        out = run_point(Point.from_dict(json.loads(args.point.read_text())), args.start)
+    except HpcdlError as e:
+        print(f"hpcdl: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    if out.get("cancelled"):
+        return TERMINATED
+    return 0 if out.get("passed", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

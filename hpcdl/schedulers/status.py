@@ -1,0 +1,123 @@
+"""Where each point of a state file stands: done (a valid record), or its job's state as its
+scheduler reports it, with the reason; and waiting until none is queued or running."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcdl.records.store import load_record
+from hpcdl.records.views import MalformedRecord, Result, read_result
+from hpcdl.scaling.sweep import valid_point
+from hpcdl.schedulers.protocol import SCHEDULERS, JobState
+from hpcdl.schedulers.state import Entry, entries
+
+
+@dataclass
+class PointStatus:
+    """Where one point stands."""
+
+    name: str
+    nodes: int
+    ranks: int
+    job_id: str | None
+    state: str  # done, invalid, not submitted, or its job's state (RUNNING, CANCELLED, ...)
+    detail: str
+    samples_per_s: float | None = None
+    record: Result | None = dataclasses.field(default=None, repr=False, compare=False)
+    """its valid record (state ``done``)"""
+
+    @property
+    def active(self) -> bool:
+        """Still queued or running (or requeued): its outcome is not known yet."""
+        return JobState(self.state).active
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of ``hpcdl status --json`` (without the record)."""
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "record"}
+        return {**shown, "active": self.active}
+
+
+def record_path(output: Path, name: str) -> Path:
+    """Where a point's record is now (the results directory may have moved since submission)."""
+    return output / f"{name}.json"
+
+
+def valid_record(output: Path, entry: Entry) -> Result | None:
+    """The point's record, if it is one that may stand for the point."""
+    path = record_path(output, entry.point.name)
+    if not valid_point(path, entry.point.workload(), entry.point.ranks):
+        return None
+    try:
+        return read_result(load_record(path))
+    except MalformedRecord:
+        return None  # intact and valid, but not a shape this version reads: not done
+
+
+def job_states(chosen: Sequence[Entry]) -> dict[str, JobState]:
+    """The state of each entry's job, by job id: one question to each scheduler."""
+    out: dict[str, JobState] = {}
+    for cluster in sorted({e.point.cluster for e in chosen}):
+        group = [e for e in chosen if e.point.cluster == cluster]
+        if cluster not in SCHEDULERS:
+            why = JobState("unknown", f"no scheduler {cluster!r} here (a plugin? see HPCDL_PLUGINS)")
+            out.update((str(e.job_id), why) for e in group)
+        else:
+            out.update(SCHEDULERS.get(cluster)().states(group))
+    return out
+
+
+def point_status(output: Path, entry: Entry, record: Result | None, job: JobState | None) -> PointStatus:
+    point = entry.point
+    row = PointStatus(point.name, point.nodes, point.ranks, entry.job_id, "", "")
+    path = record_path(output, point.name)
+    if record is not None:
+        row.state, row.record, row.samples_per_s = "done", record, record.metrics.samples_per_s
+        row.detail = f"{row.samples_per_s:.1f} samples/s"
+    elif entry.job_id is None:
+        row.state = "not submitted"
+    else:
+        job = job or JobState("UNKNOWN", "its scheduler did not say")
+        row.state, row.detail = job.state, job.detail
+        if not job.active and path.exists():
+            row.state, row.detail = "invalid", invalid_detail(path)
+    return row
+
+
+def invalid_detail(path: Path) -> str:
+    try:
+        failed = read_result(load_record(path)).validity.failed
+    except (OSError, ValueError, MalformedRecord):
+        return f"{path.name} is damaged"
+    if failed:
+        return f"record {path.name} fails: {', '.join(failed)}"
+    return f"record {path.name} is for another spec"
+
+
+def status(output: Path, names: Iterable[str] | None = None) -> list[PointStatus]:
+    """Every point of the state file (or those named), in order of job and node count."""
+    everything = entries(output)
+    chosen = sorted(
+        everything.values() if names is None else [everything[n] for n in names],
+        key=lambda e: (e.point.job, e.point.nodes),
+    )
+    records = {e.point.name: valid_record(output, e) for e in chosen}
+    states = job_states([e for e in chosen if records[e.point.name] is None and e.job_id])
+    return [point_status(output, e, records[e.point.name], states.get(str(e.job_id))) for e in chosen]
+
+
+def wait(
+    output: Path, names: Iterable[str] | None = None, timeout_s: float | None = None, poll_s: float = 2.0
+) -> list[PointStatus]:
+    """Poll until no point is queued or running (a requeued point is waited for again)."""
+    names = list(names) if names is not None else None
+    t0 = time.monotonic()
+    while True:
+        rows = status(output, names)
+        if not any(r.active for r in rows) or (timeout_s is not None and time.monotonic() - t0 > timeout_s):
+            return rows
+        time.sleep(poll_s)
