@@ -47,11 +47,22 @@ def mfu(achieved_flops_per_s: float, peak_flops_per_s: float) -> float:
     return achieved_flops_per_s / peak_flops_per_s if peak_flops_per_s > 0 else float("nan")
 
 
-def memory_estimate(params: int, activation_bytes_per_sample: int, batch: int, optimizer: str) -> int:
+LOSS_COPIES = 3
+"""fp32 tensors of the logits' size alive when backward starts: the log-softmax output the loss
+keeps, its gradient and the logits' gradient"""
+
+
+def sample_memory(activation_bytes: int, logits_elements: int) -> int:
+    """Bytes one sample adds to a training step: the activations kept for backward and the
+    loss's fp32 tensors of the logits' size (dominant for language models' vocabularies)."""
+    return activation_bytes + LOSS_COPIES * 4 * logits_elements
+
+
+def memory_estimate(params: int, sample_bytes: int, batch: int, optimizer: str) -> int:
     """Bytes a training step needs, roughly: fp32 weights and gradients, optimizer state
-    (AdamW two moments; SGD one momentum buffer) and the batch's saved activations."""
+    (AdamW two moments; SGD one momentum buffer) and ``batch`` samples of ``sample_memory``."""
     state_per_param = 8 if optimizer == "adamw" else 4
-    return params * (4 + 4 + state_per_param) + activation_bytes_per_sample * batch
+    return params * (4 + 4 + state_per_param) + sample_bytes * batch
 
 
 def aggregate_throughput(samples_per_rank: Sequence[int], windows_s: Sequence[float]) -> float:

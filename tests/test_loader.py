@@ -181,7 +181,11 @@ def test_rank_survives_a_hostile_tree(hostile_tree: tuple[Path, dict[Path, str]]
     p = hpcdl("rank", f"cpu={root}", "-o", str(tmp_path))
     assert p.returncode == 0, p.stderr
     assert time.monotonic() - t0 < 120  # the sparse steps file is refused unhashed
-    lines = [line.removeprefix("rejected: ").split(": ", 1) for line in p.stdout.splitlines()]
+    lines = [
+        ln.removeprefix("rejected: ").split(": ", 1)
+        for ln in p.stdout.splitlines()
+        if ln.startswith("rejected: ")
+    ]
     rejected = {Path(os.path.abspath(path)): why for path, why in (x for x in lines if len(x) == 2)}
     assert set(rejected) == set(want)
     for path, why in want.items():

@@ -151,7 +151,32 @@ def test_an_incomplete_suite_is_listed_without_a_rank(ref_copy: Path) -> None:
     r = rank_mod.rank([("full", REF), ("partial", ref_copy)])
     assert [s.system for s in r.systems] == ["full", "partial"]
     assert r.systems[1].score is None and "rnn-lstm-lm" in r.systems[1].reason
-    assert rank_mod.rows(r)[1][0] == "-"
+    assert rank_mod.rows(r, "S")[1][0] == "-"
+
+
+def test_records_of_another_class_are_never_ranked_with_class_s(ref_copy: Path) -> None:
+    """A record that says it ran class M (sealed again, so it stays intact) does not count for
+    class S, and class M's list appears with the system unranked in it; a record of no class
+    is reported as such."""
+    relabelled = {"M": 0, "": 0}
+    for path in sorted(ref_copy.rglob("*.json")):
+        rec = load_record(path)
+        if rec.get("schema") != "hpcdl.result" or suite_workload(rec["spec"]) != "mlp-wide":
+            continue
+        size_class = "M" if rec["settings"]["world_size"] == 1 else ""
+        relabelled[size_class] += 1
+        rec["run"] = {**rec["run"], "suite_class": size_class, "suite_version": 1}
+        write_record(seal({k: v for k, v in rec.items() if k != "digest"}), path)
+    r = rank_one(ref_copy)
+    assert list(r.lists) == ["S", "M"]
+    (s,) = r.lists["S"]
+    assert s.score is None and "mlp-wide" in s.reason
+    (m,) = r.lists["M"]
+    assert m.size_class == "M" and m.score is None
+    assert relabelled["M"] and r.unclassed == relabelled[""] > 0
+    md = (rank_mod.write(r, ref_copy.parent / "out")[0]).read_text()
+    assert "## Class S (suite version 1" in md and "## Class M (suite version 1" in md
+    assert "workloads of no size class: reported, not ranked" in md
 
 
 def test_predictions_and_malformed_records_never_rank(tmp_path: Path) -> None:

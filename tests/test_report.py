@@ -203,7 +203,7 @@ def test_memory_points_are_input_size_against_peak_memory(mlp_records: Path) -> 
         assert p.family == "mlp" and p.measured_bytes == d["metrics"]["peak_memory_bytes"]
         counts = d["counts"]
         batch = d["settings"]["batch_per_rank"]
-        expected = memory_estimate(counts["params"], counts["activation_bytes_per_sample"], batch, "adamw")
+        expected = memory_estimate(counts["params"], counts["memory_bytes_per_sample"], batch, "adamw")
         assert p.estimate_bytes == expected
     estimates = [p.estimate_bytes for p in points]
     assert estimates == sorted(estimates) and estimates[0] < estimates[-1]

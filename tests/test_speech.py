@@ -30,6 +30,7 @@ def _draw(rng: random.Random) -> SpeechSpec:
         "rnn_layers": rng.randint(1, 3),
         "hidden": rng.randint(1, 12),
         "bidirectional": rng.random() < 0.5,
+        "merge": rng.choice(["concat", "sum"]),
         "classes": rng.randint(2, 12),
     }
     return SpeechSpec(**knobs)

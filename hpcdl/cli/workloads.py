@@ -39,7 +39,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "train_flops_per_sample": c.train_flops,
         "activation_bytes_per_sample": act,
         "memory_estimate_bytes": {
-            opt: metrics.memory_estimate(c.params, act, spec.batch_size, opt) for opt in ("adamw", "sgd")
+            opt: metrics.memory_estimate(c.params, spec.memory_per_sample(), spec.batch_size, opt)
+            for opt in ("adamw", "sgd")
         },
     }
     if args.json:
@@ -129,9 +130,32 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"  {name} = {f.default!r:<12} {f.metadata['doc']}")
     print("\npresets: " + ", ".join(recipes.presets()))
     for size_class in recipes.size_classes():
-        s = recipes.suite(size_class)
-        print(f"class {size_class} (v{s.version}, {s.description}): " + ", ".join(s.workloads))
+        print()
+        print(class_table(size_class))
     return 0
+
+
+def class_table(size_class: str) -> str:
+    """A size class's standard suite: each workload's size, work and memory per sample."""
+    s = recipes.suite(size_class)
+    rows = []
+    for name, spec in s.specs().items():
+        c = spec.count()
+        rows.append(
+            [
+                name,
+                spec.family,
+                spec.precision,
+                str(spec.batch_size),
+                si(c.params),
+                si(c.train_flops, "FLOP"),
+                si(spec.memory_per_sample(), "B"),
+            ]
+        )
+    head = ["workload", "family", "precision", "batch", "params", "train/sample", "memory/sample"]
+    return f"class {size_class} (v{s.version}: {s.description}), hpcdl run --class {size_class}\n" + table(
+        head, rows
+    )
 
 
 def add_parsers(sub: Any) -> None:

@@ -56,7 +56,7 @@ def estimated_batch(spec: Spec, optimizer: str, fraction: float, capacity: int) 
     one-line error when even one sample does not fit."""
     count = spec.count()
     fixed = metrics.memory_estimate(count.params, 0, 0, optimizer)
-    per_sample = count.activation_bytes(spec.precision)
+    per_sample = spec.memory_per_sample()
     room = fraction * capacity - fixed
     if room < per_sample:
         need = metrics.memory_estimate(count.params, per_sample, 1, optimizer)
@@ -85,9 +85,7 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
         batch, backoffs = max(1, batch // 2), backoffs + 1
     fitted = spec.replace(batch_size=batch)
     count = fitted.count()
-    estimate = metrics.memory_estimate(
-        count.params, count.activation_bytes(spec.precision), batch, cfg.optimizer
-    )
+    estimate = metrics.memory_estimate(count.params, fitted.memory_per_sample(), batch, cfg.optimizer)
     return fitted, Fit(cfg.fit_fraction, capacity, first, batch, estimate, backoffs)
 
 

@@ -88,9 +88,7 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
         estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, have)  # refuses what cannot fit
         return device
     count = spec.count()
-    need = metrics.memory_estimate(
-        count.params, count.activation_bytes(spec.precision), spec.batch_size, cfg.optimizer
-    )
+    need = metrics.memory_estimate(count.params, spec.memory_per_sample(), spec.batch_size, cfg.optimizer)
     if need > have:
         raise SpecError(
             f"{spec.family}.batch_size",

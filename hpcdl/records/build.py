@@ -226,6 +226,7 @@ def build_record(
         forward_flops_per_sample=count.forward_flops,
         train_flops_per_sample=count.train_flops,
         activation_bytes_per_sample=count.activation_bytes(spec.precision),
+        memory_bytes_per_sample=spec.memory_per_sample(),
     )
     figures = Metrics(
         samples_per_s=samples_per_s,

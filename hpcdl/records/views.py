@@ -138,6 +138,9 @@ class Counts:
     forward_flops_per_sample: int
     train_flops_per_sample: int
     activation_bytes_per_sample: int
+    memory_bytes_per_sample: int | None = None
+    """``Spec.memory_per_sample``: activations and the loss's copies of the logits (records
+    before 2026-11 leave it out; their activations stand in)"""
 
 
 @dataclass(frozen=True)

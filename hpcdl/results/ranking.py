@@ -21,9 +21,10 @@ from hpcdl.records.audit import Audit, audit, gate_problems
 from hpcdl.records.loader import Document, Record, SweepSummary, beside, load_tree
 from hpcdl.records.store import write_record
 from hpcdl.results.output import output_dir
-from hpcdl.results.score import SystemScore, score_system
+from hpcdl.results.score import SystemScore, record_class, score_system
 from hpcdl.results.text import HTML_STYLE, html_table, si, table
 from hpcdl.scaling.table import scaling_table
+from hpcdl.workloads import recipes
 
 
 @dataclass(frozen=True)
@@ -35,13 +36,20 @@ class Rejected:
 
 @dataclass
 class Ranking:
-    systems: list[SystemScore]
-    """ranked first (score, descending), so a ranked system's place is its position; then the
-    systems without a score"""
+    lists: dict[str, list[SystemScore]]
+    """one ranking list per size class (smallest class first): ranked systems first (score,
+    descending), so a ranked system's place is its position; then those without a score"""
     rejected: list[Rejected]
     accepted: int
+    unclassed: int = 0
+    """accepted records of workloads of no size class: reported, never ranked"""
     sweeps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """per system: its sweep summaries, recomputed from their accepted point records"""
+
+    @property
+    def systems(self) -> list[SystemScore]:
+        """Every class's list, one after the other."""
+        return [s for scores in self.lists.values() for s in scores]
 
 
 def parse_submission(arg: str) -> tuple[str, Path]:
@@ -114,14 +122,18 @@ def rank(submissions: Sequence[tuple[str, Path]], say: Callable[[str], None] = l
     if len({name for name, _ in submissions}) != len(submissions):
         raise InputError("rank.system", [n for n, _ in submissions], "each system name once (use NAME=DIR)")
     accepted, rejected, summaries = collect(submissions, say)
-    scores = [score_system(name, entries) for name, entries in accepted.items()]
-    scored = sorted((s for s in scores if s.score is not None), key=lambda s: -(s.score or 0.0))
+    classes = {record_class(e.result) for entries in accepted.values() for e in entries}
+    present = {c[0] for c in classes if c is not None} | {recipes.DEFAULT_CLASS}
+    lists = {}
+    for size_class in [c for c in recipes.size_classes() if c in present]:
+        scores = [score_system(name, entries, size_class) for name, entries in accepted.items()]
+        scored = sorted((s for s in scores if s.score is not None), key=lambda s: -(s.score or 0.0))
+        lists[size_class] = scored + [s for s in scores if s.score is None]
     sweeps = {
         name: [sweep_rows(doc, accepted[name]) for doc in found] for name, found in summaries.items() if found
     }
-    return Ranking(
-        scored + [s for s in scores if s.score is None], rejected, sum(map(len, accepted.values())), sweeps
-    )
+    unclassed = sum(record_class(e.result) is None for entries in accepted.values() for e in entries)
+    return Ranking(lists, rejected, sum(map(len, accepted.values())), unclassed, sweeps)
 
 
 HEADER = [
@@ -138,11 +150,11 @@ HEADER = [
 ]
 
 
-def rows(r: Ranking) -> list[list[str]]:
-    """The ranking list's rows as text: one per system, unscored systems without a rank."""
+def rows(r: Ranking, size_class: str) -> list[list[str]]:
+    """A class's ranking list as text: one row per system, unscored systems without a rank."""
     out = []
     rejected_by = {s.system: sum(1 for x in r.rejected if x.system == s.system) for s in r.systems}
-    for place, s in enumerate(r.systems, 1):  # ranked systems come first
+    for place, s in enumerate(r.lists[size_class], 1):  # ranked systems come first
         validity = f"verified ({len(s.workloads)} records)" if s.score is not None else s.reason
         if rejected_by[s.system]:
             validity += f"; {rejected_by[s.system]} rejected"
@@ -178,7 +190,7 @@ Table = tuple[str, list[str], list[list[str]]]  # title, header, rows
 def detail_tables(r: Ranking) -> list[Table]:
     """Below the list: each ranked system's suite workloads and sweeps, then the rejections."""
     tables: list[Table] = []
-    for s in r.systems:
+    for s in r.systems:  # every class's list
         if s.score is not None:
             head = [
                 "workload",
@@ -203,9 +215,9 @@ def detail_tables(r: Ranking) -> list[Table]:
                 ]
                 for w, d in s.workloads.items()
             ]
-            tables.append((f"{s.system}: suite at {s.world_size} ranks", head, rows))
-        sweeps = r.sweeps.get(s.system, [])
-        if sweeps:
+            tables.append((f"{s.system}: class {s.size_class} suite at {s.world_size} ranks", head, rows))
+        sweeps = r.sweeps.get(s.system, []) if s.size_class == next(iter(r.lists)) else []
+        if sweeps:  # a system's sweeps, once
             head = ["sweep", "mode", "ranks", "samples/s", "speed-up", "efficiency"]
             rows = [
                 [
@@ -226,9 +238,23 @@ def detail_tables(r: Ranking) -> list[Table]:
 
 
 INTRO = (
-    "Score: geometric mean over the standard suite of sustained AI-ops/s (analytic training FLOPs x "
-    "samples/s, all ranks) at the largest measured scale; see METRICS.md, Score."
+    "Score: geometric mean over a size class's standard suite of sustained AI-ops/s (analytic "
+    "training FLOPs x samples/s, all ranks) at the largest measured scale; one list per class, "
+    "records of other classes never mixed in; see METRICS.md, Score."
 )
+
+
+def class_title(size_class: str) -> str:
+    s = recipes.suite(size_class)
+    return f"Class {size_class} (suite version {s.version}: {s.description})"
+
+
+def unclassed_note(r: Ranking) -> str:
+    return (
+        f"{r.unclassed} accepted records of workloads of no size class: reported, not ranked."
+        if r.unclassed
+        else ""
+    )
 
 
 def _markdown(r: Ranking) -> str:
@@ -238,7 +264,11 @@ def _markdown(r: Ranking) -> str:
     def tab(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
         return [line(head), line(["---"] * len(head)), *(line(row) for row in body)] if body else ["none"]
 
-    text = ["# hpcdl ranking", "", INTRO, "", *tab(HEADER, rows(r))]
+    text = ["# hpcdl ranking", "", INTRO]
+    for size_class in r.lists:
+        text += ["", f"## {class_title(size_class)}", "", *tab(HEADER, rows(r, size_class))]
+    if r.unclassed:
+        text += ["", unclassed_note(r)]
     for title, head, body in detail_tables(r):
         text += ["", f"## {title}", "", *tab(head, body)]
     return "\n".join(text) + "\n"
@@ -248,11 +278,14 @@ def _html(r: Ranking) -> str:
     def tab(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
         return html_table(head, body) if body else "<p>none</p>"
 
+    lists = "".join(f"<h2>{html.escape(class_title(c))}</h2>{tab(HEADER, rows(r, c))}" for c in r.lists)
+    note = f"<p>{html.escape(unclassed_note(r))}</p>" if r.unclassed else ""
     details = "".join(f"<h2>{html.escape(t)}</h2>{tab(h, b)}" for t, h, b in detail_tables(r))
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>hpcdl ranking</title>"
         f"<style>{HTML_STYLE}</style></head><body><h1>hpcdl ranking</h1><p>{html.escape(INTRO)}</p>"
-        + tab(HEADER, rows(r))
+        + lists
+        + note
         + details
         + "</body></html>\n"
     )
@@ -269,7 +302,8 @@ def write(r: Ranking, out: Path) -> list[Path]:
             _csv(r, f)
         doc: dict[str, Any] = {
             "schema": schema.RANKING,
-            "systems": [asdict(s) for s in r.systems],
+            "classes": {c: [asdict(s) for s in scores] for c, scores in r.lists.items()},
+            "unclassed_records": r.unclassed,
             "sweeps": r.sweeps,
             "rejected": [asdict(x) for x in r.rejected],
         }
@@ -281,6 +315,7 @@ def _csv(r: Ranking, f: TextIO) -> None:
     w = csv.writer(f)
     w.writerow(
         [
+            "class",
             "rank",
             "system",
             "nodes",
@@ -295,24 +330,31 @@ def _csv(r: Ranking, f: TextIO) -> None:
             "reason",
         ]
     )
-    for place, s in enumerate(r.systems, 1):  # ranked systems come first
-        w.writerow(
-            [
-                place if s.score is not None else "",
-                s.system,
-                s.nodes or "",
-                s.world_size or "",
-                s.device,
-                s.score or "",
-                s.regulated if s.regulated is not None else "",
-                s.efficiency or "",
-                s.efficiency_base or "",
-                s.ai_ops_per_watt or "",
-                s.date,
-                s.reason,
-            ]
-        )
+    for size_class, scores in r.lists.items():
+        for place, s in enumerate(scores, 1):  # ranked systems come first
+            _csv_row(w, size_class, place, s)
+
+
+def _csv_row(w: Any, size_class: str, place: int, s: SystemScore) -> None:
+    w.writerow(
+        [
+            size_class,
+            place if s.score is not None else "",
+            s.system,
+            s.nodes or "",
+            s.world_size or "",
+            s.device,
+            s.score or "",
+            s.regulated if s.regulated is not None else "",
+            s.efficiency or "",
+            s.efficiency_base or "",
+            s.ai_ops_per_watt or "",
+            s.date,
+            s.reason,
+        ]
+    )
 
 
 def terminal_table(r: Ranking) -> str:
-    return table(HEADER, rows(r))
+    parts = [f"{class_title(c)}\n{table(HEADER, rows(r, c))}" for c in r.lists]
+    return "\n\n".join(parts + ([unclassed_note(r)] if r.unclassed else []))

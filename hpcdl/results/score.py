@@ -1,6 +1,7 @@
-"""The score of a system, defined once (METRICS.md, "Score"): the geometric mean over the
-standard suite's workloads of sustained AI-ops/s at the largest scale where every workload
-was measured, with the suite's scaling efficiency and a quality-regulated variant."""
+"""The score of a system in one size class, defined once (METRICS.md, "Score"): the geometric
+mean over the class's standard suite of sustained AI-ops/s at the largest scale where every
+workload was measured, with the suite's scaling efficiency and a quality-regulated variant.
+Only records of that class and suite version count: classes are ranked apart, like NPB's."""
 
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ from hpcdl.results.best import best_per_rank_count
 from hpcdl.workloads import recipes
 from hpcdl.workloads.registry import spec_from_dict
 
-DEFAULT_SUITE = recipes.suite().workloads
-
 TUNABLE = ("batch_size", "precision", "seed")
 """knobs a submitter may change and still run the standard workload"""
 QUALITY_TARGET = 0.5
@@ -29,9 +28,10 @@ QUALITY_TARGET = 0.5
 
 @dataclass
 class SystemScore:
-    """A system's score, or why it has none (``reason``)."""
+    """A system's score in one size class, or why it has none (``reason``)."""
 
     system: str
+    size_class: str = recipes.DEFAULT_CLASS
     score: float | None = None
     regulated: float | None = None
     world_size: int | None = None
@@ -50,14 +50,29 @@ def _comparable(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @functools.cache
-def _suite_specs() -> dict[str, dict[str, Any]]:
-    return {name: _comparable(spec_from_dict(dict(d)).to_dict()) for name, d in DEFAULT_SUITE.items()}
+def _suite_specs(size_class: str) -> dict[str, dict[str, Any]]:
+    workloads = recipes.suite(size_class).workloads
+    return {name: _comparable(spec_from_dict(dict(d)).to_dict()) for name, d in workloads.items()}
 
 
-def suite_workload(spec: Mapping[str, Any]) -> str | None:
-    """The suite workload a spec runs (tunable knobs aside), or None."""
+def suite_workload(spec: Mapping[str, Any], size_class: str = recipes.DEFAULT_CLASS) -> str | None:
+    """The workload of the class's suite that a spec runs (tunable knobs aside), or None."""
     mine = _comparable(spec)
-    return next((name for name, s in _suite_specs().items() if s == mine), None)
+    return next((name for name, s in _suite_specs(size_class).items() if s == mine), None)
+
+
+LEGACY_CLASS = (recipes.DEFAULT_CLASS, 1)
+"""records written before size classes existed ran the default suite, which is class S
+version 1 (the same workloads): they count as such"""
+
+
+def record_class(r: Result) -> tuple[str, int] | None:
+    """The size class and suite version a record ran, or None for a workload of no class
+    (reported, never ranked against a class)."""
+    if "suite_class" not in r.run:
+        return LEGACY_CLASS
+    size_class = r.run["suite_class"]
+    return (str(size_class), int(r.run.get("suite_version", 0))) if size_class else None
 
 
 def geomean(values: Sequence[float]) -> float:
@@ -81,37 +96,42 @@ def _ai_ops(r: Result) -> float:
     return r.metrics.ai_ops_per_s
 
 
-def score_system(system: str, entries: Sequence[Audit]) -> SystemScore:
-    """Score the suite records of one system: records already audited and gated, each with
-    rank 0's losses from its steps file (read by the audit), so that scoring reads no file."""
-    out = SystemScore(system)
+def score_system(
+    system: str, entries: Sequence[Audit], size_class: str = recipes.DEFAULT_CLASS
+) -> SystemScore:
+    """Score one system in one size class from its records: already audited and gated, each
+    with rank 0's losses from its steps file (read by the audit), so that scoring reads no
+    file. Records of other classes or suite versions are left out."""
+    suite = recipes.suite(size_class)
+    workloads = list(suite.workloads)
+    out = SystemScore(system, size_class)
     by_workload: dict[str, list[Audit]] = {}
     for e in entries:
-        name = suite_workload(e.result.spec)
-        if name is not None:
+        name = suite_workload(e.result.spec, size_class)
+        if name is not None and record_class(e.result) == (size_class, suite.version):
             by_workload.setdefault(name, []).append(e)
     best: dict[int, dict[str, Audit]] = {}  # world size -> workload -> best record
     for name, found in by_workload.items():
         for n, e in best_per_rank_count(found, _ai_ops).items():
             best.setdefault(n, {})[name] = e
-    complete = sorted(n for n, at in best.items() if len(at) == len(DEFAULT_SUITE))
+    complete = sorted(n for n, at in best.items() if len(at) == len(workloads))
     if not complete:
         seen = sorted({w for at in best.values() for w in at})
-        missing = [w for w in DEFAULT_SUITE if all(w not in at for at in best.values())]
+        missing = [w for w in workloads if all(w not in at for at in best.values())]
         out.reason = (
             f"suite incomplete at every scale (missing {', '.join(missing)})"
             if missing
-            else f"no scale with all {len(DEFAULT_SUITE)} suite workloads (have {', '.join(seen) or 'none'})"
+            else f"no scale with all {len(workloads)} suite workloads (have {', '.join(seen) or 'none'})"
         )
         return out
     top = best[complete[-1]]
-    ordered = [top[w].result for w in DEFAULT_SUITE]
+    ordered = [top[w].result for w in workloads]
     out.world_size = complete[-1]
     out.nodes = max(r.settings.nodes for r in ordered)
     out.device = ordered[0].environment.device_name
     out.score = geomean([_ai_ops(r) for r in ordered])
-    qualities = {w: loss_reduction(top[w].losses) for w in DEFAULT_SUITE}
-    regulated = [_ai_ops(top[w].result) * quality_factor(qualities[w]) for w in DEFAULT_SUITE]
+    qualities = {w: loss_reduction(top[w].losses) for w in workloads}
+    regulated = [_ai_ops(top[w].result) * quality_factor(qualities[w]) for w in workloads]
     out.regulated = geomean(regulated) if min(regulated) > 0 else 0.0  # a workload that never learned
     if len(complete) > 1:
         base_n, base = complete[0], best[complete[0]]
@@ -121,7 +141,7 @@ def score_system(system: str, entries: Sequence[Audit]) -> SystemScore:
                 metrics.scaling_efficiency(
                     _ai_ops(top[w].result), out.world_size, _ai_ops(base[w].result), base_n
                 )
-                for w in DEFAULT_SUITE
+                for w in workloads
             ]
         )
     watts = [r.metrics.energy.ai_ops_per_watt for r in ordered]
@@ -140,6 +160,6 @@ def score_system(system: str, entries: Sequence[Audit]) -> SystemScore:
             "loss_reduction": qualities[w],
             "quality_factor": quality_factor(qualities[w]),
         }
-        for w in DEFAULT_SUITE
+        for w in workloads
     }
     return out

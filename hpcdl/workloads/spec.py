@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Self
 import torch
 from torch import nn
 
+from hpcdl import metrics
 from hpcdl.errors import SpecError
 from hpcdl.workloads.counting import Count
 from hpcdl.workloads.precision import PRECISIONS
@@ -148,6 +149,15 @@ class Spec(Knobs):
         block count per stage) turns them into knobs here, drawing more from ``rng`` if needed.
         Knobs the caller fixed are already in ``drawn`` and must be kept."""
         return drawn
+
+    @property
+    def logits_elements(self) -> int:
+        """Elements of one sample's logits (one row of ``num_classes`` per label)."""
+        return math.prod(self.target_shape()) * self.num_classes
+
+    def memory_per_sample(self) -> int:
+        """Bytes one sample adds to a training step (``metrics.sample_memory``)."""
+        return metrics.sample_memory(self.count().activation_bytes(self.precision), self.logits_elements)
 
     def build(self) -> nn.Module:
         """The network with weights drawn from ``seed``: the same spec gives the same weights."""

@@ -46,7 +46,8 @@ def memory_points(records: Sequence[Audit]) -> list[figures.MemoryPoint]:
         if measured <= 0 or batch <= 0 or not per_sample:
             continue
         optimizer = str(r.run.get("optimizer") or "adamw")
-        estimate = memory_estimate(r.counts.params, r.counts.activation_bytes_per_sample, batch, optimizer)
+        sample_bytes = r.counts.memory_bytes_per_sample or r.counts.activation_bytes_per_sample
+        estimate = memory_estimate(r.counts.params, sample_bytes, batch, optimizer)
         if estimate <= 0:  # counts of an edited record: nothing to draw on a log axis
             continue
         kind = r.metrics.peak_memory_kind

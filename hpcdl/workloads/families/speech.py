@@ -19,6 +19,7 @@ from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
 
 ACTIVATIONS = ("hardtanh", "relu")
+MERGES = ("concat", "sum")
 
 # Deep Speech 2's convolutions over (frequency, time): (kernel, stride, padding).
 CONV_LAYOUT: tuple[tuple[tuple[int, int], tuple[int, int], tuple[int, int]], ...] = (
@@ -47,6 +48,7 @@ class SpeechSpec(Spec):
         "rnn_layers": [1, 2, 3],
         "hidden": [64, 128, 256],
         "bidirectional": [False, True],
+        "merge": ["concat", "sum"],
     }
 
     freq_bins: int = knob(161, lo=1, hi=1 << 14, doc="frequency bins of the input spectrogram")
@@ -61,7 +63,13 @@ class SpeechSpec(Spec):
     )
     rnn_layers: int = knob(3, lo=1, hi=64, doc="recurrent layers")
     hidden: int = knob(256, lo=1, hi=1 << 14, doc="hidden units per direction")
-    bidirectional: bool = knob(True, doc="run each recurrent layer both ways and concatenate the outputs")
+    bidirectional: bool = knob(True, doc="run each recurrent layer both ways")
+    merge: str = knob(
+        "concat",
+        choices=MERGES,
+        doc="the two directions' outputs: concatenated, or summed as Deep Speech 2 does (the next "
+        "layer then reads hidden, not 2 x hidden, features)",
+    )
     classes: int = knob(
         29, lo=2, hi=1 << 20, doc="output symbols per frame (DS2: 26 letters, space, ', blank)"
     )
@@ -90,6 +98,15 @@ class SpeechSpec(Spec):
     def directions(self) -> int:
         return 2 if self.bidirectional else 1
 
+    @property
+    def summed(self) -> bool:
+        return self.bidirectional and self.merge == "sum"
+
+    @property
+    def rnn_output(self) -> int:
+        """Features per frame out of each recurrent layer."""
+        return self.hidden if self.summed else self.directions * self.hidden
+
     def build_module(self) -> nn.Module:
         convs: list[nn.Module] = []
         c_in = 1
@@ -102,8 +119,11 @@ class SpeechSpec(Spec):
                 act,
             ]
             c_in = self.conv_channels
-        rnn = recurrent_stack(self.cell, self.rnn_input, self.hidden, self.rnn_layers, self.bidirectional)
-        fc = nn.Linear(self.directions * self.hidden, self.classes)
+        if self.summed:
+            rnn: nn.Module = SummedBidirectional(self.cell, self.rnn_input, self.hidden, self.rnn_layers)
+        else:
+            rnn = recurrent_stack(self.cell, self.rnn_input, self.hidden, self.rnn_layers, self.bidirectional)
+        fc = nn.Linear(self.rnn_output, self.classes)
         return DeepSpeech(nn.Sequential(*convs), rnn, fc)
 
     def sample_inputs(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -122,25 +142,48 @@ class SpeechSpec(Spec):
             c_in = self.conv_channels
         frames = self.target_shape()[0]
         t.keep(frames * self.rnn_input)  # (channels x freq, time) made contiguous for the RNN
-        # the convolutions' output needs its gradient: no layer reads data
-        width = count_stack(
-            t,
-            self.cell,
-            steps=frames,
-            input_size=self.rnn_input,
-            hidden=self.hidden,
-            layers=self.rnn_layers,
-            directions=self.directions,
-            data_input=False,
-        )
-        t.linear(frames, width, self.classes)
+        # the convolutions' output needs its gradient: no layer reads data. Summed directions
+        # are layers of their own: each next one reads hidden features (the sum keeps nothing)
+        stacks = [(self.rnn_layers, self.rnn_input)]
+        if self.summed:
+            stacks = [(1, self.rnn_input if i == 0 else self.hidden) for i in range(self.rnn_layers)]
+        for layers, fan_in in stacks:
+            count_stack(
+                t,
+                self.cell,
+                steps=frames,
+                input_size=fan_in,
+                hidden=self.hidden,
+                layers=layers,
+                directions=self.directions,
+                data_input=False,
+            )
+        t.linear(frames, self.rnn_output, self.classes)
         return t.result()
+
+
+class SummedBidirectional(nn.Module):
+    """Bidirectional recurrent layers whose two directions are summed before the next layer
+    (Deep Speech 2's h = h_forward + h_backward), instead of concatenated."""
+
+    def __init__(self, cell: str, input_size: int, hidden: int, layers: int) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.layers = nn.ModuleList(
+            recurrent_stack(cell, input_size if i == 0 else hidden, hidden, 1, True) for i in range(layers)
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        for layer in self.layers:
+            out, _ = layer(x)
+            x = out[..., : self.hidden] + out[..., self.hidden :]
+        return x, None
 
 
 class DeepSpeech(nn.Module):
     """Convs over ``(batch, 1, freq, time)``, then an RNN over time, then logits per frame."""
 
-    def __init__(self, convs: nn.Module, rnn: nn.RNNBase, fc: nn.Linear) -> None:
+    def __init__(self, convs: nn.Module, rnn: nn.Module, fc: nn.Linear) -> None:
         super().__init__()
         self.convs = convs
         self.rnn = rnn
