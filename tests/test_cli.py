@@ -113,3 +113,35 @@ def test_io_command_measures_real_files(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert "write" in p.stdout and "read" in p.stdout
     assert len(list(tmp_path.glob("shard-*.h5"))) == 2
+
+
+def test_a_terminal_gets_a_live_line_and_a_log_gets_plain_lines(tmp_path: Path) -> None:
+    """On a terminal (a real pseudo-terminal here) tqdm redraws one line per workload with the
+    steps, samples/s and time left; through a pipe (logs, Slurm) the lines are plain."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    args = [sys.executable, "-m", "hpcdl", "run", "--workload", "mlp", "layers=2", "width=64",
+            "--duration", "2.5", "-o", str(tmp_path)]  # fmt: skip
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # 24 x 120
+    proc = subprocess.Popen(args, stdin=terminal, stdout=terminal, stderr=terminal, close_fds=True)
+    os.close(terminal)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert proc.wait(timeout=120) == 0, seen.decode(errors="replace")[-2000:]
+    text = seen.decode(errors="replace")
+    assert "\r" in text and "%|" in text and "samples/s" in text and "<" in text, text[-2000:]
+    piped = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and "%|" not in piped.stderr
+    assert "timed" in piped.stderr and "samples/s" in piped.stderr, piped.stderr

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcdl.cli.common import add_workload_options, err, suite_class, workload_specs
+from hpcdl.cli.progress import LiveLine
 from hpcdl.errors import InputError
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.device import resolve_device
@@ -107,12 +108,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"{prefix}: {spec.family}, {params} params, {spec.precision}, "
             f"batch {spec.batch_size}/rank x {world.size} ranks"
         )
-
-        def progress(message: str, prefix: str = prefix) -> None:
-            err(f"{prefix}: {message}")
-
         record_name = args.name if args.name and len(specs) == 1 else f"{stamp}-{name}"
-        res = run(spec, cfg, output_dir=out, name=record_name, progress=progress, world=world)
+        with LiveLine(prefix, cfg.steps, cfg.duration_s) as line:
+            res = run(
+                spec, cfg, output_dir=out, name=record_name, progress=line.say, world=world, ticks=line.timed
+            )
         results[name] = res
         say(f"{prefix}: {res.result.metrics.samples_per_s:.1f} samples/s -> {res.path}")
     if world.rank != 0:

@@ -39,6 +39,25 @@ from hpcdl.records.views import Result, read_result
 from hpcdl.workloads.spec import Spec
 
 Progress = Callable[[str], None]
+Ticks = Callable[[int, float, int], None]
+"""timed steps so far, the seconds they took, and the samples of all ranks in them"""
+
+
+@dataclass(frozen=True)
+class Reporter:
+    """Where rank 0 says what a run is doing: messages, and the timed steps so far with the
+    seconds and samples in them (about once a second; by default a message)."""
+
+    say: Progress = lambda _message: None
+    timed: Ticks | None = None
+
+    def tick(self, steps: int, elapsed_s: float, samples: int) -> None:
+        if self.timed is not None:
+            self.timed(steps, elapsed_s, samples)
+        else:
+            self.say(f"timed {steps} steps in {elapsed_s:.1f} s")
+
+
 CALIBRATION_STEPS = 5  # backward timed without reduction where the backend can (DDP)
 
 
@@ -138,29 +157,29 @@ def allreduce_time(backend: Backend, nbytes: int, device: torch.device, reps: in
 
 
 def measure_rank(
-    spec: Spec, cfg: RunConfig, device: torch.device, world: World, backend: Backend, say: Progress
+    spec: Spec, cfg: RunConfig, device: torch.device, world: World, backend: Backend, report: Reporter
 ) -> RankMeasurement:
     """This rank's part of a run: checks, warm-up, timed steps; returns what rank 0 gathers."""
     checks = []
     if world.size > 1:
-        say("checking that N ranks step like one process")
+        report.say("checking that N ranks step like one process")
         checks.append(one_step_equivalence(spec, world, backend, device))
     world.barrier()  # every rank probes at once, sharing the node as in training
     ceiling = measured_ceiling(device, spec.precision, torch.get_num_threads())
-    say(f"building {spec.family} model and {cfg.data} data")
+    report.say(f"building {spec.family} model and {cfg.data} data")
     model = spec.build().to(device)
     source, io = make_source(spec, cfg, device, world)
     model, optimizer = backend.wrap(model, lambda params: make_optimizer(params, cfg))
     trainer = Trainer(model, optimizer, source, device, spec.precision, cfg.phase_sync, backend)
     reset_peak_memory(device)
-    say(f"warm-up {cfg.warmup_steps} steps, then timing")
+    report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
     local_backward = trainer.local_backward_s(CALIBRATION_STEPS)
     sampler = TelemetrySampler(device)
     log = trainer.run(
         cfg.warmup_steps,
         cfg.steps,
         cfg.duration_s,
-        progress=lambda n, s: say(f"timed {n} steps in {s:.1f} s"),
+        progress=lambda n, s: report.tick(n, s, n * spec.batch_size * world.size),
         window=sampler,
         agree=world.all_true,  # the window ends when every rank's clock says so
     )
@@ -206,6 +225,7 @@ def run(
     name: str | None = None,
     progress: Progress | None = None,
     world: World | None = None,
+    ticks: Ticks | None = None,
 ) -> RunResult:
     """Measure one workload and write its record (unless ``output_dir`` is None).
 
@@ -225,10 +245,10 @@ def run(
             progress(f"fitted batch {spec.batch_size}/rank to {cfg.fit_fraction:g} of {gib:.1f} GiB")
     set_threads(world)
     backend_name = resolve_backend_name(cfg.backend, world.size)
-    say = (progress or (lambda _m: None)) if world.rank == 0 else (lambda _m: None)
+    report = Reporter(progress or (lambda _m: None), ticks) if world.rank == 0 else Reporter()
     backend = make_backend(backend_name, world, device)
     try:
-        mine = measure_rank(spec, cfg, device, world, backend, say)
+        mine = measure_rank(spec, cfg, device, world, backend, report)
     finally:
         backend.close()
     ranks = world.gather(mine)
