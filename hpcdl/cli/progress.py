@@ -30,8 +30,9 @@ class LiveLine:
                 file=self.stream,
                 dynamic_ncols=sized,
                 ncols=None if sized else 100,
+                nrows=None if sized else 24,  # tqdm asks the terminal unless given both
                 leave=True,
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining} {postfix}",
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}",
             )
 
     def say(self, message: str) -> None:
