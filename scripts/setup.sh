@@ -4,7 +4,7 @@
 #
 #   bash scripts/setup.sh          # a local, single-process benchmark
 #   bash scripts/setup.sh --mpi    # also Open MPI, mpi4py and Horovod (multi-rank runs)
-#   bash scripts/setup.sh --test   # --mpi, plus the test tools (pytest, hypothesis, ruff, mypy)
+#   bash scripts/setup.sh --test   # --mpi, plus the test tools (pytest, hypothesis, ruff, mypy, chromium)
 #
 # Idempotent: a second run only checks. HPCDL_VENV overrides the environment's location;
 # HPCDL_TORCH the torch requirement (e.g. a CUDA build on a GPU cluster).
@@ -13,10 +13,11 @@ cd "$(dirname "$0")/.."
 VENV="${HPCDL_VENV:-.venv}"
 TORCH_SPEC="${HPCDL_TORCH:-torch==2.13.0}"
 mpi=0
+test=0
 extras="mpi"
 case "${1:-}" in
   --mpi) mpi=1 ;;
-  --test) mpi=1; extras="mpi,test" ;;
+  --test) mpi=1; test=1; extras="mpi,test" ;;
   "") ;;
   *) echo "usage: bash scripts/setup.sh [--mpi|--test]" >&2; exit 2 ;;
 esac
@@ -40,6 +41,8 @@ if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
   apt_install python3-venv python3-dev
 fi
 [ "$mpi" = 1 ] && apt_install openmpi-bin libopenmpi-dev
+# the tests open the HTML report in a real headless browser
+[ "$test" = 1 ] && apt_install chromium
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating $VENV"
   python3 -m venv "$VENV"
