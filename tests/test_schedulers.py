@@ -39,7 +39,7 @@ from typing import ClassVar
 from hpcdl.schedulers.entry import ENTRY
 from hpcdl.schedulers.point import point_file, write_point_file
 from hpcdl.schedulers.protocol import SCHEDULERS, Handle, JobState
-from hpcdl.workloads.spec import Knobs, knob
+from hpcdl.workloads.knobs import Knobs, knob
 
 
 @dataclass(frozen=True, kw_only=True)

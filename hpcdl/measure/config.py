@@ -7,8 +7,8 @@ from typing import ClassVar
 
 from hpcdl.errors import SpecError
 from hpcdl.parallel.backends import backend_choices
+from hpcdl.workloads.knobs import Knobs, knob
 from hpcdl.workloads.recipes import size_classes
-from hpcdl.workloads.spec import Knobs, knob
 
 DATA_KINDS = ("random", "learnable", "hdf5")
 

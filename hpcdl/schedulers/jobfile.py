@@ -45,8 +45,9 @@ from hpcdl.parallel.backends import backend_choices
 from hpcdl.schedulers.protocol import SCHEDULERS
 from hpcdl.schedulers.workload_table import workload_spec
 from hpcdl.workloads.families.mlp import MLPSpec
+from hpcdl.workloads.knobs import Knobs, knob
 from hpcdl.workloads.precision import PRECISIONS
-from hpcdl.workloads.spec import Knobs, Spec, knob
+from hpcdl.workloads.spec import Spec
 
 LAUNCHERS = ("srun", "mpirun")
 T = TypeVar("T")

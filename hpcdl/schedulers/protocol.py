@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from hpcdl.schedulers.jobfile import Job
     from hpcdl.schedulers.point import Point
     from hpcdl.schedulers.state import Entry
-    from hpcdl.workloads.spec import Knobs
+    from hpcdl.workloads.knobs import Knobs
 
 AUTO = "auto"
 LOCAL = "local"

@@ -24,7 +24,7 @@ from hpcdl.schedulers.protocol import SCHEDULERS, Handle, JobState
 if TYPE_CHECKING:
     from hpcdl.schedulers.jobfile import Job
     from hpcdl.schedulers.state import Entry
-    from hpcdl.workloads.spec import Knobs
+    from hpcdl.workloads.knobs import Knobs
 
 
 @SCHEDULERS.register

@@ -30,7 +30,7 @@ from hpcdl.schedulers.entry import ENTRY, PointTask
 from hpcdl.schedulers.point import Point, jobs_folder
 from hpcdl.schedulers.protocol import SCHEDULERS, Handle, JobState
 from hpcdl.schedulers.sacct import describe, histories
-from hpcdl.workloads.spec import Knobs, knob
+from hpcdl.workloads.knobs import Knobs, knob
 
 if TYPE_CHECKING:
     from hpcdl.schedulers.jobfile import Job
