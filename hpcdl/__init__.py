@@ -8,13 +8,16 @@ The Python API::
     work = hpcdl.count(spec)                   # params, forward/training FLOPs per sample
     x, y = hpcdl.make_batch(spec, 8, "cpu")    # synthetic inputs and labels
     result = hpcdl.run(spec, hpcdl.RunConfig(duration_s=5))   # measured, record written
+    resnet = hpcdl.preset("resnet50", batch_size=32)          # a preset, knobs overridden
+    suite = hpcdl.suite("M").specs(precision="bf16")          # a size class's workloads
+    drawn = hpcdl.sample_spec("cnn", seed=3)                  # an architecture from a seed
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from hpcdl.errors import HpcdlError, SpecError
+from hpcdl.errors import HpcdlError, InputError, SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import make_batch
 from hpcdl.measure.runner import RunResult, run
@@ -24,7 +27,9 @@ from hpcdl.workloads.families.cnn import CNNSpec
 from hpcdl.workloads.families.mlp import MLPSpec
 from hpcdl.workloads.families.rnn import RNNSpec
 from hpcdl.workloads.families.speech import SpeechSpec
+from hpcdl.workloads.recipes import preset, suite
 from hpcdl.workloads.registry import FAMILIES, spec_from_args, spec_from_dict
+from hpcdl.workloads.sampling import sample_spec
 from hpcdl.workloads.spec import Spec
 
 
@@ -44,6 +49,7 @@ __all__ = [
     "CNNSpec",
     "Count",
     "HpcdlError",
+    "InputError",
     "MLPSpec",
     "RNNSpec",
     "RunConfig",
@@ -54,7 +60,10 @@ __all__ = [
     "build_model",
     "count",
     "make_batch",
+    "preset",
     "run",
+    "sample_spec",
     "spec_from_args",
     "spec_from_dict",
+    "suite",
 ]
