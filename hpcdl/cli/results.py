@@ -19,6 +19,7 @@ from hpcdl.results import ranking as rank_mod
 from hpcdl.results.best import best_per_rank_count
 from hpcdl.results.text import si, table
 from hpcdl.scaling import model as model_mod
+from hpcdl.workloads.registry import canonical
 
 T = TypeVar("T")
 
@@ -109,7 +110,7 @@ def measured_points(folder: Path, spec: dict[str, Any], mode: str, backend: str)
         batch = s.batch_per_rank if mode == "weak" else s.global_batch
         return (
             r.validity.passed
-            and _but_batch(r.spec) == _but_batch(spec)
+            and _but_batch(canonical(r.spec) or {}) == _but_batch(canonical(spec) or spec)
             and batch == spec["batch_size"]
             and (s.world_size == 1 or s.backend == backend)
         )

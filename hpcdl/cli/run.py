@@ -18,7 +18,7 @@ from hpcdl.parallel.launch import launch
 from hpcdl.parallel.world import World, init_world, under_mpi
 from hpcdl.records import schema
 from hpcdl.records.store import write_record
-from hpcdl.results.text import si, table
+from hpcdl.results.text import mfu_text, si, table
 from hpcdl.scaling import sweep as sweep_mod
 from hpcdl.workloads import recipes
 from hpcdl.workloads.spec import Spec
@@ -80,7 +80,7 @@ def summary_rows(results: dict[str, RunResult]) -> list[list[str]]:
                 f"{m.samples_per_s:.1f}",
                 si(m.ai_ops_per_s, "FLOP/s"),
                 f"{st.median * 1e3:.1f} ({st.p10 * 1e3:.1f}-{st.p90 * 1e3:.1f})",
-                f"{m.mfu * 100:.1f}%",
+                mfu_text(m.mfu, m.flags),
                 "yes" if view.validity.passed else "NO",
             ]
         )
@@ -128,6 +128,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         "valid",
     ]
     print(table(headers, summary_rows(results)))
+    for name, res in results.items():
+        for flag in res.result.metrics.flags:
+            print(f"(!) {name}: {flag}")
     first = next(iter(results.values())).result.metrics
     print(f"MFU is against {si(first.peak_flops, 'FLOP/s')} ({first.peak_source}). Records in {out}/")
     if len(results) > 1:

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from hpcdl.errors import HpcdlError
 from hpcdl.measure.data import make_batch
+from hpcdl.workloads.registry import canonical
 from hpcdl.workloads.spec import Spec
 
 MANIFEST = "hpcdl-shards.json"
@@ -84,7 +85,7 @@ def has_shards(spec: Spec, directory: str | Path) -> bool:
     path = Path(directory) / MANIFEST
     if not path.exists():
         return False
-    return bool(json.loads(path.read_text()).get("spec") == spec.to_dict())
+    return bool(canonical(json.loads(path.read_text()).get("spec")) == spec.to_dict())
 
 
 class ShardBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):

@@ -22,7 +22,7 @@ from hpcdl.records.loader import Document, Record, SweepSummary, beside, load_tr
 from hpcdl.records.store import write_record
 from hpcdl.results.output import output_dir
 from hpcdl.results.score import SystemScore, record_class, score_system
-from hpcdl.results.text import HTML_STYLE, html_table, si, table
+from hpcdl.results.text import HTML_STYLE, html_table, mfu_text, si, table
 from hpcdl.scaling.table import scaling_table
 from hpcdl.workloads import recipes
 
@@ -207,7 +207,7 @@ def detail_tables(r: Ranking) -> list[Table]:
                     w,
                     si(d["ai_ops_per_s"], "FLOP/s"),
                     f"{d['samples_per_s']:.1f}",
-                    f"{d['mfu']:.1%}" if isinstance(d["mfu"], float) and d["mfu"] == d["mfu"] else "n/a",
+                    mfu_text(d["mfu"], d["flags"]),
                     d["precision"],
                     str(d["batch_per_rank"]),
                     f"{d['loss_reduction']:.2f}",

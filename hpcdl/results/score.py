@@ -18,7 +18,7 @@ from hpcdl.records.audit import Audit
 from hpcdl.records.views import Result, finite
 from hpcdl.results.best import best_per_rank_count
 from hpcdl.workloads import recipes
-from hpcdl.workloads.registry import spec_from_dict
+from hpcdl.workloads.registry import canonical, spec_from_dict
 
 TUNABLE = ("batch_size", "precision", "seed")
 """knobs a submitter may change and still run the standard workload"""
@@ -56,8 +56,12 @@ def _suite_specs(size_class: str) -> dict[str, dict[str, Any]]:
 
 
 def suite_workload(spec: Mapping[str, Any], size_class: str = recipes.DEFAULT_CLASS) -> str | None:
-    """The workload of the class's suite that a spec runs (tunable knobs aside), or None."""
-    mine = _comparable(spec)
+    """The workload of the class's suite that a spec runs (tunable knobs aside), or None. The
+    spec is rebuilt first, so that a knob added later with a default matches older records."""
+    rebuilt = canonical(spec)
+    if rebuilt is None:
+        return None
+    mine = _comparable(rebuilt)
     return next((name for name, s in _suite_specs(size_class).items() if s == mine), None)
 
 
@@ -155,6 +159,7 @@ def score_system(
             "ai_ops_per_s": _ai_ops(top[w].result),
             "samples_per_s": top[w].result.metrics.samples_per_s,
             "mfu": top[w].result.metrics.mfu,
+            "flags": top[w].result.metrics.flags,
             "precision": top[w].result.settings.precision,
             "batch_per_rank": top[w].result.settings.batch_per_rank,
             "loss_reduction": qualities[w],

@@ -16,6 +16,14 @@ def si(value: float | None, unit: str = "") -> str:
     return f"{value:.3g} {unit}".rstrip()
 
 
+def mfu_text(mfu: float | None, flags: Sequence[str] = ()) -> str:
+    """MFU as a percentage, ``n/a`` without a peak, and marked ``(!)`` when the record flags a
+    figure that cannot be true (METRICS.md, "Peaks and MFU"): such a figure is never shown plain."""
+    if mfu is None or mfu != mfu:
+        return "n/a"
+    return f"{mfu:.1%}" + (" (!)" if flags else "")
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: bool = True) -> str:
     """Columns aligned, with a rule under the header: the first column left, the others right
     (figures) when ``numeric``, else all left."""

@@ -14,7 +14,7 @@ from hpcdl.records.audit import audit
 from hpcdl.records.loader import Record, Unreadable, read_record
 from hpcdl.records.store import write_record
 from hpcdl.scaling.table import scaling_table
-from hpcdl.workloads.registry import spec_to_args
+from hpcdl.workloads.registry import canonical, spec_to_args
 from hpcdl.workloads.spec import Spec
 
 MODES = ("weak", "strong")
@@ -46,7 +46,12 @@ def valid_record(path: Path, spec: Spec, np: int) -> Record | None:
     except Unreadable:
         return None
     r = record.result
-    if r.spec != spec.to_dict() or r.world_size != np or not r.validity.passed or audit(record).problems:
+    if (
+        canonical(r.spec) != spec.to_dict()
+        or r.world_size != np
+        or not r.validity.passed
+        or audit(record).problems
+    ):
         return None
     return record
 

@@ -28,6 +28,16 @@ def spec_from_dict(d: dict[str, Any]) -> Spec:
     return cls.from_dict({k: v for k, v in d.items() if k != "family"})
 
 
+def canonical(spec: Any) -> dict[str, Any] | None:
+    """A spec as a record or manifest wrote it, rebuilt with today's knobs (defaults of knobs
+    added since filled in), so that specs compare equal across versions; None when it no
+    longer builds."""
+    try:
+        return spec_from_dict(dict(spec)).to_dict()
+    except (SpecError, TypeError, ValueError):
+        return None
+
+
 def parse_assignments(cls: type[Spec], words: list[str]) -> dict[str, Any]:
     """Command-line ``key=value`` words as typed knob values of the family ``cls``."""
     knobs: dict[str, Any] = {}

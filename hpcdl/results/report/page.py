@@ -16,10 +16,10 @@ from typing import Any
 from hpcdl.measure.environment import hpcdl_version
 from hpcdl.records.audit import Audit
 from hpcdl.records.loader import Unread
-from hpcdl.records.views import Result, Stats, finite
+from hpcdl.records.views import Result, Stats
 from hpcdl.results.report.plots import Plot
 from hpcdl.results.report.sweeps import Sweep
-from hpcdl.results.text import HTML_STYLE, html_table, si
+from hpcdl.results.text import HTML_STYLE, html_table, mfu_text, si
 
 STYLE = HTML_STYLE + (
     "td.num{text-align:right}.bad{color:#b00;font-weight:bold}figure{margin:1.5em 0}"
@@ -68,10 +68,6 @@ def _step_time(stats: Stats) -> str:
     return f"{ms['median']:.3g} ms ({ms['p10']:.3g}–{ms['p90']:.3g})"
 
 
-def _ratio(value: float | None) -> str:
-    return f"{value:.1%}" if value is not None and finite(value) else "n/a"
-
-
 def _validity(r: Result) -> str:
     return "passed" if r.validity.passed else "failed: " + (", ".join(r.validity.failed) or "no checks")
 
@@ -96,7 +92,7 @@ def record_row(a: Audit) -> list[str]:
         r.settings.precision,
         si(m.samples_per_s),
         si(m.ai_ops_per_s, "FLOP/s"),
-        _ratio(m.mfu),
+        mfu_text(m.mfu, m.flags),
         _step_time(m.step_time_s),
         _validity(r),
         _energy(r),
@@ -126,6 +122,8 @@ NUMERIC = {"ranks", "samples/s", "AI-ops/s", "MFU", "step time median (p10–p90
 def _cell_class(head: str, cell: str) -> str:
     if (head == "validity" and cell != "passed") or (head == "integrity" and cell != "ok"):
         return "bad"
+    if head == "MFU" and cell.endswith("(!)"):
+        return "bad num"
     return "num" if head in NUMERIC else ""
 
 
@@ -140,7 +138,17 @@ def records_table(records: Sequence[Audit]) -> str:
             tds.append(f"<td class='{css}'>{esc(c)}</td>" if css else f"<td>{esc(c)}</td>")
         rows.append("<tr>" + "".join(tds) + "</tr>")
     th = "".join(f"<th>{esc(h)}</th>" for h in RECORD_HEAD)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    flagged = "".join(
+        f"<li><b>{esc(a.result.name)}</b>: <span class='bad'>{esc(flag)}</span></li>"
+        for a in records
+        for flag in a.result.metrics.flags
+    )
+    note = (
+        f"<p>(!) figures that cannot be true, with their likely cause:</p><ul>{flagged}</ul>"
+        if flagged
+        else ""
+    )
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(rows)}</tbody></table>{note}"
 
 
 def figure_html(p: Plot) -> str:
