@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from hpcdl import metrics
-from hpcdl.errors import SpecError
+from hpcdl.errors import HpcdlError, InputError, SpecError
 from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import device_pool
@@ -34,7 +34,7 @@ from hpcdl.parallel.backends import Backend, make_backend, resolve_backend_name
 from hpcdl.parallel.checks import one_step_equivalence, parameter_digest
 from hpcdl.parallel.world import World, init_world
 from hpcdl.records.build import build_record
-from hpcdl.records.store import file_sha256, seal, write_record, write_steps
+from hpcdl.records.store import check_name, check_output, seal, write_pair
 from hpcdl.records.views import Result, read_result
 from hpcdl.workloads.spec import Spec
 
@@ -236,6 +236,17 @@ def run(
     """
     cfg = config or RunConfig()
     world = world or init_world()
+    if output_dir is not None:  # a record that could not be written is refused before measuring
+        verdict = None  # (field, value, allowed): an exception of this kind does not pickle
+        if world.rank == 0:
+            try:
+                check_output(output_dir)
+                check_name(name or "x")
+            except InputError as e:
+                verdict = (e.field, e.value, e.allowed)
+        verdict = world.bcast(verdict)
+        if verdict is not None:
+            raise InputError(*verdict)
     device = preflight(spec, cfg, world)
     fit = None
     if cfg.fit_fraction > 0:
@@ -273,7 +284,6 @@ def finish(
     record = build_record(spec, cfg, device, ranks, backend, name, fit)
     if output_dir is None:
         return RunResult(seal(record), None, None)
-    out = Path(output_dir)
     log = ranks[0].log
     trace = {f"gpu_{k}": v for k, v in ranks[0].power_trace.items() if v}  # rank 0's GPU, if any
     columns = {
@@ -282,8 +292,12 @@ def finish(
         "loss": log.losses,
         **trace,
     }
-    steps_path = write_steps(columns, out / f"{name}.steps.h5")
-    record["steps_file"] = steps_path.name
-    record["steps_sha256"] = file_sha256(steps_path)
-    record = seal(record)
-    return RunResult(record, write_record(record, out / f"{name}.json"), steps_path)
+    try:
+        sealed, path, steps_path = write_pair(record, columns, output_dir, name)
+    except OSError as e:
+        rate = record["metrics"]["samples_per_s"]
+        raise HpcdlError(
+            f"the record of {name} ({rate:.1f} samples/s) could not be written to {output_dir}: "
+            f"{e.strerror or e}; nothing was written"
+        ) from None
+    return RunResult(sealed, path, steps_path)

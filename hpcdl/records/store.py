@@ -1,24 +1,31 @@
 """Result records: one JSON file per run (schema in METRICS.md), per-step times in HDF5 beside it.
 
-Files are written atomically (temporary file, then rename), so a crash never leaves half a
-record. Every record carries a digest over its content; a record edited by hand no longer
-matches its digest.
+A record and its steps file are written as one unit: both to temporary names first, then
+renamed, the record last, under a lock per record name; the steps file's name is the record's
+own (``NAME.<id>.steps.h5``), so a replaced record's pair stays whole until the new record takes
+its place, and no failure (a full disk, a kill) leaves half a pair or breaks an older one.
+Every record carries a digest over its content; a record edited by hand no longer matches it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import io
 import json
 import os
+import re
+import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import h5py
 import numpy as np
 
+from hpcdl.errors import InputError
 from hpcdl.records.loader import read_object
 
 
@@ -50,6 +57,116 @@ def _atomic_write(path: Path, write: Any) -> None:
         raise
 
 
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""a record's name is a file name in the output directory, never a path"""
+RECORD_ROOM_BYTES = 16 << 20
+"""free space the output directory must have before anything is measured: a record and its
+steps file take well under this (about 100 bytes per step and column)"""
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a file name hpcdl may write a record under, else a one-line error."""
+    if not NAME_RE.fullmatch(name) or ".." in name:
+        raise InputError(
+            "name",
+            name,
+            "a file name: letters, digits and ._- (no '/' or '..'), starting with a letter or digit",
+        )
+    return name
+
+
+def check_output(directory: str | Path, room: int = RECORD_ROOM_BYTES) -> Path:
+    """Refuse an output directory that cannot take a record before anything is measured: under a
+    regular file, not writable (permissions, a read-only file system), or with less free space
+    than ``room``. It is created if missing."""
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+        free = shutil.disk_usage(path).free
+    except OSError as e:
+        raise InputError(
+            "output", str(path), f"a directory hpcdl can write records in ({e.strerror or e})"
+        ) from None
+    if free < room:
+        raise InputError("output", str(path), f"{free >> 20} MiB free; a record needs up to {room >> 20} MiB")
+    return path
+
+
+def steps_image(columns: Mapping[str, Sequence[float]]) -> bytes:
+    """Per-step series (step time, phases, loss) as float64 datasets of one HDF5 file, made in
+    memory: a disk that fills up then fails a plain write, not the HDF5 library."""
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w") as f:
+        for name, values in columns.items():
+            f.create_dataset(name, data=np.asarray(values, dtype=np.float64))
+    return buffer.getvalue()
+
+
+def write_pair(
+    record: dict[str, Any], columns: Mapping[str, Sequence[float]], directory: str | Path, name: str
+) -> tuple[dict[str, Any], Path, Path]:
+    """Seal ``record`` with its steps file and write both as one unit (see the module's
+    docstring); returns the sealed record and the two paths. An OSError (a full disk) removes
+    what was written and leaves an older record of the name as it was."""
+    out = Path(directory)
+    image = steps_image(columns)
+    steps_path = out / f"{check_name(name)}.{record['id'][:12]}.steps.h5"
+    sealed = seal(
+        {
+            **record,
+            "steps_file": steps_path.name,
+            "steps_sha256": "sha256:" + hashlib.sha256(image).hexdigest(),
+        }
+    )
+    text = json.dumps(sealed, indent=1, allow_nan=True) + "\n"
+    path = out / f"{name}.json"
+    temps: list[str] = []
+    try:
+        with _name_lock(out, name):
+            old_steps = _steps_of(path)
+            tmp_steps = _written(out, steps_path.name, image, temps)
+            tmp_json = _written(out, path.name, text.encode(), temps)
+            os.replace(tmp_steps, steps_path)
+            os.replace(tmp_json, path)
+            temps.clear()
+            if old_steps and old_steps != steps_path.name:
+                (out / old_steps).unlink(missing_ok=True)  # the replaced record's steps file
+    finally:
+        for tmp in temps:
+            Path(tmp).unlink(missing_ok=True)
+    return sealed, path, steps_path
+
+
+def _written(directory: Path, name: str, data: bytes, temps: list[str]) -> str:
+    """``data`` in a new temporary file beside ``name``, flushed to disk; its path."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+    temps.append(tmp)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
+
+
+@contextlib.contextmanager
+def _name_lock(directory: Path, name: str) -> Iterator[None]:
+    """Serialise writers of one record name (two runs given the same --name)."""
+    with open(directory / f".{name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _steps_of(path: Path) -> str | None:
+    """The steps file named by the record at ``path``, if one is there and readable."""
+    try:
+        name = read_object(path).get("steps_file")
+    except (OSError, ValueError):
+        return None
+    return name if isinstance(name, str) and NAME_RE.fullmatch(name.removesuffix(".steps.h5")) else None
+
+
 def write_record(record: Mapping[str, Any], path: str | Path) -> Path:
     """Write a sealed record as JSON, atomically."""
     path = Path(path)
@@ -64,15 +181,10 @@ def write_record(record: Mapping[str, Any], path: str | Path) -> Path:
 
 
 def write_steps(columns: Mapping[str, Sequence[float]], path: str | Path) -> Path:
-    """Per-step series (step time, phases, loss) as float64 datasets of one HDF5 file."""
+    """A steps file on its own, atomically (tests and tools; runs use ``write_pair``)."""
     path = Path(path)
-
-    def write(tmp: str) -> None:
-        with h5py.File(tmp, "w") as f:
-            for name, values in columns.items():
-                f.create_dataset(name, data=np.asarray(values, dtype=np.float64))
-
-    _atomic_write(path, write)
+    image = steps_image(columns)
+    _atomic_write(path, lambda tmp: Path(tmp).write_bytes(image))
     return path
 
 
