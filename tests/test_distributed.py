@@ -186,10 +186,10 @@ FAULT = """
 import sys
 import hpcdl.measure.runner, hpcdl.cli
 real = hpcdl.measure.runner.measure_rank
-def faulty(spec, cfg, device, world, backend, say):
+def faulty(spec, cfg, device, world, *rest):
     if world.rank == 1:
         raise RuntimeError("injected fault")
-    return real(spec, cfg, device, world, backend, say)
+    return real(spec, cfg, device, world, *rest)
 hpcdl.measure.runner.measure_rank = faulty
 sys.exit(hpcdl.cli.main(sys.argv[1:]))
 """

@@ -6,6 +6,9 @@ small tmpfs here."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -127,3 +130,94 @@ def test_two_runs_of_one_name_leave_one_whole_pair(tmp_path: Path) -> None:
     assert verifies(record)
     steps = list(out.glob("*.steps.h5"))
     assert [p.name for p in steps] == [json.loads(record.read_text())["steps_file"]]
+
+
+# --- signals, stalls and impossible launches: real ranks, real signals ----------------------
+
+from test_distributed import MLP, _processes_mentioning, start_timing  # noqa: E402
+
+
+def rank_pid(rank: int, marker: Path) -> int:
+    """The process of rank ``rank`` of the run writing to ``marker`` (other runs may be going)."""
+    (pid,) = [
+        p
+        for p in _processes_mentioning(str(marker))
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in Path(f"/proc/{p}/environ").read_bytes().split(b"\0")
+    ]
+    return pid
+
+
+def gone(marker: str, within_s: float = 20) -> bool:
+    deadline = time.monotonic() + within_s
+    while _processes_mentioning(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _processes_mentioning(marker) == []
+
+
+@pytest.mark.mpi
+def test_a_stopped_rank_past_the_timeout_writes_no_record(tmp_path: Path) -> None:
+    """SIGSTOP on a rank, then --timeout: mpirun gives the stopped rank a SIGCONT and a second
+    before it kills it, in which rank 0 could finish and write. The launcher marked the run
+    stopped first: no record, exit 124."""
+    args = ["run", *MLP, "--np", "2", "--backend", "horovod", "--duration", "60", "--timeout", "15"]
+    proc = start_timing(*args, "--stall", "0", "-o", str(tmp_path))
+    os.kill(rank_pid(1, tmp_path), signal.SIGSTOP)
+    rest = proc.communicate(timeout=90)[0]
+    assert proc.returncode == 124, rest[-2000:]
+    assert gone(str(tmp_path)) and not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.mpi
+def test_a_stalled_rank_is_named_and_the_run_ends(tmp_path: Path) -> None:
+    """No --timeout: the stall bound (--stall 3: no step for 3 s, tiny steps) ends the run
+    and names the stopped rank and its host."""
+    proc = start_timing("run", *MLP, "--np", "2", "--duration", "120", "--stall", "3", "-o", str(tmp_path))
+    victim = rank_pid(1, tmp_path)
+    t0 = time.monotonic()
+    os.kill(victim, signal.SIGSTOP)
+    rest = proc.communicate(timeout=90)[0]
+    assert time.monotonic() - t0 < 45
+    assert proc.returncode not in (0, 124), rest[-2000:]
+    assert re.search(r"rank 1 on \S+ \(pid \d+\) is stopped or frozen", rest), rest[-2000:]
+    assert gone(str(tmp_path)) and not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGKILL, -9), (signal.SIGHUP, 129)])
+def test_the_launcher_s_death_or_hangup_ends_every_rank(tmp_path: Path, sig: int, code: int) -> None:
+    """kill -9 of the launcher (its children get SIGTERM: parent-death signal) or a closed
+    terminal (SIGHUP, handled like SIGTERM): mpirun and every rank end, no record."""
+    proc = start_timing("run", *MLP, "--np", "2", "--duration", "120", "-o", str(tmp_path))
+    assert len(_processes_mentioning(str(tmp_path))) >= 3  # launcher, mpirun, ranks
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+    assert proc.returncode == code
+    assert gone(str(tmp_path)) and not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.mpi
+def test_sigterm_during_a_sweep_keeps_finished_points_and_exits_143(tmp_path: Path) -> None:
+    args = ["sweep", *MLP, "--np", "1,2", "--steps", "5", "--min-duration", "0", "--data", "random"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcdl", *args, "--prefix", "s", "-o", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the 1-rank point is written; the 2-rank point starts
+        if "np=2: running" in line:
+            break
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 143, rest[-2000:]
+    assert (tmp_path / "s-weak-np1.json").exists() and not (tmp_path / "s-weak-np2.json").exists()
+    assert gone(str(tmp_path))
+
+
+def test_more_ranks_than_the_machine_can_hold_are_refused(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    line = one_line(hpcdl("run", *TINY, "--np", "10000", "-o", str(tmp_path)))
+    assert "np=10000 is invalid: at most about" in line and time.monotonic() - t0 < 30
+    assert not any(tmp_path.iterdir()) if tmp_path.exists() else True

@@ -3,6 +3,7 @@ Bad input prints one line and exits with code 2."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ import torch
 
 from hpcdl.cli import comm, jobs, results, run, workloads
 from hpcdl.cli.common import Parser, err
-from hpcdl.errors import HpcdlError
+from hpcdl.errors import HpcdlError, InputError
 from hpcdl.parallel.world import end_all_ranks, rank_of_process
 
 
@@ -58,8 +59,10 @@ def _command(argv: list[str]) -> int:
         args.knobs = [*args.knobs, *words]
     args.argv = argv
     if isinstance(getattr(args, "np", None), int) and args.np < 1:
-        err(f"hpcdl: error: np={args.np} is invalid: must be >= 1")
-        return 2
+        raise InputError("np", args.np, "must be >= 1")
+    timeout = getattr(args, "timeout", None)
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise InputError("timeout", timeout, "a number of seconds > 0")
     return int(args.func(args))
 
 

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hpcdl.cli.common import add_workload_options, err, suite_class, workload_specs
 from hpcdl.cli.progress import LiveLine
 from hpcdl.errors import InputError
@@ -37,6 +39,7 @@ RUN_FLAGS = {
     "peak_flops": "peak_flops",
     "backend": "backend",
     "fit": "fit_fraction",
+    "stall": "stall_s",
 }
 
 
@@ -49,6 +52,18 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     if args.fit is not None and not 0 < values["fit_fraction"] <= 1:
         raise InputError("fit", args.fit, "a fraction of the device's memory in (0, 1], e.g. 0.8")
     return RunConfig.from_dict(values)
+
+
+def gpus_for(local: World, cfg: RunConfig) -> None:
+    """Ranks started here share this host's GPUs: one each, or a one-line refusal."""
+    device = resolve_device(cfg.device)
+    if device.type != "cuda" or local.local_size == 1:
+        return
+    if device.index is not None:
+        raise InputError("device", cfg.device, "several ranks cannot share one GPU; use auto or cuda")
+    if local.local_size > torch.cuda.device_count():
+        visible = torch.cuda.device_count()
+        raise InputError("np", local.local_size, f"{visible} GPU(s) visible here: at most one rank per GPU")
 
 
 def class_run(
@@ -91,8 +106,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     specs, cfg = class_run(args, workload_specs(args), run_config(args))
     if len(specs) > 1 and args.duration is None and args.steps is None:
         cfg = cfg.replace(duration_s=12.0)  # the default suite: ~2 minutes on a 2-core CPU
+    local = World(size=args.np, local_size=1 if under_mpi() else args.np)  # --np: all ranks here
     for spec in specs.values():
-        preflight(spec, cfg, World(size=args.np))  # refuse bad input before anything is measured
+        preflight(spec, cfg, local)  # refuse bad input before anything is measured
+    if not under_mpi():
+        gpus_for(local, cfg)
     if args.np > 1 and not under_mpi():
         return launch(args.np, args.argv, timeout_s=args.timeout)
     world = init_world()
@@ -168,7 +186,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for flag in RUN_FLAGS
         if getattr(args, flag) is not None
     ]
-    summary = sweep_mod.sweep(
+    summary, stopped = sweep_mod.sweep(
         spec,
         nps,
         args.mode,
@@ -189,6 +207,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for p in summary["points"]
     ]
     print(table(["ranks", "samples/s", "speed-up", f"{args.mode} efficiency"], rows))
+    if stopped is not None:
+        return stopped
     return 0 if all(p["record"] for p in summary["points"]) else 1
 
 
@@ -213,6 +233,11 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
         "--peak-flops", dest="peak_flops", help="peak FLOP/s for MFU (default: datasheet, else probe)"
     )
     r.add_argument("--backend", help="gradient reduction: auto (default) | horovod | torch")
+    r.add_argument(
+        "--stall",
+        metavar="S",
+        help="end a multi-rank run when a rank makes no step for max(S, 20 x median step) s (default 120)",
+    )
     r.add_argument(
         "--fit",
         nargs="?",

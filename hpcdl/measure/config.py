@@ -41,6 +41,13 @@ class RunConfig(Knobs):
         "auto", doc="gradient reduction across ranks: horovod, torch (DDP), auto (horovod if installed)"
     )
     phase_sync: bool = knob(True, doc="synchronise the device between phases to time each (costs a little)")
+    stall_s: float = knob(
+        120.0,
+        lo=0.0,
+        hi=1e6,
+        doc="several ranks: end the run when a rank completes no step for max(this, 20 x the median step)"
+        " seconds (0 = never)",
+    )
     suite_class: str = knob(
         "", doc="the size class whose standard suite this workload belongs to ('' = none)"
     )

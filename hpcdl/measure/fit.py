@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcdl import metrics
-from hpcdl.errors import SpecError
+from hpcdl.errors import InputError, SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import make_batch
 from hpcdl.measure.device import memory_capacity, synchronize
@@ -30,9 +30,28 @@ MAX_BACKOFFS = 8
 """halvings tried after an out-of-memory error before giving up"""
 
 
+RANK_PROCESS_BYTES = 256 << 20
+"""what a rank process takes on a CPU before its model: Python, torch, mpi4py and Horovod
+(233-238 MiB resident here)"""
+
+
 def rank_memory(device: torch.device, world: World) -> int:
-    """Bytes one rank may use: its GPU's memory, or its share of the host's available memory."""
-    return memory_capacity(device) // (world.local_size if device.type == "cpu" else 1)
+    """Bytes one rank may give its model: its GPU's memory, or on a CPU its share of the host's
+    available memory less what the rank process itself takes; one line when a host cannot
+    even hold its ranks' processes (``--np 10000``)."""
+    if device.type == "cuda":
+        return memory_capacity(device)
+    available = memory_capacity(device)
+    share = available // world.local_size - RANK_PROCESS_BYTES
+    if share <= 0:
+        most = max(1, available // (RANK_PROCESS_BYTES + (64 << 20)))
+        raise InputError(
+            "np",
+            world.local_size,
+            f"at most about {most} ranks fit in the {available / 2**30:.1f} GiB available on "
+            f"{world.hostname} (a rank process takes about {RANK_PROCESS_BYTES >> 20} MiB before its model)",
+        )
+    return share
 
 
 @dataclass(frozen=True)

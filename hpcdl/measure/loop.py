@@ -53,6 +53,8 @@ class Trainer:
         self.precision = precision_of(precision)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision.loss_scaling)
         self.phase_sync = phase_sync
+        self.on_step: Callable[[], None] | None = None
+        """called after every step (the stall watchdog's heartbeat)"""
         self._losses: list[torch.Tensor] = []
 
     def _mark(self) -> float:
@@ -90,6 +92,8 @@ class Trainer:
             "allreduce": t4 - t3,
             "optimizer": t5 - t4,
         }
+        if self.on_step is not None:
+            self.on_step()
         return t5 - t0, phases
 
     def local_backward_s(self, steps: int) -> list[float]:

@@ -3,9 +3,13 @@ every rank of an MPI job with gradients reduced through a backend (the same code
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import shutil
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +34,10 @@ from hpcdl.measure.loop import BatchSource, Trainer
 from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import gemm_ceiling, theoretical_peak
 from hpcdl.measure.telemetry import TelemetrySampler
+from hpcdl.measure.watchdog import Watchdog
 from hpcdl.parallel.backends import Backend, make_backend, resolve_backend_name
 from hpcdl.parallel.checks import one_step_equivalence, parameter_digest
+from hpcdl.parallel.launch import stop_requested
 from hpcdl.parallel.world import World, init_world
 from hpcdl.records.build import build_record
 from hpcdl.records.store import check_name, check_output, seal, write_pair
@@ -118,6 +124,17 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
     return device
 
 
+def distinct_gpus(device: torch.device, world: World) -> None:
+    """Refuse two ranks on one GPU (NCCL cannot run them; figures would halve), compared by the
+    GPUs' UUIDs, which hold also where each rank sees only its own GPU as cuda:0."""
+    if device.type != "cuda" or world.size == 1:
+        return
+    mine = (world.hostname, str(torch.cuda.get_device_properties(device).uuid))
+    taken = world.allgather(mine)
+    if len(set(taken)) < len(taken):
+        raise InputError("run.device", str(device), "one GPU per rank: several ranks of this run share a GPU")
+
+
 def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
@@ -157,9 +174,17 @@ def allreduce_time(backend: Backend, nbytes: int, device: torch.device, reps: in
 
 
 def measure_rank(
-    spec: Spec, cfg: RunConfig, device: torch.device, world: World, backend: Backend, report: Reporter
+    spec: Spec,
+    cfg: RunConfig,
+    device: torch.device,
+    world: World,
+    backend: Backend,
+    report: Reporter,
+    heartbeats: Path | None = None,
 ) -> RankMeasurement:
-    """This rank's part of a run: checks, warm-up, timed steps; returns what rank 0 gathers."""
+    """This rank's part of a run: checks, warm-up, timed steps; returns what rank 0 gathers.
+    With several ranks and ``heartbeats`` (a directory they share), the stall watchdog guards
+    the steps."""
     checks = []
     if world.size > 1:
         report.say("checking that N ranks step like one process")
@@ -175,14 +200,20 @@ def measure_rank(
     report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
     local_backward = trainer.local_backward_s(CALIBRATION_STEPS)
     sampler = TelemetrySampler(device)
-    log = trainer.run(
-        cfg.warmup_steps,
-        cfg.steps,
-        cfg.duration_s,
-        progress=lambda n, s: report.tick(n, s, n * spec.batch_size * world.size),
-        window=sampler,
-        agree=world.all_true,  # the window ends when every rank's clock says so
-    )
+    guard: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+    if heartbeats is not None and world.size > 1 and cfg.stall_s > 0:
+        watchdog = Watchdog(heartbeats, world, cfg.stall_s)
+        trainer.on_step = watchdog.step_done
+        guard = watchdog
+    with guard:
+        log = trainer.run(
+            cfg.warmup_steps,
+            cfg.steps,
+            cfg.duration_s,
+            progress=lambda n, s: report.tick(n, s, n * spec.batch_size * world.size),
+            window=sampler,
+            agree=world.all_true,  # the window ends when every rank's clock says so
+        )
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     mem_bytes, mem_kind = peak_memory(device)
     several = world.size > 1
@@ -248,6 +279,7 @@ def run(
         if verdict is not None:
             raise InputError(*verdict)
     device = preflight(spec, cfg, world)
+    distinct_gpus(device, world)
     fit = None
     if cfg.fit_fraction > 0:
         spec, fit = fit_batch(spec, cfg, device, world)
@@ -258,16 +290,36 @@ def run(
     backend_name = resolve_backend_name(cfg.backend, world.size)
     report = Reporter(progress or (lambda _m: None), ticks) if world.rank == 0 else Reporter()
     backend = make_backend(backend_name, world, device)
+    heartbeats = heartbeat_dir(output_dir, world)
     try:
-        mine = measure_rank(spec, cfg, device, world, backend, report)
+        mine = measure_rank(spec, cfg, device, world, backend, report, heartbeats)
     finally:
         backend.close()
+        if world.rank == 0 and heartbeats is not None:
+            shutil.rmtree(heartbeats, ignore_errors=True)
     ranks = world.gather(mine)
     name = name or f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.family}"
     result = RunResult({}, None, None)
     if ranks is not None:  # rank 0
         result = finish(spec, cfg, device, ranks, backend_name, name, output_dir, fit)
     return world.bcast(result)
+
+
+def heartbeat_dir(output_dir: str | Path | None, world: World) -> Path | None:
+    """Where the ranks' watchdogs meet: under the output directory (which a multi-node run's
+    ranks usually share), else in a temporary directory of rank 0's host; None alone."""
+    if world.size == 1:
+        return None
+    name = world.bcast(uuid.uuid4().hex if world.rank == 0 else None)
+    base = Path(output_dir) if output_dir is not None else Path(tempfile.gettempdir())
+    return base / ".hpcdl-heartbeats" / name
+
+
+def not_stopped() -> None:
+    """Raise when the launcher decided to stop this run (a timeout, a signal): such a run never
+    writes a record, even when its ranks got on with it in the moment before they ended."""
+    if stop_requested():
+        raise HpcdlError("the run was stopped by its launcher; its record is not written")
 
 
 def finish(
@@ -293,7 +345,7 @@ def finish(
         **trace,
     }
     try:
-        sealed, path, steps_path = write_pair(record, columns, output_dir, name)
+        sealed, path, steps_path = write_pair(record, columns, output_dir, name, not_stopped)
     except OSError as e:
         rate = record["metrics"]["samples_per_s"]
         raise HpcdlError(

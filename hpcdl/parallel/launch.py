@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
 from hpcdl.errors import HpcdlError
@@ -46,15 +50,40 @@ def mpi_env() -> dict[str, str]:
 
 
 class Terminated(Exception):
-    """This process was sent SIGTERM (``kill``, ``scancel``, a test harness's timeout)."""
+    """This process was told to stop (SIGTERM: ``kill``, ``scancel``; SIGHUP: its terminal closed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.code = 128 + signum
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    raise Terminated
+    raise Terminated(signum)
 
 
 TERMINATED = 128 + signal.SIGTERM
-"""exit code of a run ended by SIGTERM, as a shell reports it"""
+"""exit code of a run ended by SIGTERM, as a shell reports it (SIGHUP: 129)"""
+STOPPED = (TERMINATED, 128 + signal.SIGHUP)
+"""exit codes of a run its launcher ended because it was told to stop"""
+TIMED_OUT = 124
+"""exit code of a run that exceeded its --timeout"""
+STOP_ENV = "HPCDL_STOP_FILE"
+"""the file whose existence tells rank 0 that its launcher decided to stop the run: a run that
+was stopped (a timeout, a signal) never writes a record, even if its ranks go on a little"""
+PR_SET_PDEATHSIG = 1
+
+
+def stop_requested() -> bool:
+    """Whether the launcher of this process decided to stop the run."""
+    path = os.environ.get(STOP_ENV)
+    return bool(path) and os.path.exists(str(path))
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: SIGTERM when the launcher dies, even by SIGKILL (Linux's
+    parent-death signal), so that mpirun and its ranks never outlive it."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def launch(np: int, argv: Sequence[str], timeout_s: float | None = None) -> int:
@@ -66,34 +95,43 @@ def launch(np: int, argv: Sequence[str], timeout_s: float | None = None) -> int:
 
 
 def supervise(cmd: list[str], what: str, timeout_s: float | None) -> int:
-    """Run ``cmd`` in its own session and return its exit code; a timeout, Ctrl-C or SIGTERM
-    to this process ends the whole session (without it, mpirun and its ranks outlive us)."""
-    proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True)
-    main = threading.current_thread() is threading.main_thread()  # signal handlers live there
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if main else None
-    try:
-        return proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        print(f"hpcdl: the {what} exceeded {timeout_s:g} s; ending it", file=sys.stderr, flush=True)
-        return _end(proc)
-    except Terminated:
-        print(f"hpcdl: terminated; ending the {what}", file=sys.stderr, flush=True)
-        _end(proc)
-        return TERMINATED
-    except KeyboardInterrupt:
-        _end(proc)
-        raise
-    finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+    """Run ``cmd`` in its own session and return its exit code. A timeout, SIGTERM, SIGHUP or
+    Ctrl-C to this process first marks the run stopped (``STOP_ENV``), then ends the whole
+    session; the child also dies with this process (without both, mpirun and its ranks would
+    outlive us and a stopped run could still write its record)."""
+    with tempfile.TemporaryDirectory(prefix="hpcdl-launch-") as private:
+        stop = os.path.join(private, "stop")
+        env = {**mpi_env(), STOP_ENV: stop}
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        main = threading.current_thread() is threading.main_thread()  # signal handlers live there
+        previous = (
+            {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)} if main else {}
+        )
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"hpcdl: the {what} exceeded {timeout_s:g} s; ending it", file=sys.stderr, flush=True)
+            _end(proc, stop)
+            return TIMED_OUT
+        except Terminated as e:
+            print(f"hpcdl: terminated ({e}); ending the {what}", file=sys.stderr, flush=True)
+            _end(proc, stop)
+            return e.code
+        except KeyboardInterrupt:
+            _end(proc, stop)
+            raise
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
-def _end(proc: subprocess.Popen[bytes]) -> int:
-    """SIGTERM to the launcher's process group, SIGKILL if it is still there 10 s later."""
+def _end(proc: subprocess.Popen[bytes], stop: str) -> None:
+    """Mark the run stopped, then SIGTERM to the child's process group, SIGKILL if it is still
+    there 10 s later."""
+    Path(stop).touch()
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    return 124

@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -105,11 +105,16 @@ def steps_image(columns: Mapping[str, Sequence[float]]) -> bytes:
 
 
 def write_pair(
-    record: dict[str, Any], columns: Mapping[str, Sequence[float]], directory: str | Path, name: str
+    record: dict[str, Any],
+    columns: Mapping[str, Sequence[float]],
+    directory: str | Path,
+    name: str,
+    proceed: Callable[[], None] = lambda: None,
 ) -> tuple[dict[str, Any], Path, Path]:
     """Seal ``record`` with its steps file and write both as one unit (see the module's
     docstring); returns the sealed record and the two paths. An OSError (a full disk) removes
-    what was written and leaves an older record of the name as it was."""
+    what was written and leaves an older record of the name as it was; so does an exception
+    from ``proceed``, called at the last moment before the files take their names."""
     out = Path(directory)
     image = steps_image(columns)
     steps_path = out / f"{check_name(name)}.{record['id'][:12]}.steps.h5"
@@ -128,6 +133,7 @@ def write_pair(
             old_steps = _steps_of(path)
             tmp_steps = _written(out, steps_path.name, image, temps)
             tmp_json = _written(out, path.name, text.encode(), temps)
+            proceed()
             os.replace(tmp_steps, steps_path)
             os.replace(tmp_json, path)
             temps.clear()

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcdl.errors import InputError, SpecError
-from hpcdl.parallel.launch import TERMINATED, launch
+from hpcdl.parallel.launch import STOPPED, launch
 from hpcdl.records import schema
 from hpcdl.records.audit import audit
 from hpcdl.records.loader import Record, Unreadable, read_record
@@ -79,14 +79,15 @@ def sweep(
     redo: bool = False,
     timeout_s: float | None = None,
     say: Callable[[str], None] = print,
-) -> dict[str, Any]:
-    """Run every point (unless it already has a valid record), then write and return the
-    summary. A failed point is reported and left out; the others still run. A terminated
-    point (SIGTERM, e.g. ``scancel``) ends the sweep; the summary of the completed points is
-    still written."""
+) -> tuple[dict[str, Any], int | None]:
+    """Run every point (unless it already has a valid record), then write the summary; returns
+    it and, when the sweep was told to stop, the exit code that says so. A failed point is
+    reported and left out; the others still run. A stopped point (SIGTERM, e.g. ``scancel``,
+    or SIGHUP) ends the sweep; the summary of the completed points is still written."""
     if mode not in MODES:
         raise InputError("sweep.mode", mode, "allowed: weak, strong")
     specs = {np: point_spec(spec, mode, np) for np in sorted(set(nps))}  # all checked before any runs
+    stopped = None
     for np, s in specs.items():
         path = out / f"{point_name(prefix, mode, np)}.json"
         if not redo and valid_point(path, s, np):
@@ -94,14 +95,15 @@ def sweep(
             continue
         say(f"np={np}: running ({s.batch_size} per rank)")
         code = run_point(s, np, point_name(prefix, mode, np), out, run_args, timeout_s)
-        if code == TERMINATED:
-            say(f"np={np}: terminated; the sweep stops, completed points are kept")
+        if code in STOPPED:
+            say(f"np={np}: stopped (exit code {code}); the sweep stops, completed points are kept")
+            stopped = code
             break
         if code != 0:
             say(f"np={np}: failed with exit code {code}")
     summary = summarize(out, prefix, mode, specs)
     write_record(summary, out / f"{prefix}-{mode}-summary.json")
-    return summary
+    return summary, stopped
 
 
 def summarize(out: Path, prefix: str, mode: str, specs: dict[int, Spec]) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def run_point(point: Point, start: Start) -> dict[str, Any]:
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise Terminated
+    raise Terminated(signum)
 
 
 def say_rank0(rank: int) -> Say:
