@@ -6,7 +6,17 @@ from typing import Any
 
 
 class HpcdlError(Exception):
-    """An error caused by user input or the environment; the CLI prints it as one line, exit code 2."""
+    """An error caused by user input or the environment; the CLI prints it as one line and exits
+    with ``exit_code``."""
+
+    exit_code = 2
+
+
+class RunFailed(HpcdlError):
+    """A fault found while measuring (a data shard damaged mid-run): one line, exit code 1, every
+    rank ended, nothing recorded."""
+
+    exit_code = 1
 
 
 class InputError(HpcdlError, ValueError):

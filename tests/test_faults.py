@@ -221,3 +221,78 @@ def test_more_ranks_than_the_machine_can_hold_are_refused(tmp_path: Path) -> Non
     line = one_line(hpcdl("run", *TINY, "--np", "10000", "-o", str(tmp_path)))
     assert "np=10000 is invalid: at most about" in line and time.monotonic() - t0 < 30
     assert not any(tmp_path.iterdir()) if tmp_path.exists() else True
+
+
+# --- the HDF5 data path, job files and outputs of other commands --------------------------------
+
+H5_KNOBS = ["--workload", "mlp", "layers=1", "width=8", "input_size=4", "output_size=2", "batch_size=4"]
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> Path:
+    p = hpcdl("io", "--dir", str(tmp_path / "shards"), "--batches", "4", "--shards", "2", "mlp",
+              "layers=1", "width=8", "input_size=4", "output_size=2", "batch_size=4")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    return tmp_path / "shards"
+
+
+def test_damaged_foreign_or_misplaced_shards_are_one_line(shards: Path, tmp_path: Path) -> None:
+    run = ["run", *H5_KNOBS, "--data", "hdf5", "--steps", "3", "-o", str(tmp_path / "out")]
+    other = [
+        "run",
+        "--workload",
+        "mlp",
+        "layers=2",
+        "--data",
+        "hdf5",
+        "--steps",
+        "3",
+        "-o",
+        str(tmp_path / "o"),
+    ]
+    foreign = one_line(hpcdl(*other, "--data-dir", str(shards)))
+    assert "holds shards of another workload" in foreign
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert "not a file" in one_line(hpcdl(*run, "--data-dir", str(afile)))
+    subprocess.run(["truncate", "-s", "500", str(shards / "shard-00001.h5")], check=True)
+    damaged = one_line(hpcdl(*run, "--data-dir", str(shards)))
+    assert "shard shard-00001.h5 is damaged" in damaged and "truncated" in damaged
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.json"))
+
+
+def test_shards_damaged_after_the_check_fail_the_run_not_the_process(shards: Path) -> None:
+    """Found while reading (through the real DataLoader and its worker): RunFailed, which the
+    command line turns into one line, exit code 1, every rank ended and nothing recorded."""
+    from hpcdl.errors import RunFailed
+    from hpcdl.measure.hdf5 import HDF5Source
+
+    source = HDF5Source(shards, torch_device("cpu"), workers=1)
+    for shard in shards.glob("shard-*.h5"):
+        subprocess.run(["truncate", "-s", "100", str(shard)], check=True)
+    with pytest.raises(RunFailed, match="failed mid-run") as failed:
+        source.next()
+    assert failed.value.exit_code == 1
+
+
+def torch_device(name: str):  # type: ignore[no-untyped-def]
+    import torch
+
+    return torch.device(name)
+
+
+def test_job_files_that_are_not_text_or_too_deep_are_one_line(tmp_path: Path) -> None:
+    binary, deep, fifo = tmp_path / "b.toml", tmp_path / "d.toml", tmp_path / "f.toml"
+    binary.write_bytes(b"\xff\xfe not text")
+    deep.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    os.mkfifo(fifo)
+    assert "not UTF-8 text" in one_line(hpcdl("submit", str(binary), "--dry-run"))
+    assert "nested too deep" in one_line(hpcdl("submit", str(deep), "--dry-run"))
+    assert "a regular file" in one_line(hpcdl("submit", str(fifo), "--dry-run", timeout=30))
+
+
+def test_outputs_of_predict_and_comm_that_cannot_be_written_are_one_line(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    p = hpcdl("predict", "--workload", "mlp", "--gamma", "1e12", "--beta", "1e9", "-o", str(afile / "p.json"))
+    assert "output=" in one_line(p) and "a file hpcdl can write" in p.stderr

@@ -12,7 +12,7 @@ import torch
 
 from hpcdl.cli import comm, jobs, results, run, workloads
 from hpcdl.cli.common import Parser, err
-from hpcdl.errors import HpcdlError, InputError
+from hpcdl.errors import HpcdlError, InputError, RunFailed
 from hpcdl.parallel.world import end_all_ranks, rank_of_process
 
 
@@ -30,10 +30,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _command(argv)
+    except RunFailed as e:  # found mid-run, maybe on one rank alone: end them all
+        end_all_ranks(e, e.exit_code)
+        err(f"hpcdl: error: {e}; nothing was recorded")
+        return e.exit_code
     except HpcdlError as e:
         if rank_of_process() == 0:  # every rank meets the same bad input: say it once
             err(f"hpcdl: error: {e}")
-        return 2
+        return e.exit_code
     except torch.OutOfMemoryError as e:  # before Exception, which it is one of
         err(f"hpcdl: error: out of device memory ({str(e).splitlines()[0]}); lower batch_size")
         return 2

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from hpcdl.errors import HpcdlError
+from hpcdl.errors import HpcdlError, InputError, RunFailed
 from hpcdl.measure.data import make_batch
 from hpcdl.workloads.registry import canonical
 from hpcdl.workloads.spec import Spec
@@ -81,11 +81,46 @@ def write_shards(spec: Spec, directory: str | Path, batches: int, shards: int = 
 
 
 def has_shards(spec: Spec, directory: str | Path) -> bool:
-    """True when ``directory`` holds shards written for exactly this spec."""
-    path = Path(directory) / MANIFEST
-    if not path.exists():
+    """True when ``directory`` holds readable shards written for exactly this spec, False when
+    it holds none yet (they are to be written); a one-line error naming the directory or the
+    shard when it holds anything else: a regular file, a damaged manifest, shards of another
+    workload, a shard missing, truncated or of the wrong shape. Never overwrites."""
+    d = Path(directory)
+    field = "run.data_dir"
+    if d.exists() and not d.is_dir():
+        raise InputError(field, str(d), "a directory for HDF5 shards, not a file")
+    if not (d / MANIFEST).exists():
+        if d.exists() and any(d.glob("shard-*.h5")):
+            raise InputError(
+                field, str(d), f"holds shards without their {MANIFEST}: remove them or use another directory"
+            )
         return False
-    return bool(canonical(json.loads(path.read_text()).get("spec")) == spec.to_dict())
+    try:
+        manifest = json.loads((d / MANIFEST).read_text())
+        per_shard = [int(n) for n in manifest["shards"]]
+        batch = int(manifest["batch_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise InputError(field, str(d), f"its {MANIFEST} is not an hpcdl shard manifest") from None
+    if canonical(manifest.get("spec")) != spec.to_dict():
+        raise InputError(
+            field, str(d), "holds shards of another workload: use another --data-dir or remove them"
+        )
+    sample = spec.sample_inputs(1, torch.Generator(), torch.device("meta")).shape[1:]
+    for i, n in enumerate(per_shard):
+        _check_shard(d / f"shard-{i:05d}.h5", (n * batch, *sample))
+    return True
+
+
+def _check_shard(path: Path, shape: tuple[int, ...]) -> None:
+    try:
+        with h5py.File(path, "r") as f:
+            inputs, targets = f["inputs"], f["targets"]
+            if inputs.shape != shape or targets.shape[:1] != shape[:1]:
+                raise ValueError(f"inputs of shape {inputs.shape}, {shape} expected")
+            inputs[-1:], targets[-1:]  # the last sample reads: the file is whole
+    except (OSError, KeyError, ValueError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InputError("run.data_dir", str(path.parent), f"shard {path.name} is damaged ({why})") from None
 
 
 class ShardBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -158,13 +193,18 @@ class HDF5Source:
         self, directory: str | Path, device: torch.device, workers: int, rank: int = 0, ranks: int = 1
     ) -> None:
         self.device = device
+        self.directory = Path(directory)
         self.loader = loader(directory, workers, pin=device.type == "cuda", rank=rank, ranks=ranks)
         self._it: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(self.loader)
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         try:
-            x, y = next(self._it)
-        except StopIteration:
-            self._it = iter(self.loader)
-            x, y = next(self._it)
+            try:
+                x, y = next(self._it)
+            except StopIteration:
+                self._it = iter(self.loader)
+                x, y = next(self._it)
+        except (OSError, KeyError, ValueError, RuntimeError) as e:  # a worker's error comes back here
+            why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise RunFailed(f"hdf5: reading the shards in {self.directory} failed mid-run ({why})") from None
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)

@@ -108,6 +108,8 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
     world = world or World()
     device = rank_device(cfg, world)
     resolve_backend_name(cfg.backend, world.size)
+    if cfg.data == "hdf5":
+        h5data.has_shards(spec, cfg.data_dir)  # refuses a file, damaged or foreign shards
     have = rank_memory(device, world)
     if cfg.fit_fraction > 0:
         estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, have)  # refuses what cannot fit

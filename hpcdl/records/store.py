@@ -174,7 +174,7 @@ def _steps_of(path: Path) -> str | None:
 
 
 def write_record(record: Mapping[str, Any], path: str | Path) -> Path:
-    """Write a sealed record as JSON, atomically."""
+    """Write a JSON document atomically; a path that cannot be written is a one-line error."""
     path = Path(path)
 
     def write(tmp: str) -> None:
@@ -182,7 +182,10 @@ def write_record(record: Mapping[str, Any], path: str | Path) -> Path:
             json.dump(record, f, indent=1, allow_nan=True)
             f.write("\n")
 
-    _atomic_write(path, write)
+    try:
+        _atomic_write(path, write)
+    except OSError as e:
+        raise InputError("output", str(path), f"a file hpcdl can write ({e.strerror or e})") from None
     return path
 
 

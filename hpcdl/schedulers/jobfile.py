@@ -178,11 +178,17 @@ def check_env(item: str) -> None:
 def load_job(path: str | Path) -> Job:
     """Read and validate a job file."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
+        raise SpecError("job file", str(path), "a regular file")
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except OSError as e:
         raise SpecError("job file", str(path), f"cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise SpecError("job file", str(path), f"not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise SpecError("job file", str(path), "nested too deep to be a job file") from None
     except tomllib.TOMLDecodeError as e:
         raise SpecError("job file", str(path), f"not valid TOML: {e}") from None
     return job_from_dict(data)
