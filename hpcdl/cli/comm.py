@@ -18,12 +18,31 @@ from hpcdl.records import schema
 from hpcdl.records.store import seal, write_record
 from hpcdl.results.text import si, table
 
+MAX_BUFFER = 1 << 34
+"""16 GiB: larger buffers are a typo, not a benchmark"""
+
+
+def buffer_sizes(text: str) -> list[int]:
+    """``--sizes``: comma-separated byte counts, each from 4 (one float) to 16 GiB."""
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or not all(4 <= s <= MAX_BUFFER for s in sizes):
+        raise InputError(
+            "sizes", text, "comma-separated byte counts from 4 to 17179869184, e.g. 1024,1048576"
+        )
+    return sizes
+
 
 def cmd_comm(args: argparse.Namespace) -> int:
     """Allreduce sweep through the backend and raw mpi4py, side by side."""
     from hpcdl.parallel.backends import make_backend, resolve_backend_name
     from hpcdl.parallel.commbench import DEFAULT_SIZES, allreduce_sweep
 
+    sizes = buffer_sizes(args.sizes) if args.sizes else DEFAULT_SIZES  # checked before any rank starts
+    if args.reps < 1:
+        raise InputError("reps", args.reps, "timed repetitions per size: an integer >= 1")
     if args.np > 1 and not under_mpi():
         return launch(args.np, args.argv, timeout_s=args.timeout)
     world = init_world()
@@ -39,7 +58,6 @@ def cmd_comm(args: argparse.Namespace) -> int:
     device = rank_device(cfg, world)
     backend = make_backend(name, world, device)
     try:
-        sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else DEFAULT_SIZES
         rows = allreduce_sweep(world, backend, device, sizes, reps=args.reps)
     finally:
         backend.close()

@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import shutil
 from typing import Any
 
 import torch
 
 from hpcdl import metrics
+from hpcdl.errors import InputError
 from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.device import device_name, memory_capacity, resolve_device
 from hpcdl.measure.environment import availability, environment
 from hpcdl.measure.peaks import gemm_ceiling, theoretical_peak
+from hpcdl.records.store import check_output
 from hpcdl.results.text import si, table
 from hpcdl.workloads import recipes
 from hpcdl.workloads.precision import PRECISIONS
 from hpcdl.workloads.registry import FAMILIES, family_class, parse_assignments, spec_from_args
 from hpcdl.workloads.sampling import sample_spec
+from hpcdl.workloads.spec import Spec
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -100,8 +105,32 @@ def peaks_table(device: torch.device, probe: bool) -> str:
     return table([*head, "source of the peak"], rows, numeric=False)
 
 
+IO_LIMITS = {"batches": (1, 1 << 20), "shards": (1, 4096), "workers": (0, 256), "epochs": (1, 1000)}
+
+
+def check_io(args: argparse.Namespace, spec: Spec) -> None:
+    """Refuse, before writing anything, counts out of range and shards that would not fit the
+    disk (or, one shard at a time, the memory they are generated in)."""
+    for field, (lo, hi) in IO_LIMITS.items():
+        value = getattr(args, field)
+        if not lo <= value <= hi:
+            raise InputError(field, value, f"an integer from {lo} to {hi}")
+    if args.batches < args.shards:
+        raise InputError("batches", args.batches, f"at least one per shard (shards={args.shards})")
+    out = check_output(args.dir)
+    inputs = spec.sample_inputs(1, torch.Generator(), torch.device("meta")).numel()  # a shape, no data
+    per_sample = inputs * 4 + math.prod(spec.target_shape()) * 8  # float inputs, int64 labels
+    total = args.batches * spec.batch_size * per_sample
+    free = shutil.disk_usage(out).free
+    if total > free or total / args.shards > memory_capacity(torch.device("cpu")) / 2:
+        raise InputError(
+            "batches", args.batches, f"{si(total, 'B')} of shards; {si(free, 'B')} free in {out}"
+        )
+
+
 def cmd_io(args: argparse.Namespace) -> int:
     spec = spec_from_args(args.family, args.knobs)
+    check_io(args, spec)
     w = h5data.write_shards(spec, args.dir, batches=args.batches, shards=args.shards)
     r = h5data.read_throughput(args.dir, args.workers, epochs=args.epochs)
     print(

@@ -1,0 +1,114 @@
+"""Every numeric option of the command line, fed non-finite, extreme and malformed values
+(hypothesis): each is accepted as a finite setting in range or refused in one line with exit
+code 2, never a traceback, and nothing runs or is written on the way."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hpcdl.cli import build_parser, main
+from hpcdl.cli.workloads import check_io
+from hpcdl.errors import HpcdlError
+from hpcdl.workloads.registry import spec_from_args
+
+NUMBERS = st.one_of(
+    st.sampled_from(["nan", "NaN", "inf", "-inf", "1e999", "-1", "0", "-0", "1e308", "-1e308", "1e-320"]),
+    st.sampled_from(["9" * 40, "", " ", "0x10", "1_000", "1,5", "2**8", "true"]),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.integers(min_value=-(2**70), max_value=2**70).map(str),
+)
+RUN_OPTIONS = [
+    "warmup",
+    "steps",
+    "duration",
+    "min-duration",
+    "workers",
+    "lr",
+    "peak-flops",
+    "fit",
+    "stall",
+    "timeout",
+    "np",
+]
+# a workload preflight refuses for memory after every option is checked: nothing ever runs
+TOO_BIG = ["--workload", "mlp", "layers=100", "width=100000", "batch_size=1000000"]
+FAST = settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+
+
+def one_refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """``main(argv)`` must end with exit code 2 and exactly one line, no traceback."""
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own one-line errors
+        code = e.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and "Traceback" not in err, (argv, code, err)
+    assert len(lines) == 1 and "error" in lines[0], (argv, err)
+    return lines[0]
+
+
+@FAST
+@given(option=st.sampled_from(RUN_OPTIONS), value=NUMBERS, command=st.sampled_from(["run", "sweep"]))
+def test_run_and_sweep_options(
+    option: str, value: str, command: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "never"
+    ranks = [] if option == "np" or command == "run" else ["--np=1,2"]
+    line = one_refusal([command, *TOO_BIG, *ranks, f"--{option}={value}", "-o", str(out)], capsys)
+    if "batch_size=1000000" in line:  # the option was accepted: it must hold a finite number
+        parsed = build_parser().parse_args([command, *TOO_BIG, *ranks, f"--{option}={value}"])
+        raw = getattr(parsed, option.replace("-", "_"))
+        assert not isinstance(raw, float) or math.isfinite(raw)
+        assert math.isfinite(float(value.replace("_", ""))), (option, value)
+    assert not out.exists()
+
+
+@FAST
+@given(field=st.sampled_from(["gamma", "alpha", "beta", "nodes", "ranks-per-node"]), value=NUMBERS)
+def test_predict_options(field: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    base = {"gamma": "1e12", "alpha": "1e-6", "beta": "1e9", "nodes": "1,2", "ranks-per-node": "1"}
+    argv = ["predict", "--workload", "mlp", *(f"--{k}={value if k == field else v}" for k, v in base.items())]
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code in (0, 2) and "Traceback" not in err, (argv, err)
+    if code == 2:
+        assert len([line for line in err.splitlines() if line.strip()]) == 1, err
+    else:
+        assert math.isfinite(float(value.replace("_", "").split(",")[0])), (field, value)
+
+
+@FAST
+@given(field=st.sampled_from(["reps", "sizes"]), value=NUMBERS)
+def test_comm_options(field: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """One rank can never run the benchmark, so every value ends in a refusal; bad ones are
+    refused before any rank would start."""
+    line = one_refusal(["comm", "--np", "1", f"--{field}={value}"], capsys)
+    assert f"{field}=" in line or "at least 2 ranks" in line or "invalid int value" in line, line
+
+
+@FAST
+@given(field=st.sampled_from(["batches", "shards", "workers", "epochs"]), value=st.integers(-(2**40), 2**40))
+def test_io_options_are_checked_before_anything_is_written(field: str, value: int, tmp_path: Path) -> None:
+    args = argparse.Namespace(dir=str(tmp_path / "shards"), batches=32, shards=4, workers=2, epochs=1)
+    setattr(args, field, value)
+    try:
+        check_io(args, spec_from_args("mlp", []))
+    except HpcdlError as e:
+        assert "\n" not in str(e) and "is invalid" in str(e)
+        return
+    assert 0 <= args.workers <= 256 and 1 <= args.shards <= args.batches and args.epochs >= 1
