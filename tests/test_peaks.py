@@ -71,11 +71,16 @@ def test_this_machine_has_a_cpu_peak() -> None:
     [
         ("NVIDIA H100 80GB HBM3", 66.9e12, 989.4e12),
         ("NVIDIA H100 PCIe", 51.2e12, 756.5e12),
+        ("NVIDIA H100 NVL", 60e12, 835.5e12),
+        ("NVIDIA H200 NVL", 60e12, 835.5e12),
+        ("NVIDIA H200", 66.9e12, 989.4e12),
+        ("NVIDIA GH200 480GB", 66.9e12, 989.4e12),
         ("NVIDIA GB200", 90e12, 2500e12),
         ("NVIDIA B200", 80e12, 2250e12),
         ("NVIDIA A100-SXM4-80GB", 19.5e12, 312e12),
         ("NVIDIA A10", 31.2e12, 125e12),
         ("NVIDIA L40S", 91.6e12, 362.05e12),
+        ("NVIDIA L40", 90.5e12, 181.05e12),
         ("NVIDIA L4", 30.3e12, 121e12),
         ("AMD Instinct MI300X", 163.4e12, 1307.4e12),
         ("AMD Instinct MI250X", 47.85e12, 191.5e12),
@@ -87,8 +92,10 @@ def test_datasheet_entries_match_the_right_device(name: str, fp32: float, bf16: 
     assert (got32.flops, got16.flops) == (fp32, bf16) and got32.source.startswith("datasheet: ")
 
 
-def test_unknown_gpu_has_no_peak() -> None:
+def test_unknown_gpu_and_mig_slices_have_no_peak() -> None:
     assert datasheet_peak("Some Future GPU", "bf16") is None
+    assert datasheet_peak("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "bf16") is None  # a slice, not the GPU
+    assert datasheet_peak("NVIDIA GH200 480GB", "bf16").source.endswith("GH200 datasheet")  # type: ignore[union-attr]
     assert datasheet_peak("Tesla V100-SXM2-16GB", "bf16") is None  # V100 has no bf16
 
 

@@ -27,6 +27,16 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def ieee_fp32() -> None:
+    """fp32 means IEEE fp32 on GPUs too: cuDNN would otherwise run fp32 convolutions and RNNs in
+    TF32 on tensor cores (its default), so that some families' fp32 MFU against the CUDA-core
+    peak would be inflated and others' not. TF32 is a precision of its own, not fp32."""
+    # torch >= 2.9's per-backend precision settings; its type stubs do not declare them yet
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    torch.backends.cudnn.conv.fp32_precision = "ieee"  # type: ignore[attr-defined]
+    torch.backends.cudnn.rnn.fp32_precision = "ieee"  # type: ignore[attr-defined]
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued device work, so that a host clock reading covers it."""
     if device.type == "cuda":
@@ -51,9 +61,10 @@ def cpu_model() -> str:
 
 
 def memory_capacity(device: torch.device) -> int:
-    """Bytes a run may use: the GPU's total memory, or the host's available memory."""
+    """Bytes a run may use: the GPU's free memory (the CUDA context and other processes
+    already took their part), or the host's available memory."""
     if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
+        return int(torch.cuda.mem_get_info(device)[0])
     try:
         with open("/proc/meminfo") as f:
             for line in f:

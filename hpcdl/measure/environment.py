@@ -61,12 +61,27 @@ def environment(device: torch.device) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "gpus": gpus,
+        "gpu_stack": gpu_stack() if device.type == "cuda" else None,
         "device": str(device),
         "device_name": device_name(device),
         "hpcdl": hpcdl_version(),
         "git": git_revision(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "slurm": slurm_allocation(),
+    }
+
+
+def gpu_stack() -> dict[str, Any]:
+    """The GPU software a figure depends on: cuDNN, NCCL, HIP, the fp32 math mode and cuDNN's
+    autotuning (hpcdl leaves it off, so that runs choose the same kernels)."""
+    nccl = torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else None
+    return {
+        "cudnn": torch.backends.cudnn.version(),
+        "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
+        "hip": torch.version.hip,
+        "fp32_matmul": torch.backends.cuda.matmul.fp32_precision,
+        "fp32_conv": torch.backends.cudnn.conv.fp32_precision,  # type: ignore[attr-defined]
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
     }
 
 
@@ -96,11 +111,11 @@ def slurm_allocation() -> dict[str, str] | None:
     return {key: os.environ[var] for key, var in SLURM_VARS.items() if var in os.environ}
 
 
-def _version(module: str) -> str | None:
+def _version(module: str, distribution: str | None = None) -> str | None:
     if importlib.util.find_spec(module) is None:
         return None
     try:
-        return importlib.metadata.version(module)
+        return importlib.metadata.version(distribution or module)
     except importlib.metadata.PackageNotFoundError:
         return "installed"
 
@@ -111,7 +126,7 @@ def availability() -> dict[str, str | None]:
         "mpi4py": _version("mpi4py"),
         "horovod": _version("horovod"),
         "submitit": _version("submitit"),
-        "pynvml": _version("pynvml"),
+        "pynvml": _version("pynvml", "nvidia-ml-py"),
         "mpirun": shutil.which("mpirun"),
         "srun": shutil.which("srun"),
         "sbatch": shutil.which("sbatch"),

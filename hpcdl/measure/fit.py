@@ -116,6 +116,10 @@ def trial_step_fits(spec: Spec, device: torch.device, step: Callable[..., None] 
         return True
     except torch.OutOfMemoryError:
         return False
+    except RuntimeError as e:  # cuBLAS and cuDNN report their failed allocations so
+        if "ALLOC_FAILED" in str(e) or "out of memory" in str(e):
+            return False
+        raise
     finally:
         gc.collect()
         if device.type == "cuda":

@@ -23,30 +23,32 @@ import torch
 from hpcdl.measure.device import synchronize
 from hpcdl.workloads.precision import precision as precision_of
 
-# name fragment (as torch.cuda.get_device_name reports it, first match wins) -> dense peak
-# FLOP/s by precision, and the source. fp32 is the CUDA-core (vector) figure on NVIDIA: hpcdl
-# does not enable TF32 unless asked; on AMD CDNA the FP32 matrix cores compute full fp32, so the
-# fp32 matrix figure is the peak. MI250X: each of its two dies (GCDs) is a device of its own, so
-# a device's peak is half the package's.
+# name fragment (as torch.cuda.get_device_name reports it; the first match wins, so specific
+# names come before the names they contain) -> dense peak FLOP/s by precision, and the source.
+# fp32 is the CUDA-core (vector) figure on NVIDIA: hpcdl runs fp32 in IEEE precision, never TF32
+# (measure.device.ieee_fp32). On AMD CDNA the FP32 matrix cores compute full fp32, so the fp32
+# matrix figure is the peak. MI250X: each of its two dies (GCDs) is a device of its own, so a
+# device's peak is half the package's. Structured-sparsity figures (twice these) are never used.
 DATASHEET_PEAKS: list[tuple[str, dict[str, float], str]] = [
+    ("GH200", {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12}, "NVIDIA GH200 datasheet"),
+    ("H200 NVL", {"fp32": 60e12, "bf16": 835.5e12, "fp16": 835.5e12}, "NVIDIA H200 NVL datasheet"),
+    ("H200", {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12}, "NVIDIA H200 datasheet, SXM"),
+    ("H100 NVL", {"fp32": 60e12, "bf16": 835.5e12, "fp16": 835.5e12}, "NVIDIA H100 NVL datasheet"),
     ("H100 PCIe", {"fp32": 51.2e12, "bf16": 756.5e12, "fp16": 756.5e12}, "NVIDIA H100 datasheet, PCIe"),
     ("H100", {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12}, "NVIDIA H100 datasheet, SXM5"),
-    ("H200", {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12}, "NVIDIA H200 datasheet, SXM"),
-    ("GH200", {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12}, "NVIDIA GH200 datasheet"),
     ("GB200", {"fp32": 90e12, "bf16": 2500e12, "fp16": 2500e12}, "NVIDIA Blackwell datasheet, GB200 per GPU"),
     ("B200", {"fp32": 80e12, "bf16": 2250e12, "fp16": 2250e12}, "NVIDIA Blackwell datasheet, HGX B200"),
     ("A100", {"fp32": 19.5e12, "bf16": 312e12, "fp16": 312e12}, "NVIDIA A100 datasheet"),
     ("A10", {"fp32": 31.2e12, "bf16": 125e12, "fp16": 125e12}, "NVIDIA A10 datasheet"),
     ("L40S", {"fp32": 91.6e12, "bf16": 362.05e12, "fp16": 362.05e12}, "NVIDIA L40S datasheet"),
+    ("L40", {"fp32": 90.5e12, "bf16": 181.05e12, "fp16": 181.05e12}, "NVIDIA L40 datasheet"),
     ("L4", {"fp32": 30.3e12, "bf16": 121e12, "fp16": 121e12}, "NVIDIA L4 datasheet"),
     ("V100", {"fp32": 15.7e12, "fp16": 125e12}, "NVIDIA V100 datasheet, SXM2"),
     ("MI300X", {"fp32": 163.4e12, "bf16": 1307.4e12, "fp16": 1307.4e12}, "AMD Instinct MI300X data sheet"),
-    (
-        "MI250X",
-        {"fp32": 47.85e12, "bf16": 191.5e12, "fp16": 191.5e12},
-        "AMD Instinct MI250X data sheet, per GCD",
-    ),
+    ("MI250X", {"fp32": 47.85e12, "bf16": 191.5e12, "fp16": 191.5e12}, "AMD MI250X data sheet, per GCD"),
 ]
+ROCM_NAMES = {("gfx942", 304): "AMD Instinct MI300X", ("gfx90a", 110): "AMD Instinct MI250X"}
+"""(architecture, compute units) -> the name, for ROCm builds that report no product name"""
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,10 @@ class Peak:
 
 
 def datasheet_peak(device_name: str, precision: str) -> Peak | None:
-    """The datasheet peak of a known device at a precision, or None."""
+    """The datasheet peak of a known device at a precision, or None. A MIG slice has none: it
+    has a fraction of its GPU's units, not the whole GPU's peak (give --peak-flops)."""
+    if " MIG " in f" {device_name} ":
+        return None
     for fragment, peaks, source in DATASHEET_PEAKS:
         if fragment in device_name:
             return Peak(peaks[precision], f"datasheet: {source}") if precision in peaks else None
@@ -210,16 +215,27 @@ def cpu_peak(precision: str, info: CpuInfo | None = None) -> Peak | None:
 def has_bf16(device: torch.device) -> bool:
     """Whether the device computes in bf16 natively: a CUDA device that supports it, or a CPU
     with AVX512-BF16, AMX or Arm's BF16 instructions (elsewhere bf16 is emulated, far slower)."""
-    if device.type == "cuda":
-        return bool(torch.cuda.is_bf16_supported())
+    if device.type == "cuda":  # not is_bf16_supported(), which also says yes where it is emulated
+        return torch.version.hip is not None or torch.cuda.get_device_capability(device) >= (8, 0)
     return bool(cpu_info().flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def gpu_name(device: torch.device) -> str:
+    """The product name of a GPU; on ROCm builds that report none, the name its architecture
+    and compute units identify."""
+    name = torch.cuda.get_device_name(device)
+    if torch.version.hip is not None and not any(f in name for f, _, _ in DATASHEET_PEAKS):
+        props = torch.cuda.get_device_properties(device)
+        arch = str(getattr(props, "gcnArchName", "")).split(":")[0]
+        name = ROCM_NAMES.get((arch, props.multi_processor_count), name)
+    return name
 
 
 def theoretical_peak(device: torch.device, name: str, precision: str) -> Peak | None:
     """One device's theoretical peak: a GPU's datasheet figure, or this process's CPU cores
     estimated; None where hpcdl knows no peak."""
     if device.type == "cuda":
-        return datasheet_peak(name, precision)
+        return datasheet_peak(gpu_name(device), precision)
     return cpu_peak(precision)
 
 

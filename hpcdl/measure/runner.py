@@ -24,6 +24,7 @@ from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import device_pool
 from hpcdl.measure.device import (
     device_name,
+    ieee_fp32,
     peak_memory,
     reset_peak_memory,
     resolve_device,
@@ -282,6 +283,9 @@ def run(
             raise InputError(*verdict)
     device = preflight(spec, cfg, world)
     distinct_gpus(device, world)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # also for one process: DataLoader pinning and NVML follow it
+        ieee_fp32()
     fit = None
     if cfg.fit_fraction > 0:
         spec, fit = fit_batch(spec, cfg, device, world)
