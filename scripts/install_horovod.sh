@@ -128,8 +128,14 @@ if [[ -z ${HOROVOD_GPU_OPERATIONS:-} && ${HPCDL_HOROVOD_GPU:-0} == 1 ]]; then
 fi
 if [[ -n ${HOROVOD_GPU_OPERATIONS:-} ]]; then
     [[ $TORCH_CUDA != none ]] || die "HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS but torch $TORCH_VERSION is a CPU build"
-    GPU_TAG=${HOROVOD_GPU_OPERATIONS,,}
-    log "GPU build: HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS"
+    command -v nvcc >/dev/null 2>&1 || die "HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS but nvcc is not on PATH (load the CUDA module)"
+    NVCC_CUDA=$(nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+    [[ $NVCC_CUDA == "${TORCH_CUDA%%.*}" ]] || die "nvcc is CUDA $NVCC_CUDA but torch was built with CUDA $TORCH_CUDA: load the matching CUDA module"
+    # the architectures of current GPU clusters only (A100, H100/H200, B200): a fraction of the
+    # build time of every architecture nvcc knows
+    export HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-80,90,100}
+    GPU_TAG=${HOROVOD_GPU_OPERATIONS,,}-cuda$TORCH_CUDA
+    log "GPU build: HOROVOD_GPU_OPERATIONS=$HOROVOD_GPU_OPERATIONS, architectures $HOROVOD_BUILD_CUDA_CC_LIST"
 else
     GPU_TAG=cpu
 fi
@@ -268,6 +274,12 @@ for item in PyTorch MPI Gloo; do
     grep -q "\[X\] $item" "$TMP/check-build.txt" || { cat "$TMP/check-build.txt" >&2; die "horovodrun --check-build does not list $item"; }
 done
 log "horovodrun --check-build lists PyTorch, MPI and Gloo"
+if [[ $GPU_TAG != cpu ]]; then
+    # a GPU build that silently lacks NCCL would copy every GPU allreduce through the host
+    grep -q "\[X\] NCCL" "$TMP/check-build.txt" || { cat "$TMP/check-build.txt" >&2; die "GPU build without NCCL"; }
+    "$PYTHON" -c 'import horovod.torch as hvd; assert hvd.nccl_built(), "nccl_built() is false"' || die "Horovod's NCCL support does not load"
+    log "NCCL support built in"
+fi
 
 if [[ ${HPCDL_HOROVOD_TESTS:-1} == 0 ]]; then
     log "skipping multi-rank tests (HPCDL_HOROVOD_TESTS=0); done in $((SECONDS - SCRIPT_START))s"
