@@ -303,6 +303,8 @@ def run(
         backend.close()
         if world.rank == 0 and heartbeats is not None:
             shutil.rmtree(heartbeats, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the folder of all runs' heartbeats, once empty
+                heartbeats.parent.rmdir()
     ranks = world.gather(mine)
     name = name or f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.family}"
     result = RunResult({}, None, None)
