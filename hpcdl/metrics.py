@@ -110,6 +110,11 @@ def energy_per_sample(energy_j: float | None, samples: int) -> float | None:
     return energy_j / samples if energy_j is not None and samples > 0 else None
 
 
+def samples_per_joule(samples: int, energy_j: float | None) -> float | None:
+    """Training samples per joule of the timed work (the inverse of energy per sample)."""
+    return samples / energy_j if energy_j is not None and energy_j > 0 else None
+
+
 def energy_delay_product(energy_j: float | None, seconds: float) -> float | None:
     """J·s: energy to solution x time to solution. Lower is better; unlike energy alone it does
     not reward a machine that saves joules by running slowly."""

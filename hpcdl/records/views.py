@@ -255,6 +255,8 @@ class Environment:
     git: str | None = None
     slurm_job_id: str | None = None
     slurm: dict[str, str] | None = None
+    cap: dict[str, Any] | None = None
+    """the power or clock cap set on the devices for the run (``hpcdl sweep --power-limit``)"""
 
 
 @dataclass(frozen=True)
