@@ -22,6 +22,8 @@ from hpcdl.errors import HpcdlError, InputError
 from hpcdl.measure import caps
 from hpcdl.parallel.launch import Terminated, stop_signals_raise
 from hpcdl.records.loader import read_record
+from hpcdl.results.report import figures, write_report
+from hpcdl.results.report.figures import CapPoint
 
 CPUS = sorted(os.sched_getaffinity(0))
 MAX_KHZ, MIN_KHZ = 3_000_000, 1_000_000
@@ -404,6 +406,18 @@ def test_sigterm_mid_sweep_restores_the_limits_and_keeps_finished_points(sysfs: 
     p2 = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p2.returncode == 0, p2.stderr
     assert "1500 MHz: valid record" in p2.stderr and snapshot(sysfs) == before
+    # the report plots time, ETS and EDP against the cap (no energy meter here: said in the panels)
+    index = write_report([out], tmp_path / "report", say=lambda _m: None)
+    (figure,) = (tmp_path / "report").glob("caps-1-mlp*.png")
+    assert figure.stat().st_size > 10_000 and figure.name in index.read_text()
+    assert "the same work under each clock cap (MHz)" in index.read_text()
+
+
+def test_the_cap_figure_draws_measured_and_unmeasured_energy(tmp_path: Path) -> None:
+    measured = {100.0: CapPoint(10.0, 2000.0, 20000.0), 150.0: CapPoint(8.0, 2100.0, 16800.0)}
+    unmeasured = {100.0: CapPoint(10.0, None, None), 150.0: CapPoint(8.0, None, None)}
+    for name, points in (("m.png", measured), ("u.png", unmeasured)):
+        assert figures.caps(tmp_path / name, "mlp", "power", "W", points).stat().st_size > 10_000
 
 
 def rank_pids(name: str) -> list[int]:

@@ -46,11 +46,13 @@ def point_name(prefix: str, kind: str, value: float, np: int) -> str:
 
 
 def cap_of(record: Record) -> tuple[str, float] | None:
-    """The kind and value of the cap a record was measured under, or None."""
-    cap = record.result.environment.cap
-    if not cap or "kind" not in cap or "value" not in cap:
+    """The kind and value of the cap a record was measured under, or None (none, or not one
+    hpcdl knows: records are data written by whoever ran them)."""
+    cap = record.result.environment.cap or {}
+    kind, value = cap.get("kind"), cap.get("value")
+    if kind not in caps.KINDS or isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return str(cap["kind"]), float(cap["value"])
+    return str(kind), float(value)
 
 
 @contextlib.contextmanager
