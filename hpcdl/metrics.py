@@ -71,6 +71,13 @@ def aggregate_throughput(samples_per_rank: Sequence[int], windows_s: Sequence[fl
     return throughput(sum(samples_per_rank), max(windows_s))
 
 
+def olympic_mean(values: Sequence[float]) -> float:
+    """Mean without the fastest and the slowest value (with three or more; MLPerf's olympic
+    mean of repeated runs): one disturbed run moves it less than the mean."""
+    kept = sorted(values)[1:-1] if len(values) >= 3 else list(values)
+    return float(np.mean(kept)) if kept else float("nan")
+
+
 def spread(values: Sequence[float]) -> float:
     """(max - min) / median: 0 when all ranks are alike; the straggler figure."""
     med = float(np.median(values)) if len(values) else 0.0
@@ -125,6 +132,12 @@ def ai_ops_per_watt(train_flops_per_sample: float, samples: int, energy_j: float
     """FLOPs per joule (the same number as FLOP/s per watt): analytic training FLOPs of the
     timed work over the energy it took."""
     return train_flops_per_sample * samples / energy_j if energy_j is not None and energy_j > 0 else None
+
+
+def reached_target(first_loss: float, recent: Sequence[float], fraction: float) -> bool:
+    """Time to target's stop rule: the mean loss of the recent steps (one pass over the distinct
+    batches, so that no batch counts twice) has fallen to ``fraction`` of the first step's."""
+    return len(recent) > 0 and float(np.mean(recent)) <= fraction * first_loss
 
 
 def scaling_efficiency(x_n: float, n: int, x_base: float, n_base: int) -> float:

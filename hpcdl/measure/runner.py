@@ -199,6 +199,7 @@ def measure_rank(
     source, io = make_source(spec, cfg, device, world)
     model, optimizer = backend.wrap(model, lambda params: make_optimizer(params, cfg))
     trainer = Trainer(model, optimizer, source, device, spec.precision, cfg.phase_sync, backend)
+    trainer.target = (cfg.target_loss_fraction, cfg.pool_batches) if cfg.target_loss_fraction else None
     reset_peak_memory(device)
     report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
     local_backward = trainer.local_backward_s(CALIBRATION_STEPS)
