@@ -140,6 +140,28 @@ def reached_target(first_loss: float, recent: Sequence[float], fraction: float) 
     return len(recent) > 0 and float(np.mean(recent)) <= fraction * first_loss
 
 
+def capacity(
+    samples: Sequence[int], flops: Sequence[float], starts: Sequence[float], ends: Sequence[float]
+) -> dict[str, float]:
+    """Concurrent instances as one system (MLPerf HPC's throughput metric): every instance's
+    samples and training FLOPs over the wall time from the earliest start to the latest end of
+    their timed windows."""
+    wall = max(ends) - min(starts)
+    return {
+        "total_samples": sum(samples),
+        "total_flops": float(sum(flops)),
+        "wall_s": wall,
+        "samples_per_s": throughput(sum(samples), wall),
+        "ai_ops_per_s": sum(flops) / wall if wall > 0 else 0.0,
+    }
+
+
+def slowdown(alone_samples_per_s: float, samples_per_s: float) -> float:
+    """How much slower an instance ran beside the others than alone on the same devices (1: no
+    interference; 2: half the rate)."""
+    return alone_samples_per_s / samples_per_s if samples_per_s > 0 else float("inf")
+
+
 def scaling_efficiency(x_n: float, n: int, x_base: float, n_base: int) -> float:
     """E(N) = X(N) / ((N / N0) X(N0)): throughput against perfect linear scaling from the
     smallest measured point N0 (N0 = 1 gives the usual X(N) / (N X(1)))."""

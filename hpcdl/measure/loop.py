@@ -62,6 +62,8 @@ class Trainer:
         self.target: tuple[float, int] | None = None
         """(fraction, window): also stop once the mean loss of the last ``window`` timed steps
         has fallen to ``fraction`` of the first timed step's (time to target)"""
+        self.before_window: Callable[[], None] | None = None
+        """called after warm-up, right before the timed window"""
         self._losses: list[torch.Tensor] = []
         self._first_timed = 0
 
@@ -142,6 +144,8 @@ class Trainer:
         for _ in range(warmup):
             self.step()
         synchronize(self.device)
+        if self.before_window is not None:
+            self.before_window()
         with window or nullcontext():
             self._timed(log, steps, duration_s, progress, agree)
         log.losses = torch.stack(self._losses).float().tolist()
