@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_schedulers import write_job
 from test_telemetry import FakeNvml
 
 from hpcdl import metrics
@@ -20,6 +21,7 @@ from hpcdl.parallel.capacity import Gpu, Layout, place_node
 from hpcdl.records import schema
 from hpcdl.records.audit import audit
 from hpcdl.records.loader import read_record
+from hpcdl.schedulers.status import status
 
 
 class MigNvml(FakeNvml):
@@ -216,3 +218,48 @@ def test_co_located_instances_of_two_horovod_ranks(tmp_path: Path) -> None:
     for i in range(2):
         r = read_record(tmp_path / f"hv-i{i}.json").result
         assert r.world_size == 2 and r.settings.backend == "horovod" and r.validity.passed
+
+
+# --- a job file: capacity in one allocation (--executor local here; Slurm runs the same entry) ---
+
+
+def submit(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpcdl", "submit", *args], capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        (
+            {"instances": 3, "tasks_per_node": 2},
+            "job.instances=3 is invalid: must divide the 2 ranks of 1 node",
+        ),
+        ({"instances": 2, "tasks_per_node": 2, "per_device": 3}, "job.per_device=3 is invalid"),
+        ({"instances": 2, "tasks_per_node": 2, "repeat": 2}, "job.repeat=2 is invalid"),
+        ({"instances": 0}, "job.instances=0 is invalid"),
+    ],
+)
+def test_job_files_with_instances_that_cannot_be_are_one_line(tmp_path: Path, fields: dict, why: str) -> None:
+    f = write_job(tmp_path / "bad.toml", name="bad", output=str(tmp_path / "never"), **fields)
+    p = submit(str(f), "--executor", "local", "--dry-run")
+    assert p.returncode == 2 and why in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_job_file_runs_its_instances_in_one_allocation(tmp_path: Path) -> None:
+    f = write_job(
+        tmp_path / "cap.toml", name="cap", nodes=[1], tasks_per_node=2, instances=2, output=str(tmp_path)
+    )
+    dry = submit(str(f), "--executor", "local", "--dry-run")
+    assert dry.returncode == 0 and "mpirun -np 2" in dry.stdout, dry.stdout + dry.stderr
+    p = submit(str(f), "--executor", "local")
+    assert p.returncode == 0, p.stdout + p.stderr
+    check_summary(tmp_path, "cap-n1", 2)
+    (row,) = status(tmp_path)
+    assert row.state == "done"  # the point's records are all there
+    again = submit(str(f), "--executor", "local")
+    assert "valid record" in again.stdout and "not submitted" in again.stdout, again.stdout

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_schedulers import write_job
 
 from hpcdl import metrics
 from hpcdl.records import schema
 from hpcdl.records.audit import audit
 from hpcdl.records.loader import read_record
+from hpcdl.schedulers.status import status
 
 TINY = ["--workload", "mlp", "layers=1", "width=32", "input_size=16", "output_size=4", "batch_size=8"]
 
@@ -87,3 +89,25 @@ def test_repeats_of_a_multi_rank_run_with_a_target(tmp_path: Path) -> None:
     times = sorted(v.metrics.target.time_to_target_s for v in views)  # type: ignore[union-attr,type-var]
     assert summary["targets_reached"] == 3
     assert summary["time_to_target_s"]["olympic_mean"] == pytest.approx(times[1], rel=1e-12)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_job_file_repeats_its_point_in_one_allocation(tmp_path: Path) -> None:
+    f = write_job(
+        tmp_path / "rep.toml", name="rep", nodes=[2], repeat=3, backend="torch", output=str(tmp_path)
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "hpcdl", "submit", str(f), "--executor", "local"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    views = [read_record(tmp_path / f"rep-n2-r{i}.json").result for i in range(1, 4)]
+    assert all(v.world_size == 2 and v.validity.passed for v in views)
+    summary = json.loads((tmp_path / "rep-n2-repeats.json").read_text())
+    rates = sorted(v.metrics.samples_per_s for v in views)
+    assert summary["samples_per_s"]["olympic_mean"] == pytest.approx(rates[1], rel=1e-12)
+    (row,) = status(tmp_path)
+    assert row.state == "done"

@@ -210,12 +210,18 @@ def idle_barrier(world: World, poll_s: float = 0.05) -> None:
 
 
 def run_capacity(
-    spec: Spec, cfg: RunConfig, layout: Layout, out: Path, name: str, say: Say = print
+    spec: Spec,
+    cfg: RunConfig,
+    layout: Layout,
+    out: Path,
+    name: str,
+    say: Say = print,
+    world: World | None = None,
 ) -> dict[str, Any] | None:
     """Every rank of the job: place, measure instance 0 alone, then all instances together;
     the summary on global rank 0 (None elsewhere). Any rank's failure ends every rank: the
     instances share one MPI job."""
-    world = init_world()
+    world = world or init_world()
     if world.size != layout.ranks:
         raise HpcdlError(
             f"capacity: {world.size} ranks started, {layout.instances} x {layout.ranks_per_instance} needed"
