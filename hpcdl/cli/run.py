@@ -239,6 +239,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not nps or min(nps) < 1:
         raise InputError("sweep.np", args.np, "expected rank counts >= 1, like 1,2,4")
     cfg = run_config(args)
+    cap = cap_values(args, nps)
     (spec,) = specs.values()
     for np in nps:
         preflight(
@@ -251,9 +252,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for flag in RUN_FLAGS
         if getattr(args, flag) is not None
     ]
-    cap = cap_values(args)
     if cap is not None:
-        return cmd_cap_sweep(args, spec, cfg, nps, run_args, *cap)
+        return cmd_cap_sweep(args, spec, cfg, nps[0], run_args, *cap)
     summary, stopped = sweep_mod.sweep(
         spec,
         nps,
@@ -280,8 +280,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0 if all(p["record"] for p in summary["points"]) else 1
 
 
-def cap_values(args: argparse.Namespace) -> tuple[str, list[float]] | None:
-    """``--power-limit`` or ``--clock-limit`` as (kind, caps), or None; one line for bad input."""
+def cap_values(args: argparse.Namespace, nps: list[int]) -> tuple[str, list[float]] | None:
+    """``--power-limit`` or ``--clock-limit`` as (kind, caps), or None; one line for bad input
+    (a cap sweep runs the same work, ``--steps``, at one rank count)."""
     given = [(kind, text) for kind in caps.KINDS if (text := getattr(args, f"{kind}_limit")) is not None]
     if not given:
         return None
@@ -294,6 +295,10 @@ def cap_values(args: argparse.Namespace) -> tuple[str, list[float]] | None:
         values = []
     if not values or not all(math.isfinite(v) and v > 0 for v in values):
         raise InputError(f"{kind}-limit", text, f"caps in {unit} > 0, like 200,250,300")
+    if len(nps) != 1:
+        raise InputError("sweep.np", args.np, "a cap sweep runs at one rank count, like --np 1")
+    if args.steps is None:
+        raise InputError("steps", None, "a cap sweep compares the same work at every cap: give --steps N")
     return kind, values
 
 
@@ -301,22 +306,18 @@ def cmd_cap_sweep(
     args: argparse.Namespace,
     spec: Spec,
     cfg: RunConfig,
-    nps: list[int],
+    np: int,
     run_args: list[str],
     kind: str,
     values: list[float],
 ) -> int:
     """``hpcdl sweep --power-limit/--clock-limit``: the same work at every cap (capsweep.py)."""
-    if len(nps) != 1:
-        raise InputError("sweep.np", args.np, "a cap sweep runs at one rank count, like --np 1")
-    if args.steps is None:
-        raise InputError("steps", None, "a cap sweep compares the same work at every cap: give --steps N")
-    limits = capsweep.limits_for(kind, resolve_device(cfg.device), nps[0])
+    limits = capsweep.limits_for(kind, resolve_device(cfg.device), np)
     summary, stopped = capsweep.cap_sweep(
         spec,
         kind,
         values,
-        nps[0],
+        np,
         Path(args.output),
         run_args,
         limits,
