@@ -4,6 +4,7 @@ line, and the score's time-to-quality variant is the geometric mean of real runs
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -17,7 +18,7 @@ import hpcdl
 from hpcdl import metrics
 from hpcdl.records.audit import audit, gate_problems
 from hpcdl.records.loader import read_record
-from hpcdl.records.store import read_steps
+from hpcdl.records.store import read_steps, seal, write_record
 from hpcdl.results import ranking as rank_mod
 from hpcdl.results.score import QUALITY_TARGET
 
@@ -54,6 +55,19 @@ def test_the_step_limit_ends_a_run_that_does_not_reach_its_target(tmp_path: Path
     assert target is not None and not target.reached and r.metrics.timed_steps == 12
     assert target.time_to_target_s is None and target.samples_to_target is None
     assert "shortest timed window" in "; ".join(gate_problems(r))  # a short window that did not reach it
+
+
+def test_a_target_claimed_reached_is_checked_against_the_losses(tmp_path: Path) -> None:
+    """A forger who claims the target (which lifts the 5 s window) and reseals the record is
+    caught by rank 0's losses in the steps file."""
+    res = measure(tmp_path, target_loss_fraction=1e-6, steps=12)
+    assert res.path is not None and not audit(read_record(res.path)).problems
+    doc = json.loads(res.path.read_text())
+    doc["metrics"]["target"].update(reached=True, time_to_target_s=doc["metrics"]["timed_window_s"])
+    write_record(seal({k: v for k, v in doc.items() if k != "digest"}), res.path)
+    forged = read_record(res.path)
+    assert forged.result.metrics.target.reached  # type: ignore[union-attr]
+    assert "target claimed reached, but rank 0's losses" in "; ".join(audit(forged).problems)
 
 
 def test_runs_without_a_target_have_none(tmp_path: Path) -> None:

@@ -407,7 +407,7 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
         "--target-loss-fraction",
         dest="target_loss_fraction",
         metavar="Q",
-        help="time to target: end the timed window once the loss has fallen to Q of its first value "
+        help="time to target: end the timed window once the loss has fallen to Q of the first timed step's "
         "(learnable data; --steps or --duration stay the limit)",
     )
 

@@ -293,17 +293,19 @@ def _refusal(kind: str, value: float, limit: Limit, e: BaseException) -> InputEr
     return InputError(_flag(kind), value, why)
 
 
-def check(kind: str, values: Sequence[float], limits: Sequence[Limit]) -> None:
+def check(kind: str, values: Sequence[float], limits: Sequence[Limit]) -> list[str]:
     """Refuse caps that cannot be set, before anything changes: a value that is not a finite
     number > 0 or outside any limit's range, a limit that cannot be read, or one that cannot be
-    written (probed by writing the value it already holds). Restores what a journal left behind."""
+    written (probed by writing the value it already holds; GPU clocks by unlocking them, the
+    state they are restored to). First restores what a journal left behind; returns the names
+    of the limits it restored."""
     unit = KINDS[kind]
     for v in values:
         if not (math.isfinite(v) and v > 0):
             raise InputError(_flag(kind), v, f"a cap in {unit} > 0")
     if not limits:
         raise InputError(_flag(kind), list(values), "no device to cap")
-    recover()
+    restored = recover()
     for limit in limits:
         try:
             lo, hi = limit.allowed()
@@ -317,6 +319,7 @@ def check(kind: str, values: Sequence[float], limits: Sequence[Limit]) -> None:
             limit.restore(now)  # what it holds already (GPU clocks: unlocked): a change-free probe
         except Exception as e:
             raise _refusal(kind, values[0], limit, e) from None
+    return restored
 
 
 def recover() -> list[str]:
@@ -340,15 +343,13 @@ def recover() -> list[str]:
 
 
 def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
-    return True
+    except PermissionError:  # another user's process
+        pass
+    return pid > 0
 
 
 def _restore(originals: Sequence[tuple[Limit, float | None]]) -> list[str]:
@@ -369,12 +370,14 @@ def _restore(originals: Sequence[tuple[Limit, float | None]]) -> list[str]:
 def capped(kind: str, value: float, limits: Sequence[Limit]) -> Iterator[list[Applied]]:
     """Set every limit to ``value`` while inside, and restore every original on the way out,
     whatever the way (an exception, :class:`hpcdl.parallel.launch.Terminated` from a signal).
-    A device that does not hold the cap (read back beyond :data:`TOLERANCE`, or unchanged) is an
+    A device that reads back another value (beyond :data:`TOLERANCE`) refused the cap: an
     InputError, raised after the originals are back."""
     originals = [(limit, limit.read()) for limit in limits]
     path = journal_path()
     entries = [{**limit.journal(), "original": original} for limit, original in originals]
-    path.write_text(json.dumps({"pid": os.getpid(), "kind": kind, "value": value, "limits": entries}))
+    temporary = path.with_name(path.name + ".tmp")  # a kill mid-write leaves no half journal
+    temporary.write_text(json.dumps({"pid": os.getpid(), "kind": kind, "value": value, "limits": entries}))
+    os.replace(temporary, path)
     try:
         applied = []
         for limit, original in originals:

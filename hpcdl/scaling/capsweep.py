@@ -36,6 +36,10 @@ def limits_for(kind: str, device: torch.device, np: int) -> list[caps.Limit]:
     i), or this CPU's packages (power) and the CPUs it may run on (clock)."""
     if device.type != "cuda":
         return caps.cpu_limits(kind, sorted(os.sched_getaffinity(0)))
+    if np > torch.cuda.device_count():
+        raise InputError(
+            "np", np, f"{torch.cuda.device_count()} GPU(s) visible here: at most one rank per GPU"
+        )
     lib = caps.nvml()
     indices = [lib.nvmlDeviceGetIndex(nvml_handle(lib, torch.device("cuda", i))[0]) for i in range(np)]
     return caps.gpu_limits(kind, lib, indices)
@@ -89,7 +93,9 @@ def cap_sweep(
     if kind not in caps.KINDS:
         raise InputError("sweep.cap", kind, "allowed: " + ", ".join(caps.KINDS))
     values = sorted(set(values))
-    caps.check(kind, values, limits)
+    restored = caps.check(kind, values, limits)
+    if restored:
+        say(f"restored the limits a stopped sweep left in force: {', '.join(restored)}")
     unit, stopped = caps.KINDS[kind], None
     with stop_signals_raise():
         try:
