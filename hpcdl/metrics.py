@@ -71,6 +71,13 @@ def aggregate_throughput(samples_per_rank: Sequence[int], windows_s: Sequence[fl
     return throughput(sum(samples_per_rank), max(windows_s))
 
 
+def olympic_mean(values: Sequence[float]) -> float:
+    """Mean without the fastest and the slowest value (with three or more; MLPerf's olympic
+    mean of repeated runs): one disturbed run moves it less than the mean."""
+    kept = sorted(values)[1:-1] if len(values) >= 3 else list(values)
+    return float(np.mean(kept)) if kept else float("nan")
+
+
 def spread(values: Sequence[float]) -> float:
     """(max - min) / median: 0 when all ranks are alike; the straggler figure."""
     med = float(np.median(values)) if len(values) else 0.0
@@ -110,6 +117,11 @@ def energy_per_sample(energy_j: float | None, samples: int) -> float | None:
     return energy_j / samples if energy_j is not None and samples > 0 else None
 
 
+def samples_per_joule(samples: int, energy_j: float | None) -> float | None:
+    """Training samples per joule of the timed work (the inverse of energy per sample)."""
+    return samples / energy_j if energy_j is not None and energy_j > 0 else None
+
+
 def energy_delay_product(energy_j: float | None, seconds: float) -> float | None:
     """J·s: energy to solution x time to solution. Lower is better; unlike energy alone it does
     not reward a machine that saves joules by running slowly."""
@@ -120,6 +132,34 @@ def ai_ops_per_watt(train_flops_per_sample: float, samples: int, energy_j: float
     """FLOPs per joule (the same number as FLOP/s per watt): analytic training FLOPs of the
     timed work over the energy it took."""
     return train_flops_per_sample * samples / energy_j if energy_j is not None and energy_j > 0 else None
+
+
+def reached_target(first_loss: float, recent: Sequence[float], fraction: float) -> bool:
+    """Time to target's stop rule: the mean loss of the recent steps (one pass over the distinct
+    batches, so that no batch counts twice) has fallen to ``fraction`` of the first step's."""
+    return len(recent) > 0 and float(np.mean(recent)) <= fraction * first_loss
+
+
+def capacity(
+    samples: Sequence[int], flops: Sequence[float], starts: Sequence[float], ends: Sequence[float]
+) -> dict[str, float]:
+    """Concurrent instances as one system (MLPerf HPC's throughput metric): every instance's
+    samples and training FLOPs over the wall time from the earliest start to the latest end of
+    their timed windows."""
+    wall = max(ends) - min(starts)
+    return {
+        "total_samples": sum(samples),
+        "total_flops": float(sum(flops)),
+        "wall_s": wall,
+        "samples_per_s": throughput(sum(samples), wall),
+        "ai_ops_per_s": sum(flops) / wall if wall > 0 else 0.0,
+    }
+
+
+def slowdown(alone_samples_per_s: float, samples_per_s: float) -> float:
+    """How much slower an instance ran beside the others than alone on the same devices (1: no
+    interference; 2: half the rate)."""
+    return alone_samples_per_s / samples_per_s if samples_per_s > 0 else float("inf")
 
 
 def scaling_efficiency(x_n: float, n: int, x_base: float, n_base: int) -> float:

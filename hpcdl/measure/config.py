@@ -59,7 +59,22 @@ class RunConfig(Knobs):
         doc="size the batch per rank to fill this fraction of the device's memory (0 = off)",
     )
 
+    target_loss_fraction: float = knob(
+        0.0,
+        lo=0.0,
+        hi=1.0,
+        doc="time to target: also end the timed window once the loss has fallen to this fraction"
+        " of the first timed step's (mean of the last pool_batches steps; 0 = off; steps or"
+        " duration_s stay the limit)",
+    )
+
     def check(self) -> None:
+        if self.target_loss_fraction and not self.target_loss_fraction < 1:
+            raise SpecError("run.target_loss_fraction", self.target_loss_fraction, "a fraction in (0, 1)")
+        if self.target_loss_fraction and self.data == "random":
+            raise SpecError(
+                "run.target_loss_fraction", self.target_loss_fraction, "needs learnable or hdf5 data"
+            )
         if self.suite_class and self.suite_class not in size_classes():
             raise SpecError("run.suite_class", self.suite_class, "allowed: " + ", ".join(size_classes()))
         if self.backend not in backend_choices():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import platform
 import shutil
@@ -14,6 +15,7 @@ from typing import Any
 
 import torch
 
+from hpcdl.measure.caps import CAP_ENV
 from hpcdl.measure.device import cpu_model, device_name
 
 
@@ -68,7 +70,16 @@ def environment(device: torch.device) -> dict[str, Any]:
         "git": git_revision(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "slurm": slurm_allocation(),
+        "cap": cap_in_force(),
     }
+
+
+def cap_in_force() -> dict[str, Any] | None:
+    """The power or clock cap the launcher set on this host's devices for the run (``hpcdl sweep
+    --power-limit/--clock-limit``: kind, value, unit and each limit's original and read-back
+    value), or None."""
+    text = os.environ.get(CAP_ENV)
+    return json.loads(text) if text else None
 
 
 def gpu_stack() -> dict[str, Any]:

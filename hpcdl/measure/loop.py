@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hpcdl import metrics
 from hpcdl.measure.device import synchronize
 from hpcdl.parallel.backends import Backend
 from hpcdl.parallel.backends.single import SingleProcess
@@ -33,6 +34,9 @@ class StepLog:
     losses: list[float] = field(default_factory=list)
     window_s: float = 0.0
     """wall time from the start of the first timed step to the end of the last"""
+    start_unix: float = 0.0
+    """when the timed window started, in seconds since the epoch (windows of concurrent runs
+    compared; MLPerf-style logs)"""
 
 
 class Trainer:
@@ -55,7 +59,13 @@ class Trainer:
         self.phase_sync = phase_sync
         self.on_step: Callable[[], None] | None = None
         """called after every step (the stall watchdog's heartbeat)"""
+        self.target: tuple[float, int] | None = None
+        """(fraction, window): also stop once the mean loss of the last ``window`` timed steps
+        has fallen to ``fraction`` of the first timed step's (time to target)"""
+        self.before_window: Callable[[], None] | None = None
+        """called after warm-up, right before the timed window"""
         self._losses: list[torch.Tensor] = []
+        self._first_timed = 0
 
     def _mark(self) -> float:
         if self.phase_sync:
@@ -134,6 +144,8 @@ class Trainer:
         for _ in range(warmup):
             self.step()
         synchronize(self.device)
+        if self.before_window is not None:
+            self.before_window()
         with window or nullcontext():
             self._timed(log, steps, duration_s, progress, agree)
         log.losses = torch.stack(self._losses).float().tolist()
@@ -147,7 +159,8 @@ class Trainer:
         progress: Callable[[int, float], None] | None,
         agree: Callable[[bool], bool],
     ) -> None:
-        start = time.perf_counter()
+        self._first_timed = len(self._losses)
+        start, log.start_unix = time.perf_counter(), time.time()
         last_report = start
         while True:
             dt, phases = self.step()
@@ -161,6 +174,15 @@ class Trainer:
                 last_report = now
             if steps and done >= steps:
                 break
-            if not steps and agree(now - start >= duration_s):  # outside the timed step
+            stop = (not steps and now - start >= duration_s) or self._at_target()
+            if (not steps or self.target) and agree(stop):  # outside the timed step
                 break
         log.window_s = time.perf_counter() - start
+
+    def _at_target(self) -> bool:
+        if self.target is None:
+            return False
+        fraction, window = self.target
+        timed = self._losses[self._first_timed :]
+        recent = [float(x) for x in timed[-window:]]  # the step ended synchronised
+        return metrics.reached_target(float(timed[0]), recent, fraction)

@@ -184,6 +184,7 @@ def measure_rank(
     backend: Backend,
     report: Reporter,
     heartbeats: Path | None = None,
+    before_window: Callable[[], None] | None = None,
 ) -> RankMeasurement:
     """This rank's part of a run: checks, warm-up, timed steps; returns what rank 0 gathers.
     With several ranks and ``heartbeats`` (a directory they share), the stall watchdog guards
@@ -199,6 +200,8 @@ def measure_rank(
     source, io = make_source(spec, cfg, device, world)
     model, optimizer = backend.wrap(model, lambda params: make_optimizer(params, cfg))
     trainer = Trainer(model, optimizer, source, device, spec.precision, cfg.phase_sync, backend)
+    trainer.target = (cfg.target_loss_fraction, cfg.pool_batches) if cfg.target_loss_fraction else None
+    trainer.before_window = before_window
     reset_peak_memory(device)
     report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
     local_backward = trainer.local_backward_s(CALIBRATION_STEPS)
@@ -260,13 +263,16 @@ def run(
     progress: Progress | None = None,
     world: World | None = None,
     ticks: Ticks | None = None,
+    before_window: Callable[[], None] | None = None,
 ) -> RunResult:
     """Measure one workload and write its record (unless ``output_dir`` is None).
 
     Under an MPI launcher every rank calls this; gradients are reduced through
     ``config.backend``, every rank's timings are gathered, and rank 0 writes the record (every
     rank returns it). Raises :class:`hpcdl.errors.SpecError` before running anything when the
-    spec cannot fit the device or the backend is unavailable.
+    spec cannot fit the device or the backend is unavailable. ``before_window`` is called on
+    every rank after warm-up, just before timing (concurrent instances start their windows
+    together).
     """
     cfg = config or RunConfig()
     world = world or init_world()
@@ -298,7 +304,7 @@ def run(
     backend = make_backend(backend_name, world, device)
     heartbeats = heartbeat_dir(output_dir, world)
     try:
-        mine = measure_rank(spec, cfg, device, world, backend, report, heartbeats)
+        mine = measure_rank(spec, cfg, device, world, backend, report, heartbeats, before_window)
     finally:
         backend.close()
         if world.rank == 0 and heartbeats is not None:

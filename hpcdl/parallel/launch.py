@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -61,6 +62,22 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signum)
 
 
+@contextlib.contextmanager
+def stop_signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise :class:`Terminated` while inside, so that ``finally`` blocks run
+    (a process ended by a signal's default action runs none); only the main thread can handle
+    signals, elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 TERMINATED = 128 + signal.SIGTERM
 """exit code of a run ended by SIGTERM, as a shell reports it (SIGHUP: 129)"""
 STOPPED = (TERMINATED, 128 + signal.SIGHUP)
@@ -103,26 +120,20 @@ def supervise(cmd: list[str], what: str, timeout_s: float | None) -> int:
         stop = os.path.join(private, "stop")
         env = {**mpi_env(), STOP_ENV: stop}
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
-        main = threading.current_thread() is threading.main_thread()  # signal handlers live there
-        previous = (
-            {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)} if main else {}
-        )
-        try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            print(f"hpcdl: the {what} exceeded {timeout_s:g} s; ending it", file=sys.stderr, flush=True)
-            _end(proc, stop)
-            return TIMED_OUT
-        except Terminated as e:
-            print(f"hpcdl: terminated ({e}); ending the {what}", file=sys.stderr, flush=True)
-            _end(proc, stop)
-            return e.code
-        except KeyboardInterrupt:
-            _end(proc, stop)
-            raise
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        with stop_signals_raise():
+            try:
+                return proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                print(f"hpcdl: the {what} exceeded {timeout_s:g} s; ending it", file=sys.stderr, flush=True)
+                _end(proc, stop)
+                return TIMED_OUT
+            except Terminated as e:
+                print(f"hpcdl: terminated ({e}); ending the {what}", file=sys.stderr, flush=True)
+                _end(proc, stop)
+                return e.code
+            except KeyboardInterrupt:
+                _end(proc, stop)
+                raise
 
 
 def _end(proc: subprocess.Popen[bytes], stop: str) -> None:

@@ -99,7 +99,14 @@ def init_world() -> World:
         return World()
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
+    return world_of(MPI.COMM_WORLD)
+
+
+def world_of(comm: Any) -> World:
+    """This rank's place among the ranks of an mpi4py communicator (a part of the MPI world:
+    the concurrent instances of ``hpcdl capacity``)."""
+    from mpi4py import MPI
+
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     host = MPI.Get_processor_name()
     hosts = comm.allgather(host)

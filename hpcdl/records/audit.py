@@ -179,7 +179,7 @@ def _steps_file(record: Record) -> tuple[list[str], dict[str, np.ndarray]]:
         return [f"steps file {name!r} beside {record.path.name}: {e}"], {}
     except (OSError, ValueError) as e:  # a file hashed as written, but not HDF5 hpcdl wrote
         return [f"steps file {name} does not read as per-step columns: {e}"], {}
-    return _step_times(r, steps), steps
+    return _step_times(r, steps) or _target(r, steps["loss"]), steps
 
 
 def _step_times(r: Result, steps: Mapping[str, np.ndarray]) -> list[str]:
@@ -210,6 +210,20 @@ def _step_times(r: Result, steps: Mapping[str, np.ndarray]) -> list[str]:
     return []
 
 
+def _target(r: Result, loss: np.ndarray) -> list[str]:
+    """A time to target's claims against rank 0's losses (``metrics.reached_target``): a target
+    claimed reached must be met by rank 0's last timed steps, in the time of the window (a
+    reached target exempts the record from the gate's 5 s window, so it is not taken on trust)."""
+    t = r.metrics.target
+    if t is None or not t.reached:
+        return []
+    timed = loss[int(r.run.get("warmup_steps", 0)) :].tolist()
+    met = t.window_steps >= 1 and metrics.reached_target(timed[0], timed[-t.window_steps :], t.fraction)
+    if not met or t.time_to_target_s is None or not _close(t.time_to_target_s, r.metrics.timed_window_s):
+        return ["target claimed reached, but rank 0's losses or window do not show it"]
+    return []
+
+
 def gate_problems(r: Result) -> list[str]:
     """Why an intact record may still not rank: failed validity, a short window, a precision
     below fp16/bf16, no learnable-loss evidence, missing correctness checks."""
@@ -222,7 +236,8 @@ def gate_problems(r: Result) -> list[str]:
     if r.settings.precision not in PRECISIONS:  # no lower than 16 bits
         problems.append(f"precision {r.settings.precision} is below fp16/bf16")
     shortest = min(x.timed_window_s for x in r.metrics.per_rank)
-    if shortest < RANK_MIN_WINDOW_S:
+    reached = r.metrics.target is not None and r.metrics.target.reached
+    if shortest < RANK_MIN_WINDOW_S and not reached:  # a time to target is as short as it is
         problems.append(f"shortest timed window {shortest:.3g} s < {RANK_MIN_WINDOW_S:g} s")
     if "loss_falls" not in names:
         problems.append(

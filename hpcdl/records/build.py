@@ -10,12 +10,14 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import torch
 
 from hpcdl import metrics
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.environment import environment
 from hpcdl.measure.fit import Fit
+from hpcdl.measure.loop import StepLog
 from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import Peak
 from hpcdl.parallel.backends import BACKENDS
@@ -30,6 +32,7 @@ from hpcdl.records.views import (
     RankRow,
     Settings,
     Stats,
+    Target,
     to_json,
 )
 from hpcdl.workloads.spec import Spec
@@ -183,6 +186,25 @@ def energy_of(ranks: Sequence[RankMeasurement], train_flops: int, samples: int, 
     )
 
 
+def target_of(cfg: RunConfig, logs: Sequence[StepLog], samples: int) -> Target | None:
+    """Time to target: reached when every rank's last timed steps meet the stop rule (measured
+    from the first timed step's loss, as the loop stops)."""
+    fraction, window = cfg.target_loss_fraction, cfg.pool_batches
+    if not fraction:
+        return None
+    timed = [g.losses[cfg.warmup_steps :] for g in logs]
+    reached = all(metrics.reached_target(t[0], t[-window:], fraction) for t in timed)
+    return Target(
+        fraction=fraction,
+        window_steps=window,
+        loss_first=timed[0][0],
+        loss_final=float(np.mean(timed[0][-window:])),
+        reached=reached,
+        time_to_target_s=max(g.window_s for g in logs) if reached else None,
+        samples_to_target=samples if reached else None,
+    )
+
+
 def build_record(
     spec: Spec,
     cfg: RunConfig,
@@ -255,6 +277,9 @@ def build_record(
         io=ranks[0].io,
         energy=energy_of(ranks, count.train_flops, sum(samples), window),
         fit=dataclasses.asdict(fit) if fit else None,
+        target=target_of(cfg, logs, sum(samples)),
+        window_start_unix=min(g.start_unix for g in logs),
+        window_end_unix=max(g.start_unix + g.window_s for g in logs),
     )
     return {
         "schema": schema.RESULT,

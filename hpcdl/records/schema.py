@@ -23,6 +23,12 @@ JOBS = "hpcdl.jobs"
 """the state file of submitted scheduler jobs"""
 COLLECTED = "hpcdl.collected"
 """the records of a job file's points, gathered (``hpcdl collect``)"""
+CAPS = "hpcdl.caps"
+"""the summary of a sweep over power or clock caps (``hpcdl sweep --power-limit``)"""
+REPEATS = "hpcdl.repeats"
+"""the summary of a workload run several times (``hpcdl run --repeat``)"""
+CAPACITY = "hpcdl.capacity"
+"""the summary of concurrent instances (``hpcdl capacity``)"""
 
-NOT_RECORDS = (SUITE, SWEEP, COMM, RANKING, JOBS, COLLECTED)
+NOT_RECORDS = (SUITE, SWEEP, COMM, RANKING, JOBS, COLLECTED, CAPS, REPEATS, CAPACITY)
 """documents that sit among records but are not records to rank or report one by one"""

@@ -189,6 +189,26 @@ class Energy:
 
 
 @dataclass(frozen=True)
+class Target:
+    """Time to target (``run.target_loss_fraction``): did the loss fall to the fraction of the
+    first timed step's, and how long and how many samples the timed window took."""
+
+    fraction: float
+    window_steps: int
+    """the loss compared is the mean of this many last steps (``run.pool_batches``)"""
+    loss_first: float
+    """rank 0's loss of the first timed step"""
+    loss_final: float
+    """rank 0's mean loss of the last ``window_steps`` steps"""
+    reached: bool
+    """every rank's loss reached the target (the limit did not end the run first)"""
+    time_to_target_s: float | None
+    """the timed window when reached, else None"""
+    samples_to_target: int | None
+    """every rank's timed samples when reached, else None"""
+
+
+@dataclass(frozen=True)
 class Metrics:
     samples_per_s: float
     ai_ops_per_s: float
@@ -220,6 +240,12 @@ class Metrics:
     """figures that cannot be true (an MFU above 100 %), each with its likely cause"""
     fit: dict[str, Any] | None = None
     """how ``--fit`` chose the batch per rank (``measure.fit.Fit``), when it did"""
+    target: Target | None = None
+    """time to target, when the run had one"""
+    window_start_unix: float | None = None
+    """the earliest rank's window start, seconds since the epoch (records before 2026-12 lack it)"""
+    window_end_unix: float | None = None
+    """the latest rank's window end"""
 
 
 @dataclass(frozen=True)
@@ -255,6 +281,8 @@ class Environment:
     git: str | None = None
     slurm_job_id: str | None = None
     slurm: dict[str, str] | None = None
+    cap: dict[str, Any] | None = None
+    """the power or clock cap set on the devices for the run (``hpcdl sweep --power-limit``)"""
 
 
 @dataclass(frozen=True)

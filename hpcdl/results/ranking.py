@@ -145,6 +145,7 @@ HEADER = [
     "quality-regulated",
     "efficiency",
     "AI-ops/W",
+    "time to quality",
     "date",
     "validity",
 ]
@@ -159,7 +160,7 @@ def rows(r: Ranking, size_class: str) -> list[list[str]]:
         if rejected_by[s.system]:
             validity += f"; {rejected_by[s.system]} rejected"
         if s.score is None:
-            out.append(["-", s.system, "", "", "", "", "", "", "", validity])
+            out.append(["-", s.system, "", "", "", "", "", "", time_to_quality(s), "", validity])
             continue
         eff = (
             f"{s.efficiency:.1%} ({s.efficiency_base}->{s.world_size})"
@@ -177,11 +178,16 @@ def rows(r: Ranking, size_class: str) -> list[list[str]]:
                 si(s.regulated or 0.0, "FLOP/s"),
                 eff,
                 si(s.ai_ops_per_watt, "FLOP/J") if s.ai_ops_per_watt else "unavailable",
+                time_to_quality(s),
                 s.date,
                 validity,
             ]
         )
     return out
+
+
+def time_to_quality(s: SystemScore) -> str:
+    return f"{s.time_to_quality_s:.3g} s" if s.time_to_quality_s else "not measured"
 
 
 Table = tuple[str, list[str], list[list[str]]]  # title, header, rows
@@ -326,6 +332,7 @@ def _csv(r: Ranking, f: TextIO) -> None:
             "efficiency",
             "efficiency_base_ranks",
             "ai_ops_per_watt",
+            "time_to_quality_s",
             "date",
             "reason",
         ]
@@ -349,6 +356,7 @@ def _csv_row(w: Any, size_class: str, place: int, s: SystemScore) -> None:
             s.efficiency or "",
             s.efficiency_base or "",
             s.ai_ops_per_watt or "",
+            s.time_to_quality_s or "",
             s.date,
             s.reason,
         ]

@@ -1,6 +1,7 @@
 """The score of a system in one size class, defined once (METRICS.md, "Score"): the geometric
 mean over the class's standard suite of sustained AI-ops/s at the largest scale where every
-workload was measured, with the suite's scaling efficiency and a quality-regulated variant.
+workload was measured, with the suite's scaling efficiency, a quality-regulated variant and a
+time-to-quality variant (records of runs that trained to a target loss).
 Only records of that class and suite version count: classes are ranked apart, like NPB's."""
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class SystemScore:
     efficiency: float | None = None
     efficiency_base: int | None = None
     ai_ops_per_watt: float | None = None
+    time_to_quality_s: float | None = None
+    """geomean over the suite of the fastest time to target (loss at QUALITY_TARGET of its first)"""
     date: str = ""
     workloads: dict[str, dict[str, Any]] = field(default_factory=dict)
     reason: str = ""
@@ -110,10 +113,18 @@ def score_system(
     workloads = list(suite.workloads)
     out = SystemScore(system, size_class)
     by_workload: dict[str, list[Audit]] = {}
+    to_quality: dict[str, list[float]] = {}
     for e in entries:
         name = suite_workload(e.result.spec, size_class)
-        if name is not None and record_class(e.result) == (size_class, suite.version):
+        if name is None or record_class(e.result) != (size_class, suite.version):
+            continue
+        target = e.result.metrics.target
+        if target is None:
             by_workload.setdefault(name, []).append(e)
+        elif target.fraction == QUALITY_TARGET and target.time_to_target_s is not None:
+            to_quality.setdefault(name, []).append(target.time_to_target_s)
+    if all(w in to_quality for w in workloads):
+        out.time_to_quality_s = geomean([min(to_quality[w]) for w in workloads])
     best: dict[int, dict[str, Audit]] = {}  # world size -> workload -> best record
     for name, found in by_workload.items():
         for n, e in best_per_rank_count(found, _ai_ops).items():

@@ -22,14 +22,16 @@ import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal, get_args
 
 from hpcdl.errors import HpcdlError
 from hpcdl.parallel.launch import TERMINATED, Terminated, mpirun_command, supervise
-from hpcdl.parallel.world import end_all_ranks, init_world
-from hpcdl.records.store import load_record
+from hpcdl.parallel.world import World, end_all_ranks, init_world
+from hpcdl.records import repeats
+from hpcdl.records.store import load_record, write_record
 from hpcdl.records.views import Result, read_result
 from hpcdl.schedulers.point import Point, write_point_file
 
@@ -94,17 +96,26 @@ def run_rank(point: Point) -> dict[str, Any]:
             'the MPI world was not set up (srun --mpi=pmix, or launcher = "mpirun")'
         )
     if world.bcast(point.done() if world.rank == 0 else None):
-        say(f"{point.name}: a valid record exists ({point.record_path}); not run again")
+        say(f"{point.name}: valid records exist ({point.record_path}); not run again")
         return skipped(point)
     try:
-        result = run(
-            point.workload(),
-            point.config(),
-            output_dir=point.output,
-            name=point.name,
-            progress=lambda m: say(f"{point.name}: {m}"),
-            world=world,
-        )
+        if point.instances > 1:
+            return run_instances(point, world, say)
+        views = []
+        for r in range(1, point.repeat + 1):
+            name = repeats.repeat_name(point.name, r, point.repeat)
+            result = run(
+                point.workload(),
+                point.config(),
+                output_dir=point.output,
+                name=name,
+                progress=partial(prefixed, say, name),
+                world=world,
+            )
+            views.append(read_result(result.record))
+            say(
+                f"{name}: {views[-1].metrics.samples_per_s:.1f} samples/s, valid: {views[-1].validity.passed}"
+            )
     except HpcdlError:
         raise  # every rank meets the same bad input and stops: nothing hangs
     except Exception as e:
@@ -112,10 +123,25 @@ def run_rank(point: Point) -> dict[str, Any]:
         raise
     if world.rank != 0:
         return {"point": point.name, "rank": world.rank}
-    view = read_result(result.record)
-    rate, passed = view.metrics.samples_per_s, view.validity.passed
-    say(f"{point.name}: {rate:.1f} samples/s, valid: {passed} -> {result.path}")
-    return summary(point, view)
+    if point.repeat > 1:
+        write_record(repeats.summarize(point.name, views), Path(point.output) / f"{point.name}-repeats.json")
+    return summary(point, views[0], passed=all(v.validity.passed for v in views))
+
+
+def prefixed(say: Say, name: str, message: str) -> None:
+    say(f"{name}: {message}")
+
+
+def run_instances(point: Point, world: World, say: Say) -> dict[str, Any]:
+    """The point's concurrent instances (capacity) on the ranks of its allocation."""
+    from hpcdl.parallel.capacity import Layout, run_capacity
+
+    layout = Layout(point.instances, point.ranks // point.instances, point.per_device)
+    out = run_capacity(point.workload(), point.config(), layout, Path(point.output), point.name, say, world)
+    if out is None:
+        return {"point": point.name, "rank": world.rank}
+    say(f"{point.name}: {point.instances} instances, {out['samples_per_s']:.1f} samples/s together")
+    return {"point": point.name, "record": str(point.record_path), "passed": out["passed"], **out}
 
 
 def run_launched(point: Point, *, oversubscribe: bool) -> dict[str, Any]:
@@ -142,12 +168,13 @@ def launch_command(point: Point, path: Path, *, oversubscribe: bool) -> list[str
     return mpirun_command(point.ranks, args, oversubscribe=oversubscribe)
 
 
-def summary(point: Point, view: Result) -> dict[str, Any]:
-    """What a job returns for a point it measured (submitit keeps it in its result file)."""
+def summary(point: Point, view: Result, passed: bool | None = None) -> dict[str, Any]:
+    """What a job returns for a point it measured (submitit keeps it in its result file); its
+    first record's figures, and whether all its records passed."""
     return {
         "point": point.name,
         "record": str(point.record_path),
-        "passed": view.validity.passed,
+        "passed": view.validity.passed if passed is None else passed,
         "samples_per_s": view.metrics.samples_per_s,
         "world_size": view.settings.world_size,
         "hosts": view.settings.hosts,

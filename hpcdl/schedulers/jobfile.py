@@ -89,6 +89,16 @@ class Job(Knobs):
     launcher: str = knob(
         "srun", choices=LAUNCHERS, doc="srun --mpi=pmix per rank, or mpirun in the allocation"
     )
+    repeat: int = knob(1, lo=1, hi=1000, doc="runs of each point in its allocation (records NAME-nN-rK)")
+    instances: int = knob(
+        1,
+        lo=1,
+        hi=1_000_000,
+        doc="concurrent instances in each point's allocation (capacity: the ranks split among them)",
+    )
+    per_device: int = knob(
+        1, lo=1, hi=1024, doc="capacity: instances sharing each device (a divisor of instances)"
+    )
     tables: tuple[Knobs, ...] = knob(
         (), doc="the scheduler tables ([slurm], ...), each its scheduler's options"
     )
@@ -112,6 +122,17 @@ class Job(Knobs):
             raise SpecError("job.output", self.output, "a directory path on one line")
         if self.backend not in backend_choices():
             raise SpecError("job.backend", self.backend, "allowed: " + ", ".join(backend_choices()))
+        if self.instances > 1 and self.repeat > 1:
+            raise SpecError(
+                "job.repeat", self.repeat, "1 when instances > 1: a point repeats or runs instances"
+            )
+        if self.instances % self.per_device:
+            raise SpecError("job.per_device", self.per_device, f"a divisor of instances={self.instances}")
+        for n in self.nodes:
+            if self.ranks(n) % self.instances:
+                raise SpecError(
+                    "job.instances", self.instances, f"must divide the {self.ranks(n)} ranks of {n} node(s)"
+                )
         if self.run.backend != "auto":
             raise SpecError("job.run.backend", self.run.backend, "set it at the top level: job.backend")
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpcdl.records.repeats import repeat_name
 from hpcdl.scaling.sweep import valid_point
 from hpcdl.workloads.registry import spec_from_dict
 
@@ -36,14 +37,35 @@ class Point:
     launcher: str
     cluster: str
     """the name of the scheduler it was submitted with"""
+    repeat: int = 1
+    """runs in the allocation, one record each (``NAME-rK``)"""
+    instances: int = 1
+    """concurrent instances in the allocation (capacity: ``NAME-iI`` and ``NAME-alone``)"""
+    per_device: int = 1
 
     @property
     def ranks(self) -> int:
         return self.nodes * self.tasks_per_node
 
+    def records(self) -> list[tuple[Path, Spec, int]]:
+        """The records the point writes, each with its spec and rank count: one per repeat, or
+        one per instance (its own seed) and instance 0 alone."""
+        out, spec = Path(self.output), self.workload()
+        if self.instances > 1:
+            n = self.ranks // self.instances
+            seeded = [spec.replace(seed=spec.seed + i) for i in range(self.instances)]
+            names = [f"{self.name}-i{i}" for i in range(self.instances)]
+            return [
+                (out / f"{m}.json", s, n)
+                for m, s in zip([*names, f"{self.name}-alone"], [*seeded, spec], strict=True)
+            ]
+        names = [repeat_name(self.name, r, self.repeat) for r in range(1, self.repeat + 1)]
+        return [(out / f"{m}.json", spec, self.ranks) for m in names]
+
     @property
     def record_path(self) -> Path:
-        return Path(self.output) / f"{self.name}.json"
+        """The point's first record (what ``status`` and ``collect`` show)."""
+        return self.records()[0][0]
 
     def workload(self) -> Spec:
         return spec_from_dict(self.spec)
@@ -54,16 +76,18 @@ class Point:
         return RunConfig.from_dict(self.run)
 
     def done(self) -> bool:
-        """True when the point already has a valid record (and must not run again)."""
-        return valid_point(self.record_path, self.workload(), self.ranks)
+        """True when every record of the point is there and valid (it must not run again)."""
+        return all(valid_point(path, spec, n) for path, spec, n in self.records())
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Point:
-        """The point of a dict that holds its fields (and maybe more, as a state-file entry)."""
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        """The point of a dict that holds its fields (and maybe more, as a state-file entry;
+        fields added later may be missing)."""
+        fields = [f for f in dataclasses.fields(cls) if f.name in d or f.default is dataclasses.MISSING]
+        return cls(**{f.name: d[f.name] for f in fields})
 
 
 def points(job: Job, cluster: str, output: Path) -> list[Point]:
@@ -80,6 +104,9 @@ def points(job: Job, cluster: str, output: Path) -> list[Point]:
             output=str(output),
             launcher=job.launcher,
             cluster=cluster,
+            repeat=job.repeat,
+            instances=job.instances,
+            per_device=job.per_device,
         )
         for n in sorted(job.nodes)
     ]

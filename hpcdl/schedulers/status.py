@@ -48,9 +48,10 @@ def record_path(output: Path, name: str) -> Path:
 
 
 def valid_record(output: Path, entry: Entry) -> Result | None:
-    """The point's record, if it is one that may stand for the point."""
-    path = record_path(output, entry.point.name)
-    if not valid_point(path, entry.point.workload(), entry.point.ranks):
+    """The point's (first) record, if it is one that may stand for the point."""
+    first, spec, ranks = entry.point.records()[0]
+    path = record_path(output, first.stem)
+    if not valid_point(path, spec, ranks):
         return None
     try:
         return read_result(load_record(path))
@@ -74,7 +75,7 @@ def job_states(chosen: Sequence[Entry]) -> dict[str, JobState]:
 def point_status(output: Path, entry: Entry, record: Result | None, job: JobState | None) -> PointStatus:
     point = entry.point
     row = PointStatus(point.name, point.nodes, point.ranks, entry.job_id, "", "")
-    path = record_path(output, point.name)
+    path = record_path(output, point.record_path.stem)
     if record is not None:
         row.state, row.record, row.samples_per_s = "done", record, record.metrics.samples_per_s
         row.detail = f"{row.samples_per_s:.1f} samples/s"

@@ -27,7 +27,7 @@ class HorovodBackend:
         import horovod.torch as hvd  # here, not at import: the registry imports every backend
 
         self.hvd: Any = hvd
-        hvd.init()
+        hvd.init(comm=world.comm)  # the run's ranks: all of MPI's, or one capacity instance's
         if hvd.size() != world.size or hvd.rank() != world.rank:
             raise HpcdlError(
                 f"horovod sees rank {hvd.rank()} of {hvd.size()}, MPI rank {world.rank} of {world.size}"

@@ -44,6 +44,14 @@ class RankFigures(NamedTuple):
     compute_s: Sequence[float]  # median forward + backward seconds; empty when not recorded
 
 
+class CapPoint(NamedTuple):
+    """One capped record: its time to solution, energy to solution and EDP (None unmeasured)."""
+
+    time_s: float
+    energy_j: float | None
+    edp_js: float | None
+
+
 class MemoryPoint(NamedTuple):
     """One record's input size per rank and step, its measured peak memory per rank and the
     analytic estimate for it."""
@@ -368,3 +376,39 @@ def _kind_label(kind: str) -> str:
     if kind == "host_max_rss":
         return "host peak RSS since the process started"
     return kind or "unknown kind"
+
+
+def caps(path: Path, title: str, kind: str, unit: str, points: Mapping[float, CapPoint]) -> Path:
+    """Time to solution, energy to solution and EDP against the cap, one panel each; the cap of
+    the lowest EDP marked with a star (panels without a measured energy say so)."""
+    xs = sorted(points)
+    fig = Figure(figsize=(12, 3.8), layout="constrained")
+    axes = fig.subplots(1, 3, sharex=True)
+    measured = [x for x in xs if points[x].edp_js is not None]
+    best = min(measured, key=lambda x: points[x].edp_js or 0.0) if measured else None
+    panels = (
+        ("time_s", "time to solution (s)"),
+        ("energy_j", "ETS = ∫P dt (J)"),
+        ("edp_js", "EDP = ETS·T (J·s)"),
+    )
+    for ax, (field, ylabel) in zip(axes, panels, strict=True):
+        have = [x for x in xs if getattr(points[x], field) is not None]
+        ax.plot(have, [getattr(points[x], field) for x in have], "o-", color="C0")
+        if best is not None:
+            ax.plot(
+                [best],
+                [getattr(points[best], field)],
+                "*",
+                ms=16,
+                color="C3",
+                label=f"best EDP: {best:g} {unit}",
+            )
+            ax.legend(fontsize=8)
+        if not have:
+            ax.text(0.5, 0.5, "energy not measured", ha="center", va="center", transform=ax.transAxes)
+            ax.set_yticks([])
+        ax.set_xlabel(f"{kind} cap ({unit})")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(plain(f"{title}: {kind} caps"))
+    return _save(fig, path)

@@ -3,12 +3,14 @@ the drawing (``figures``) with the figures taken from the records and sweeps."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from hpcdl.measure import caps
 from hpcdl.records.audit import Audit
 from hpcdl.records.loader import SweepSummary
 from hpcdl.records.views import Stats, finite
@@ -16,6 +18,7 @@ from hpcdl.results.report import figures
 from hpcdl.results.report.data import label
 from hpcdl.results.report.sweeps import Sweep, measured_points, plottable
 from hpcdl.results.text import html_table
+from hpcdl.scaling.capsweep import cap_figures, cap_of
 from hpcdl.scaling.model import relative_error
 
 Predictor = Callable[[SweepSummary], dict[int, float] | None]
@@ -127,3 +130,36 @@ def power_plots(records: Sequence[Audit]) -> list[Plot]:
         return []
     caption = "GPU power of rank 0 over the timed window (NVML, sampled every 0.1 s), one line per record"
     return [Plot("power.png", caption, partial(figures.power, traces=traces))]
+
+
+def cap_plots(records: Sequence[Audit]) -> list[Plot]:
+    """One figure per cap sweep: records of one workload on one system and rank count measured
+    under two or more caps of one kind (``environment.cap``), verified and valid."""
+    groups: dict[tuple[str, str], dict[float, Audit]] = {}
+    for a in records:
+        r, cap = a.result, cap_of(a.record)
+        if cap is None or a.problems or not r.validity.passed:
+            continue
+        key = json.dumps([r.spec, r.system, r.environment.device_name, r.world_size], sort_keys=True)
+        groups.setdefault((key, cap[0]), {})[cap[1]] = a
+    out: list[Plot] = []
+    for (_, kind), group in groups.items():
+        if len(group) < 2:
+            continue
+        first = next(iter(group.values()))
+        unit = caps.KINDS[kind]
+        points = {value: cap_point(a) for value, a in sorted(group.items())}
+        r = first.result
+        title = f"{r.family} on {r.system}, {r.world_size} rank{'s' if r.world_size > 1 else ''}"
+        caption = (
+            f"{title}: the same work under each {kind} cap ({unit}): time to solution, energy to solution "
+            "ETS = ∫P dt and the energy-delay product EDP = ETS·T; the cap of the lowest EDP marked"
+        )
+        draw = partial(figures.caps, title=title, kind=kind, unit=unit, points=points)
+        out.append(Plot(f"caps-{len(out) + 1}-{slug(title)}.png", caption, draw))
+    return out
+
+
+def cap_point(a: Audit) -> figures.CapPoint:
+    f = cap_figures(a.record)
+    return figures.CapPoint(f["time_s"], f["energy_to_solution_j"], f["energy_delay_product_js"])

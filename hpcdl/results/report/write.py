@@ -10,7 +10,14 @@ from hpcdl.results.output import output_dir
 from hpcdl.results.report.data import load
 from hpcdl.results.report.memory import memory_plots
 from hpcdl.results.report.page import Section, page
-from hpcdl.results.report.plots import Predictor, per_rank_plots, phase_plots, power_plots, scaling_plots
+from hpcdl.results.report.plots import (
+    Predictor,
+    cap_plots,
+    per_rank_plots,
+    phase_plots,
+    power_plots,
+    scaling_plots,
+)
 from hpcdl.results.report.sweeps import sweeps
 from hpcdl.scaling.model import sweep_predictor
 
@@ -44,6 +51,7 @@ def write_report(
         ("Step phases", phase_plots(data.records), "no record with phase times"),
         ("Per-rank throughput", per_rank_plots(data.records), "no multi-rank record"),
         ("Power", power_plots(data.records), NO_POWER),
+        ("Power and clock caps", cap_plots(data.records), "no cap sweep (hpcdl sweep --power-limit)"),
         ("Memory", memory_plots(data.records), "no record with a peak memory figure"),
     ]
     plotted = [p for _, ps, _ in sections for p in ps]
