@@ -71,7 +71,8 @@ def test_run_and_sweep_options(
         parsed = build_parser().parse_args([command, *TOO_BIG, *ranks, f"--{option}={value}"])
         raw = getattr(parsed, option.replace("-", "_"))
         assert not isinstance(raw, float) or math.isfinite(raw)
-        assert math.isfinite(float(value.replace("_", ""))), (option, value)
+        numbers = value.replace("_", "").split(",")  # sweep's --np takes a list of rank counts
+        assert all(math.isfinite(float(n)) for n in numbers if n.strip()), (option, value)
     assert not out.exists()
 
 
