@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import h5py
+import pytest
 import torch
 
 import hpcdl
+from hpcdl.errors import InputError
 from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.config import RunConfig
 
@@ -42,6 +44,6 @@ def test_training_from_hdf5_records_io_and_trains(tmp_path: Path) -> None:
     io = res.metrics["io"]
     assert io["write"]["samples"] == 32 and io["read"]["samples_per_s"] > 0
     assert res.passed, res.record["validity"]
-    assert h5data.has_shards(spec, tmp_path / "d") and not h5data.has_shards(
-        spec.replace(seed=3), tmp_path / "d"
-    )
+    assert h5data.has_shards(spec, tmp_path / "d")
+    with pytest.raises(InputError, match="shards of another workload"):
+        h5data.has_shards(spec.replace(seed=3), tmp_path / "d")
