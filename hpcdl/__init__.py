@@ -8,6 +8,8 @@ The Python API::
     work = hpcdl.count(spec)                   # params, forward/training FLOPs per sample
     x, y = hpcdl.make_batch(spec, 8, "cpu")    # synthetic inputs and labels
     result = hpcdl.run(spec, hpcdl.RunConfig(duration_s=5))   # measured, record written
+    prof = hpcdl.profile(my_model, example_batch)   # what a real model's training step costs
+    proxy = hpcdl.fit(prof)                         # the hpcdl workload that costs the same
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hpcdl.errors import HpcdlError, SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import make_batch
 from hpcdl.measure.runner import RunResult, run
+from hpcdl.proxy import fit, profile
 from hpcdl.workloads.counting import Count
 from hpcdl.workloads.families.attention import AttentionSpec
 from hpcdl.workloads.families.cnn import CNNSpec
@@ -53,7 +56,9 @@ __all__ = [
     "Spec",
     "build_model",
     "count",
+    "fit",
     "make_batch",
+    "profile",
     "run",
     "spec_from_args",
     "spec_from_dict",

@@ -147,7 +147,7 @@ class AttentionSpec(Spec):
         if self.norm == "post":
             _layer_norm(t, L, W)
         if self.dropout:
-            t.keep(L * W)  # the embedding dropout's mask
+            t.keep(_mask(L * W))  # the embedding dropout's
         for _ in range(self.layers):
             _block(t, self, L, W)
         if self.norm == "pre":
@@ -164,6 +164,11 @@ class AttentionSpec(Spec):
 
     def sample_inputs(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
         return torch.randint(self.vocab, (n, self.seq_len), generator=generator, device=device)
+
+
+def _mask(elements: int) -> int:
+    """A dropout mask is kept as booleans: one byte per element, counted as a quarter element."""
+    return elements // 4
 
 
 def _layer_norm(t: Tally, tokens: int, width: int) -> None:
@@ -184,10 +189,12 @@ def _block(t: Tally, spec: AttentionSpec, tokens: int, width: int) -> None:
     # flash-style kernels keep the output and a log-sum-exp per row, not the L x L scores
     t.keep(tokens * (width + heads))
     if spec.dropout:
-        # no fused CPU kernel takes attention dropout: the math path keeps the L x L
-        # probabilities and their mask (GPU kernels regenerate the mask: an overestimate there)
-        t.keep(2 * heads * tokens * tokens)
-        t.keep(2 * tokens * width)  # the masks of the two residual dropouts
+        # no fused CPU kernel takes attention dropout: the math path keeps three L x L tensors
+        # (probabilities, the mask as floats, the dropped probabilities) and scaled copies of Q and
+        # K, but not the fused kernel's output and log-sum-exp (measured with saved_tensors_hooks;
+        # GPU kernels regenerate the mask: an overestimate there)
+        t.keep(3 * heads * tokens * tokens + tokens * width - heads * tokens)
+        t.keep(2 * _mask(tokens * width))  # the two residual dropouts
     t.linear(tokens, width, width)  # output projection
     _layer_norm(t, tokens, width)
     t.linear(tokens, width, hidden)
