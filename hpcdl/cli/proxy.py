@@ -13,7 +13,7 @@ from hpcdl.errors import InputError
 from hpcdl.proxy import as_profile, document
 from hpcdl.proxy.kernels import CLASSES
 from hpcdl.proxy.measure import STEPS, measure
-from hpcdl.proxy.objective import PROFILE_FIGURE, Weights, describe_errors, relative_error
+from hpcdl.proxy.objective import PROFILE_FIGURE, Weights, describe_errors
 from hpcdl.proxy.reference import load_model
 from hpcdl.proxy.search import FINALISTS, TOLERANCE, FitResult, describe_spec, fit
 from hpcdl.proxy.training import Trainee
