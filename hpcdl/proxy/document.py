@@ -45,8 +45,14 @@ HINTS = {
     "dropout": "largest dropout probability in the model",
     "activation": "feed-forward activation (an attention activation name)",
     "causal": "causal self-attention",
+    "attention_layers": "scaled-dot-product attention calls in one forward pass",
     "cell": "recurrent cell (lstm, gru, vanilla)",
+    "recurrent_layers": "recurrent layers (all stacks)",
+    "hidden": "hidden units of the first recurrent layer",
+    "bidirectional": "whether the recurrent layers run both ways",
 }
+"""what each hint says; ``hpcdl profile`` writes those it can see, and a fit fixes the knobs they
+name instead of searching them"""
 
 
 @dataclass(frozen=True)
@@ -122,9 +128,7 @@ class Profile:
         mix = doc.get("kernel_mix", {})
         if not isinstance(mix, dict):
             raise InputError("profile.kernel_mix", mix, "expected a table with time and/or flops")
-        hints = doc.get("hints", {})
-        if not isinstance(hints, dict) or set(hints) - set(HINTS):
-            raise InputError("profile.hints", hints, "allowed keys: " + ", ".join(HINTS))
+        hints = _hints(doc.get("hints", {}))
         return cls(
             name=str(doc.get("name", "model")),
             input_kind=kind,
@@ -209,3 +213,22 @@ def _mix(table: Any, where: str) -> dict[str, float]:
     if table and not math.isclose(sum(table.values()), 1.0, abs_tol=0.02):
         raise InputError(where, table, f"shares must add up to 1 (they add up to {sum(table.values()):.3f})")
     return {cls: float(table.get(cls, 0.0)) for cls in CLASSES} if table else {}
+
+
+def _hints(table: Any) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise InputError("profile.hints", table, "expected a table: " + ", ".join(HINTS))
+    for key, value in table.items():
+        where = f"profile.hints.{key}"
+        if key not in HINTS:
+            raise InputError(where, value, "allowed hints: " + ", ".join(HINTS))
+        if key in ("causal", "bidirectional") and not isinstance(value, bool):
+            raise InputError(where, value, "expected true or false")
+        if key in ("activation", "cell") and not isinstance(value, str):
+            raise InputError(where, value, "expected a name")
+        if key in ("attention_layers", "recurrent_layers", "hidden"):
+            _positive_int(value, where)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if key == "dropout" and not (number and 0 <= value < 1):
+            raise InputError(where, value, "expected a probability in [0, 1)")
+    return table

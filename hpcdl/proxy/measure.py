@@ -114,7 +114,8 @@ def _lower_triangular(mask: Any) -> bool:
 
 
 def hints(model: nn.Module, ops: set[str], attention: _Attention) -> dict[str, Any]:
-    """Features of the model that fix knobs of a fit: dropout, activation, causal mask, cell."""
+    """Features of the model that fix knobs of a fit: dropout, activation, the attention layers
+    and their mask, the recurrent layers and their cell and size."""
     found: dict[str, Any] = {}
     dropout = max([m.p for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)] or [0.0])
     dropout = max(dropout, attention.dropout)
@@ -133,9 +134,13 @@ def hints(model: nn.Module, ops: set[str], attention: _Attention) -> dict[str, A
             break
     if attention.causal:
         found["causal"] = all(attention.causal)
-    rnn = next((m for m in model.modules() if isinstance(m, nn.RNNBase)), None)
-    if rnn is not None:
-        found["cell"] = {"LSTM": "lstm", "GRU": "gru"}.get(rnn.mode, "vanilla")
+        found["attention_layers"] = len(attention.causal)  # one attention call per layer
+    rnns = [m for m in model.modules() if isinstance(m, nn.RNNBase)]
+    if rnns:
+        found["cell"] = {"LSTM": "lstm", "GRU": "gru"}.get(rnns[0].mode, "vanilla")
+        found["recurrent_layers"] = sum(m.num_layers for m in rnns)
+        found["hidden"] = rnns[0].hidden_size
+        found["bidirectional"] = rnns[0].bidirectional
     return found
 
 

@@ -8,14 +8,18 @@ Three stages, all seeded:
    space, then a compass search (every axis in turn steps by ±32, ±16, ... ±1 positions while
    that lowers the objective) from the points nearest to the family's presets (real
    architectures: a model like one of them is found again) and from the best ``STARTS`` distinct
-   draws. Each compass search ends in its own local optimum. The same seed and profile give the
-   same optima.
+   draws. Each compass search ends in its own local optimum. A second pass adds activation
+   memory: it measures the best optimum's saved bytes once, scales every candidate's analytic
+   estimate by measured / estimated (each family's estimate has its own bias) and searches again
+   from the first pass's optima. The same seed and profile give the same optima.
 2. **Screening.** Many networks share a parameter count and FLOPs (a ResNet and a wider plain
-   CNN); their activation memory tells them apart. The best ``SCREENED`` optima of each family
-   that reach the profile are built and their saved activations measured in one forward pass.
-3. **Finalists.** The best ``FINALISTS`` by parameters, FLOPs and memory are measured as the
-   profile was (kernel mix, step time) while the time budget lasts, and ranked by the whole
-   objective. Which finalist wins can depend on these timings.
+   CNN, an LSTM and a transformer); their activation memory and FLOP mix tell them apart. The
+   best ``SCREENED`` optima of each family that reach the profile are built and their saved
+   activations measured in one forward pass; their FLOP mix is counted on the meta device.
+3. **Finalists.** The best of each family, then the second best of each, ... up to
+   ``FINALISTS`` are measured as the profile was (kernel mix, step time) while the time budget
+   lasts, and ranked by the whole objective. Which finalist wins can depend on these timings;
+   the budget may be overrun by one finalist's measurement.
 """
 
 from __future__ import annotations
@@ -27,14 +31,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from hpcdl.errors import HpcdlError
+from hpcdl.proxy import kernels
 from hpcdl.proxy import objective as obj
 from hpcdl.proxy import space as spaces
 from hpcdl.proxy.document import Profile
 from hpcdl.proxy.measure import measure, saved_bytes
 from hpcdl.proxy.training import spec_trainee
 from hpcdl.records.schema import FIT, FIT_VERSION
+from hpcdl.workloads.crosscheck import decomposed
 from hpcdl.workloads.spec import Spec
 
 DRAWS = 400
@@ -42,7 +49,7 @@ STARTS = 16
 STRIDES = (32, 16, 8, 4, 2, 1)
 EVALUATIONS = 20000
 """candidates counted per family at most"""
-SCREENED = 8
+SCREENED = 6
 FINALISTS = 3
 TOLERANCE = 0.02
 """largest error of parameters and of training FLOPs that counts as reaching the profile"""
@@ -84,20 +91,43 @@ class FamilySearch:
     evaluations: int = 0
     cut_by_budget: bool = False
     optima: list[Candidate] = field(default_factory=list)
+    ends: list[Point] = field(default_factory=list)
+    """the optima's points in the space"""
+    memory_scale: float | None = None
 
 
-def cheap_errors(profile: Profile, spec: Spec) -> dict[str, float]:
+def cheap_errors(profile: Profile, spec: Spec, memory_scale: float | None = None) -> dict[str, float]:
+    """Errors of the analytic count: parameters, training FLOPs, and with ``memory_scale`` the
+    activation estimate times that scale (the family's measured / estimated bytes)."""
     count = spec.count()
-    return obj.errors(profile, {"params": count.params, "train_flops_per_sample": count.train_flops})
+    figures: dict[str, float] = {"params": count.params, "train_flops_per_sample": count.train_flops}
+    if memory_scale:
+        figures["activation_bytes_per_sample"] = count.activation_bytes(spec.precision) * memory_scale
+    return obj.errors(profile, figures)
 
 
 def search_family(
-    profile: Profile, sp: spaces.Space, weights: obj.Weights, *, seed: int, evaluations: int, deadline: float
+    profile: Profile,
+    sp: spaces.Space,
+    weights: obj.Weights,
+    *,
+    seed: int,
+    evaluations: int,
+    deadline: float,
+    memory_scale: float | None = None,
+    starts: list[Point] | None = None,
 ) -> FamilySearch:
-    """Stage 1 in one family's space."""
+    """Stage 1 in one family's space: compass searches from ``starts`` (default: the presets'
+    points and the best random draws) ranked by the analytic figures."""
     rng = random.Random(f"hpcdl.fit:{sp.family}:{seed}")
     result = FamilySearch(sp.family)
-    cheap = obj.Weights(params=weights.params, flops=weights.flops, memory=0, mix=0, time=0)
+    cheap = obj.Weights(
+        params=weights.params,
+        flops=weights.flops,
+        memory=weights.memory if memory_scale else 0,
+        mix=0,
+        time=0,
+    )
     scores: dict[Point, float] = {}
     specs: dict[Point, Candidate] = {}
 
@@ -111,23 +141,34 @@ def search_family(
         spec = sp.spec(point)
         value = float("inf")
         if spec is not None:
-            errs = cheap_errors(profile, spec)
+            errs = cheap_errors(profile, spec, memory_scale)
             value = obj.objective(errs, cheap)
             specs[point] = Candidate(spec, errs, value)
         scores[point] = value
         return value
 
-    sizes = [len(axis) for axis in sp.axes.values()]
-    draws = sorted({tuple(rng.randrange(n) for n in sizes) for _ in range(DRAWS)}, key=score)
-    starts = sp.anchors() + [d for d in draws if scores[d] < float("inf")][:STARTS]
-    optima: dict[str, Candidate] = {}
+    if starts is None:
+        sizes = [len(axis) for axis in sp.axes.values()]
+        draws = sorted({tuple(rng.randrange(n) for n in sizes) for _ in range(DRAWS)}, key=score)
+        starts = sp.anchors() + [d for d in draws if scores[d] < float("inf")][:STARTS]
+    optima: dict[str, tuple[Point, Candidate]] = {}
     for start in starts:
-        end = _compass(start, sizes, score)
+        end = _compass(start, [len(axis) for axis in sp.axes.values()], score)
         if end in specs:
-            c = specs[end]
-            optima.setdefault(repr(c.spec.to_dict()), c)
-    result.optima = sorted(optima.values(), key=lambda c: c.objective)
+            optima.setdefault(repr(specs[end].spec.to_dict()), (end, specs[end]))
+    ranked = sorted(optima.values(), key=lambda pc: pc[1].objective)
+    result.ends = [p for p, _ in ranked]
+    result.optima = [c for _, c in ranked]
     return result
+
+
+def memory_scale(profile: Profile, spec: Spec) -> float | None:
+    """Measured / estimated activation bytes of one spec: the family's estimate's bias, by
+    which the second counting pass scales every candidate's estimate."""
+    estimate = spec.count().activation_bytes(spec.precision)
+    if "activation_bytes_per_sample" not in profile.figures or estimate <= 0:
+        return None
+    return saved_bytes(spec_trainee(spec.replace(batch_size=2))) / 2 / estimate
 
 
 def _compass(point: Point, sizes: list[int], score: Callable[[Point], float]) -> Point:
@@ -181,7 +222,12 @@ class FitResult:
             "budget_s": self.budget_s,
             "elapsed_s": round(self.elapsed_s, 3),
             "search": [
-                {"family": f.family, "evaluations": f.evaluations, "cut_by_budget": f.cut_by_budget}
+                {
+                    "family": f.family,
+                    "evaluations": f.evaluations,
+                    "cut_by_budget": f.cut_by_budget,
+                    "memory_scale": f.memory_scale,
+                }
                 for f in self.families
             ],
             "finalists": [c.to_dict() for c in self.finalists],
@@ -189,13 +235,26 @@ class FitResult:
         }
 
 
+def flop_mix(spec: Spec) -> dict[str, float]:
+    """The spec's FLOP mix, counted on the meta device: shapes only, no memory, no arithmetic."""
+    with torch.device("meta"):
+        model = spec.build_module().train()
+    inputs = spec.sample_inputs(1, torch.Generator(), torch.device("cpu")).to("meta")
+    with decomposed(), FlopCounterMode(display=False) as counter:
+        model(inputs).float().sum().backward()
+    return kernels.flop_shares(counter.get_flop_counts(), model)
+
+
 def screen(profile: Profile, c: Candidate, weights: obj.Weights) -> None:
-    """Add the memory error: the candidate's saved activations in one forward pass of two samples
-    (batch norm needs two when a map shrinks to one pixel)."""
-    if "activation_bytes_per_sample" not in profile.figures:
-        return
-    measured = saved_bytes(spec_trainee(c.spec.replace(batch_size=2))) / 2
-    c.errors["memory"] = obj.relative_error(measured, profile.figures["activation_bytes_per_sample"])
+    """Add the memory and FLOP-mix errors: saved activations in one forward pass of two samples
+    (batch norm needs two when a map shrinks to one pixel), the mix counted on the meta device."""
+    figures: dict[str, float] = {}
+    if "activation_bytes_per_sample" in profile.figures:
+        figures["activation_bytes_per_sample"] = saved_bytes(spec_trainee(c.spec.replace(batch_size=2))) / 2
+    mix = flop_mix(c.spec) if profile.flop_mix else None
+    c.errors |= {
+        k: v for k, v in obj.errors(profile, figures, flop_mix=mix).items() if k in ("memory", "mix")
+    }
     c.objective = obj.objective(c.errors, weights)
 
 
@@ -240,27 +299,50 @@ def fit(
         return start + budget_s * share - time.monotonic()
 
     searches = []
-    for sp in [spaces.space(profile, family)] if family else spaces.spaces(profile):
-        deadline = time.monotonic() + max(left(COUNTING_SHARE), 0.0)
+    chosen = [spaces.space(profile, family)] if family else spaces.spaces(profile)
+    for n, sp in enumerate(chosen):
+        # each family gets an equal share of the counting time, each of its two passes half
+        share = COUNTING_SHARE * (n + 0.5) / len(chosen)
+        deadline = time.monotonic() + max(left(share), 0.0)
         s = search_family(profile, sp, weights, seed=seed, evaluations=evaluations, deadline=deadline)
+        scale = memory_scale(profile, s.optima[0].spec) if s.optima and weights.memory else None
+        if scale:
+            deadline = time.monotonic() + max(left(COUNTING_SHARE * (n + 1) / len(chosen)), 0.0)
+            again = search_family(
+                profile,
+                sp,
+                weights,
+                seed=seed,
+                evaluations=evaluations,
+                deadline=deadline,
+                memory_scale=scale,
+                starts=s.ends,
+            )
+            again.evaluations += s.evaluations
+            again.cut_by_budget |= s.cut_by_budget
+            again.memory_scale = scale
+            s = again
         summary = obj.describe_errors(s.optima[0].errors) if s.optima else "none valid"
         say(f"{sp.family}: {s.evaluations} candidates counted, {len(s.optima)} optima, best: {summary}")
         searches.append(s)
     reaching = [[c for c in s.optima if _reaches(c, tolerance)][:SCREENED] for s in searches]
-    pool = [c for i in range(SCREENED) for family_optima in reaching for c in family_optima[i : i + 1]]
-    if not pool:
+    if not any(reaching):
         raise FitError(_unreachable(profile, searches, family, tolerance))
-    say(f"screening {len(pool)} candidates by their activation memory")
-    screened: list[Candidate] = []
-    for c in pool:
-        if screened and left(SCREENING_SHARE) <= 0:
-            break
-        screen(profile, c, weights)
-        screened.append(c)
-    screened.sort(key=lambda c: c.objective)
+    say(f"screening {sum(map(len, reaching))} candidates by activation memory and FLOP mix")
+    screened: list[list[Candidate]] = [[] for _ in reaching]
+    for i in range(SCREENED):  # the families in turn, best first
+        for done, family_optima in zip(screened, reaching, strict=True):
+            if i < len(family_optima) and (not any(screened) or left(SCREENING_SHARE) > 0):
+                screen(profile, family_optima[i], weights)
+                done.append(family_optima[i])
+    # finalists: the best of each family (the closest family first), then the second of each, ...
+    ranked = sorted(
+        (sorted(done, key=lambda c: c.objective) for done in screened if done), key=lambda d: d[0].objective
+    )
+    order = [done[i] for i in range(finalists) for done in ranked if i < len(done)]
     measured: list[Candidate] = []
     slowest = 0.0
-    for c in screened[:finalists]:
+    for c in order[:finalists]:
         if measured and left() < slowest * 1.2:
             break
         began = time.monotonic()

@@ -118,7 +118,7 @@ def attention(profile: Profile) -> Space:
     else:
         fixed["classes"] = profile.classes
     axes: dict[str, tuple[Any, ...]] = {
-        "layers": _ints(1, 64),
+        "layers": (hints["attention_layers"],) if hints.get("attention_layers") else _ints(1, 64),
         "heads": _ints(1, 64),
         "head_dim": (32, 64, 128),
         "ffn_mult": _steps(0.5, 8.0, 1 / 16),
@@ -205,7 +205,12 @@ def rnn(profile: Profile) -> Space:
         fixed["cell"] = profile.hints["cell"]
     else:
         axes["cell"] = tuple(CELLS)
-    axes |= {"layers": _ints(1, 8), "hidden": _ints(16, 4096, 16), "bidirectional": (False, True)}
+    hints = profile.hints
+    axes |= {
+        "layers": (hints["recurrent_layers"],) if hints.get("recurrent_layers") else _ints(1, 8),
+        "hidden": (hints["hidden"],) if hints.get("hidden") else _ints(16, 4096, 16),
+        "bidirectional": (hints["bidirectional"],) if "bidirectional" in hints else (False, True),
+    }
     if tokens:
         # a language model's vocabulary is usually its output's: offer that value exactly
         axes |= {"embedding": _ints(16, 4096, 16), "vocab": _geometric(256, 262144, 8, (profile.classes,))}
