@@ -31,14 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from hpcdl.errors import HpcdlError
 from hpcdl.proxy import kernels
 from hpcdl.proxy import objective as obj
 from hpcdl.proxy import space as spaces
 from hpcdl.proxy.document import Profile
-from hpcdl.proxy.measure import measure, saved_bytes
+from hpcdl.proxy.measure import counter, measure, saved_bytes
 from hpcdl.proxy.training import spec_trainee
 from hpcdl.records.schema import FIT, FIT_VERSION
 from hpcdl.workloads.crosscheck import decomposed
@@ -240,9 +239,9 @@ def flop_mix(spec: Spec) -> dict[str, float]:
     with torch.device("meta"):
         model = spec.build_module().train()
     inputs = spec.sample_inputs(1, torch.Generator(), torch.device("cpu")).to("meta")
-    with decomposed(), FlopCounterMode(display=False) as counter:
+    with decomposed(), counter() as count:
         model(inputs).float().sum().backward()
-    return kernels.flop_shares(counter.get_flop_counts(), model)
+    return kernels.flop_shares(count.get_flop_counts(), model)
 
 
 def screen(profile: Profile, c: Candidate, weights: obj.Weights) -> None:
