@@ -149,7 +149,7 @@ def search_family(
     if starts is None:
         sizes = [len(axis) for axis in sp.axes.values()]
         draws = sorted({tuple(rng.randrange(n) for n in sizes) for _ in range(DRAWS)}, key=score)
-        starts = sp.anchors() + [d for d in draws if scores[d] < float("inf")][:STARTS]
+        starts = sp.anchors() + [d for d in draws if scores.get(d, float("inf")) < float("inf")][:STARTS]
     optima: dict[str, tuple[Point, Candidate]] = {}
     for start in starts:
         end = _compass(start, [len(axis) for axis in sp.axes.values()], score)
