@@ -73,7 +73,7 @@ def bare(spec: Spec) -> Spec:
 
 def ratio(c: Comparison) -> str:
     r = c.ratio
-    return f"{r['median']:.3f} ({r['p10']:.2f}-{r['p90']:.2f})"
+    return f"{r['median']:.3f} ({r['p10']:.2f}-{r['p90']:.2f}; fastest {c.fastest_ratio:.3f})"
 
 
 def run_case(case: Case, rounds: int, baseline: bool) -> list[str]:

@@ -70,7 +70,7 @@ def run_case(case: Case, args: argparse.Namespace) -> list[str]:
         f"{e['params']:+.2%}",
         f"{e['flops']:+.2%}",
         f"{e['memory']:+.1%}" if "memory" in e else "",
-        f"{r['median']:.3f} ({r['p10']:.2f}-{r['p90']:.2f})",
+        f"{r['median']:.3f} ({r['p10']:.2f}-{r['p90']:.2f}; fastest {comparison.fastest_ratio:.3f})",
     ]
 
 
