@@ -1,16 +1,16 @@
 """The fitting objective: how far a candidate's figures are from a profile's.
 
-Each figure gives a relative error ``e = candidate / target − 1`` (its size counts): parameters, training
-FLOPs per sample, activation bytes per sample and step time; the kernel mix gives the total
-variation distance of the two time mixes (the FLOP mixes when the profile has no time mix), the
-fraction of the step that sits in another kernel class. The objective is their weighted mean
-over the figures the profile has,
+Each figure gives a relative error ``e = candidate / target − 1``: parameters, training FLOPs
+per sample, activation bytes per sample and step time; the kernel mix gives the total variation
+distance of the two time mixes (the FLOP mixes when either side has no time mix), the fraction
+of the step that sits in another kernel class. The objective is the weighted mean of their sizes
+over the figures both sides have,
 
-    J = Σ w_f · e_f / Σ w_f,
+    J = Σ w_f · |e_f| / Σ w_f,
 
 with the weights below (``--weights``). Parameters and FLOPs are the analytic counts of a spec
 (exact), so the search ranks every candidate by them; memory, mix and time are measured, so only
-the finalists get them.
+screened candidates and finalists get them (``hpcdl.proxy.search``).
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ from hpcdl.proxy.document import Profile
 from hpcdl.proxy.kernels import mix_distance
 
 CHEAP = ("params", "flops")
-"""figures known for every candidate from its analytic count"""
-MEASURED = ("memory", "mix", "time")
-"""figures known only for the finalists, measured the way the profile was"""
+"""figures known for every candidate from its analytic count (the others are measured)"""
 PROFILE_FIGURE = {
     "params": "params",
     "flops": "train_flops_per_sample",
