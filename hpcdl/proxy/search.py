@@ -270,6 +270,39 @@ def measure_candidate(profile: Profile, c: Candidate, weights: obj.Weights, devi
     }
 
 
+def count_family(
+    profile: Profile,
+    sp: spaces.Space,
+    weights: obj.Weights,
+    seed: int,
+    evaluations: int,
+    tolerance: float,
+    deadlines: list[float],
+) -> FamilySearch:
+    """Stage 1 in one family: the first pass by parameters and FLOPs, then, when its best
+    optimum reaches the profile, the second pass with memory from the first pass's optima."""
+    first = search_family(profile, sp, weights, seed=seed, evaluations=evaluations, deadline=deadlines[0])
+    if not (first.optima and weights.memory and _reaches(first.optima[0], tolerance)):
+        return first
+    scale = memory_scale(profile, first.optima[0].spec)
+    if not scale:
+        return first
+    second = search_family(
+        profile,
+        sp,
+        weights,
+        seed=seed,
+        evaluations=evaluations,
+        deadline=deadlines[1],
+        memory_scale=scale,
+        starts=first.ends,
+    )
+    second.evaluations += first.evaluations
+    second.cut_by_budget |= first.cut_by_budget
+    second.memory_scale = scale
+    return second
+
+
 def fit(
     profile: Profile,
     family: str | None = None,
@@ -301,26 +334,8 @@ def fit(
     chosen = [spaces.space(profile, family)] if family else spaces.spaces(profile)
     for n, sp in enumerate(chosen):
         # each family gets an equal share of the counting time, each of its two passes half
-        share = COUNTING_SHARE * (n + 0.5) / len(chosen)
-        deadline = time.monotonic() + max(left(share), 0.0)
-        s = search_family(profile, sp, weights, seed=seed, evaluations=evaluations, deadline=deadline)
-        scale = memory_scale(profile, s.optima[0].spec) if s.optima and weights.memory else None
-        if scale:
-            deadline = time.monotonic() + max(left(COUNTING_SHARE * (n + 1) / len(chosen)), 0.0)
-            again = search_family(
-                profile,
-                sp,
-                weights,
-                seed=seed,
-                evaluations=evaluations,
-                deadline=deadline,
-                memory_scale=scale,
-                starts=s.ends,
-            )
-            again.evaluations += s.evaluations
-            again.cut_by_budget |= s.cut_by_budget
-            again.memory_scale = scale
-            s = again
+        ends = [start + budget_s * COUNTING_SHARE * (n + k) / len(chosen) for k in (0.5, 1)]
+        s = count_family(profile, sp, weights, seed, evaluations, tolerance, ends)
         summary = obj.describe_errors(s.optima[0].errors) if s.optima else "none valid"
         say(f"{sp.family}: {s.evaluations} candidates counted, {len(s.optima)} optima, best: {summary}")
         searches.append(s)
