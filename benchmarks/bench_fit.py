@@ -17,8 +17,10 @@ Needs ``pip install -e '.[fidelity]'`` (transformers).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +56,9 @@ OTHERS = [
 ]  # fmt: skip
 
 
-def run_case(case: Case, args: argparse.Namespace) -> list[str]:
+def run_case(name: str, args: argparse.Namespace) -> list[str]:
+    warnings.filterwarnings("ignore")
+    case = next(c for c in CASES + OTHERS if c.name == name)
     module, batch = case.real()
     profile = hpcdl.profile(module, batch, name=case.name, steps=4)
     result = hpcdl.fit(profile, None if args.any_family else case.family, budget_s=args.budget, finalists=2)
@@ -82,13 +86,15 @@ def main() -> None:
     ap.add_argument("--any-family", action="store_true")
     ap.add_argument("--others", action="store_true")
     args = ap.parse_args()
-    warnings.filterwarnings("ignore")
     cases = CASES + (OTHERS if args.others else [])
-    rows = [
-        run_case(c, args)
-        for c in cases
-        if not args.only or any(c.name.startswith(o) for o in args.only.split(","))
+    names = [
+        c.name for c in cases if not args.only or any(c.name.startswith(o) for o in args.only.split(","))
     ]
+    # each case in a fresh process: two large models and their optimizer states per case would
+    # otherwise pile up (a run of all four once ran out of 23 GiB)
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn, max_tasks_per_child=1) as pool:
+        rows = [pool.submit(run_case, name, args).result() for name in names]
     print()
     head = ["real model", "kind", "family", "params", "train FLOPs", "memory", "step proxy/real"]
     print(table(head, rows, numeric=False))

@@ -53,15 +53,21 @@ def bert(seq: int = 128, batch: int = 4, **config: Any) -> tuple[nn.Module, dict
     return BertForMaskedLM(cfg), {"input_ids": _ids(cfg.vocab_size, batch, seq)}
 
 
-def resnet50(image: int = 112, batch: int = 4) -> tuple[nn.Module, dict[str, torch.Tensor]]:
-    """Hugging Face ``ResNetForImageClassification``: ResNet-50 v1.5, 1000 classes."""
+def resnet(image: int = 112, batch: int = 4, **config: Any) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """Hugging Face ``ResNetForImageClassification``, 1000 classes: ResNet-50 v1.5 unless
+    ``config`` says otherwise (``layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128,
+    256, 512]`` is ResNet-18)."""
     torchvision_models()  # before transformers imports it
     from transformers import ResNetConfig, ResNetForImageClassification
 
     torch.manual_seed(SEED)
-    return ResNetForImageClassification(ResNetConfig(num_labels=1000)), {
-        "pixel_values": _images(batch, image)
-    }
+    model = ResNetForImageClassification(ResNetConfig(num_labels=1000, **config))
+    return model, {"pixel_values": _images(batch, image)}
+
+
+def resnet50(image: int = 112, batch: int = 4) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """ResNet-50 v1.5 (Hugging Face's, in torchvision's layout)."""
+    return resnet(image, batch)
 
 
 @functools.cache
