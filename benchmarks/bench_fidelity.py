@@ -65,7 +65,7 @@ CASES = [
 
 
 def bare(spec: Spec) -> Spec:
-    knobs = dict(BARE)
+    knobs: dict[str, Any] = dict(BARE)
     if spec.family == "attention":
         knobs["activation"] = "gelu"
     return spec.replace(**{k: v for k, v in knobs.items() if k in spec.knobs()})
