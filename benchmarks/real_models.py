@@ -61,7 +61,9 @@ def resnet(image: int = 112, batch: int = 4, **config: Any) -> tuple[nn.Module, 
     from transformers import ResNetConfig, ResNetForImageClassification
 
     torch.manual_seed(SEED)
-    model = ResNetForImageClassification(ResNetConfig(num_labels=1000, **config))
+    cfg = ResNetConfig(**config)
+    cfg.num_labels = 1000
+    model = ResNetForImageClassification(cfg)
     return model, {"pixel_values": _images(batch, image)}
 
 
