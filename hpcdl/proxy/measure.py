@@ -44,7 +44,7 @@ def reference_work(device: torch.device) -> float:
     shared machine, where raw step times drift by several times under other people's load."""
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(REFERENCE_SIDE, REFERENCE_SIDE, generator=gen, device=device)
-    buf = torch.empty(1 << 22, device=device)
+    buf = torch.ones(1 << 22, device=device)  # not empty(): denormals in garbage would slow it
     synchronize(device)
     start = time.perf_counter()
     for _ in range(REFERENCE_PRODUCTS):
