@@ -223,6 +223,9 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         (["profile", f"{MODELS}:returns_no_module"], "its first item is str"),
         (["fit", "/nonexistent/profile.json"], "cannot be read"),
         (["fit", str(HERE / "proxy_models.py")], "is not JSON"),
+        (["fit", "x.json", "--budget", "nan"], "--budget=nan is invalid"),
+        (["fit", "x.json", "--weights", "time=-1"], "weights.time=-1.0 is invalid"),
+        (["profile", f"{MODELS}:tiny_cnn", "--steps", "0"], "steps=0 is invalid"),
     ],
 )
 def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:

@@ -90,7 +90,20 @@ def fit_table(result: FitResult) -> str:
     return table(["figure", "profile", "fitted", "error"], rows, numeric=False) + "\n" + note
 
 
+def _check_fit_options(args: argparse.Namespace) -> None:
+    for name, value, ok, allowed in (
+        ("--budget", args.budget, args.budget > 0, "seconds > 0"),
+        ("--finalists", args.finalists, args.finalists >= 1, "at least 1"),
+        ("--rounds", args.rounds, args.rounds >= 1, "at least 1"),
+        ("--tolerance", args.tolerance, 0 < args.tolerance < 1, "a fraction in (0, 1)"),
+    ):
+        if not ok:  # NaN fails every comparison, so it lands here too
+            raise InputError(name, value, allowed)
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
+    _check_fit_options(args)
+    weights = Weights.parse(args.weights)  # every option checked before anything is read
     doc = document.load(args.profile)
     if doc.get("schema") == FIT:
         return _reverify(args, doc)
@@ -98,7 +111,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     result = fit(
         profile,
         args.family,
-        weights=Weights.parse(args.weights),
+        weights=weights,
         seed=args.seed,
         budget_s=args.budget,
         finalists=args.finalists,

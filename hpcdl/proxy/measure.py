@@ -250,6 +250,8 @@ def measure(
 ) -> Profile:
     """The profile of a trainee: every figure measured on its device, in its precision."""
     say = progress or (lambda _: None)
+    if steps < 1 or warmup < 0:
+        raise InputError("steps", steps, "expected at least 1 timed step (and warm-up >= 0)")
     kind, shape, batch = input_description(trainee.batch)
     say("forward pass (output, operators)")
     with _observed() as (census, attention):

@@ -15,6 +15,7 @@ screened candidates and finalists get them (``hpcdl.proxy.search``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -46,8 +47,9 @@ class Weights:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-                raise InputError(f"weights.{f.name}", value, "expected a number >= 0")
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number or not math.isfinite(value) or value < 0:
+                raise InputError(f"weights.{f.name}", value, "expected a finite number >= 0")
 
     @classmethod
     def parse(cls, text: str) -> Weights:

@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hpcdl.errors import InputError
 from hpcdl.measure.data import make_batch
 from hpcdl.measure.device import synchronize
+from hpcdl.workloads.precision import PRECISIONS
 from hpcdl.workloads.precision import precision as precision_of
 from hpcdl.workloads.spec import Spec
 
@@ -102,6 +104,8 @@ class Trainee:
         precision: str = "fp32",
         device: torch.device | str = "cpu",
     ) -> None:
+        if precision not in PRECISIONS:
+            raise InputError("precision", precision, "allowed: " + ", ".join(PRECISIONS))
         self.device = torch.device(device)
         self.model = model.to(self.device).train()
         self.batch = to_device(batch, self.device)
