@@ -238,7 +238,8 @@ def flop_mix(spec: Spec) -> dict[str, float]:
     """The spec's FLOP mix, counted on the meta device: shapes only, no memory, no arithmetic."""
     with torch.device("meta"):
         model = spec.build_module().train()
-    inputs = spec.sample_inputs(1, torch.Generator(), torch.device("cpu")).to("meta")
+    # two samples: batch norm refuses one when a map has shrunk to one pixel
+    inputs = spec.sample_inputs(2, torch.Generator(), torch.device("cpu")).to("meta")
     with decomposed(), counter() as count:
         model(inputs).float().sum().backward()
     return kernels.flop_shares(count.get_flop_counts(), model)
