@@ -226,6 +226,11 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         (["fit", "x.json", "--budget", "nan"], "--budget=nan is invalid"),
         (["fit", "x.json", "--weights", "time=-1"], "weights.time=-1.0 is invalid"),
         (["profile", f"{MODELS}:tiny_cnn", "--steps", "0"], "steps=0 is invalid"),
+        (
+            ["profile", f"{MODELS}:tiny_cnn", "-o", "/nonexistent/dir/p.json", "--steps", "1"],
+            "cannot be written",
+        ),
+        (["fit", str(HERE / "data" / "none.json"), "--verify", "--model", "nowhere:f"], "cannot be read"),
     ],
 )
 def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from hpcdl.proxy import as_profile, document
 from hpcdl.proxy.kernels import CLASSES
 from hpcdl.proxy.measure import STEPS, measure
 from hpcdl.proxy.objective import PROFILE_FIGURE, Weights, describe_errors
-from hpcdl.proxy.reference import load_model
+from hpcdl.proxy.reference import load_model, resolve
 from hpcdl.proxy.search import FINALISTS, TOLERANCE, FitResult, describe_spec, fit
 from hpcdl.proxy.training import Trainee
 from hpcdl.proxy.verify import ROUNDS, verify
@@ -47,7 +48,17 @@ def profile_table(p: document.Profile) -> str:
     return table(["figure", "value"], [["data", shape], *rows], numeric=False)
 
 
+def _check_writable(*paths: Path | None) -> None:
+    """Refuse an output path in a folder that cannot be written, before any work is done."""
+    for path in paths:
+        if path is not None and not (path.parent.is_dir() and os.access(path.parent, os.W_OK)):
+            raise InputError("output", str(path), "cannot be written (no such folder, or not writable)")
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        raise InputError("--steps", args.steps, "at least 1")
+    _check_writable(args.output)
     real = load_model(args.model)
     trainee = Trainee(real.module, real.batch, real.loss_fn, precision=args.precision, device=args.device)
     name = args.name or args.model.rpartition(":")[2]
@@ -103,11 +114,19 @@ def _check_fit_options(args: argparse.Namespace) -> None:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     _check_fit_options(args)
+    _check_writable(args.output, args.record)
     weights = Weights.parse(args.weights)  # every option checked before anything is read
     doc = document.load(args.profile)
     if doc.get("schema") == FIT:
         return _reverify(args, doc)
     profile = as_profile(doc)
+    ref = args.model or profile.source.get("ref")
+    if args.verify:
+        if not ref:
+            raise InputError(
+                "--verify", str(args.profile), "needs the real model: give --model MODULE:CALLABLE"
+            )
+        resolve(str(ref))  # a reference that does not resolve is refused before the search
     result = fit(
         profile,
         args.family,
@@ -123,13 +142,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
     print(fit_table(result))
     print("run it: hpcdl run " + " ".join(spec_to_args(result.spec)))
     if args.verify:
-        ref = args.model or profile.source.get("ref")
         result.verifications.append(_verify(args, result.spec, ref))
     record = result.to_record()
     if args.output:
         header = [f"fitted by hpcdl fit to {args.profile} ({profile.name})"]
         header.append(f"errors: {describe_errors(result.best.errors)}")
-        args.output.write_text(spec_toml(result.spec, header), encoding="utf-8")
+        document.save_text(spec_toml(result.spec, header), args.output)
         print(f"spec written to {args.output}")
     record_path = args.record or (args.output.with_suffix(".fit.json") if args.output else None)
     if record_path:

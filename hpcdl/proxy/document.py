@@ -160,7 +160,15 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def save(doc: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    """Write a JSON document; a path that cannot be written is a one-line ``InputError``."""
+    save_text(json.dumps(doc, indent=1) + "\n", path)
+
+
+def save_text(text: str, path: Path) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise InputError("output", str(path), f"cannot be written ({e.strerror or e})") from None
 
 
 def _table(doc: dict[str, Any], key: str) -> dict[str, Any]:
