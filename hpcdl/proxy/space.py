@@ -120,7 +120,7 @@ def attention(profile: Profile) -> Space:
     axes: dict[str, tuple[Any, ...]] = {
         "layers": (hints["attention_layers"],) if hints.get("attention_layers") else _ints(1, 64),
         "heads": _ints(1, 64),
-        "head_dim": (32, 64, 128),
+        "head_dim": (16, 32, 64, 128),
         "ffn_mult": _steps(0.5, 8.0, 1 / 16),
         "positions": (0, *(p for p in (512, 1024, 2048, 4096, 8192) if p > steps)),
     }
