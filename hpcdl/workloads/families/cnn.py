@@ -372,7 +372,9 @@ class CNNSpec(Spec):
         t.keep(fan_in)  # pooled features, the first linear's input
         for _ in range(self.head_layers):
             t.linear(1, fan_in, self.head_width)
-            t.keep(self.head_width * (2 if self.dropout else 1))  # ReLU output, dropout mask
+            t.keep(self.head_width)  # ReLU output
+            if self.dropout:
+                t.keep(self.head_width // 4)  # the dropout mask, booleans: a quarter element each
             fan_in = self.head_width
         t.linear(1, fan_in, self.classes)
 

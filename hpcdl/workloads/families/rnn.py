@@ -104,8 +104,9 @@ class RNNSpec(Spec):
             data_input=self.vocab == 0,  # raw features need no gradient; an embedding's output does
         )
         if self.dropout:
-            # masks of the input dropout, the dropout between layers and the output dropout
-            t.keep(T * (self.input_size + (self.layers - 1) * width + width))
+            # masks of the input dropout, the dropout between layers and the output dropout,
+            # booleans: a quarter element each (as attention's)
+            t.keep(T * (self.input_size + (self.layers - 1) * width + width) // 4)
         head_rows = T if self.output == "step" else 1
         t.linear(head_rows, width, self.classes)
         return t.result()
