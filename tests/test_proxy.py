@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from torch import nn
 
 import hpcdl
@@ -23,8 +24,10 @@ from hpcdl.proxy.search import FitError, search_family
 from hpcdl.proxy.space import space
 from hpcdl.proxy.training import Trainee, spec_trainee
 from hpcdl.proxy.verify import interleaved
-from hpcdl.workloads.families.attention import AttentionSpec
+from hpcdl.workloads.crosscheck import counted_flops, saved_activation_elements
+from hpcdl.workloads.families.attention import ACTIVATIONS, AttentionSpec, ComposedTanhGELU
 from hpcdl.workloads.families.cnn import CNNSpec
+from hpcdl.workloads.families.rnn import RNNSpec
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -298,3 +301,27 @@ def test_dropout_zero_builds_no_dropout_module() -> None:
     assert not any(isinstance(m, nn.Dropout) for m in AttentionSpec().build().modules())
     # embeddings, and per block the attention output and the feed-forward output
     assert sum(isinstance(m, nn.Dropout) for m in AttentionSpec(dropout=0.1, layers=2).build().modules()) == 5
+
+
+KNOB_SPECS = [
+    *(
+        AttentionSpec(layers=2, width=16, heads=2, seq_len=6, vocab=30, dropout=0.1, activation=a)
+        for a in ACTIVATIONS
+    ),
+    RNNSpec(hidden=16, layers=2, seq_len=6, embedding=8, vocab=20, classes=5, dropout=0.3),
+    CNNSpec(image_size=16, head_layers=2, head_width=32, dropout=0.5, base_width=8),
+]
+
+
+@pytest.mark.parametrize("spec", KNOB_SPECS, ids=lambda s: f"{s.family}-{getattr(s, 'activation', '')}")
+def test_fidelity_knobs_keep_the_counts_exact(spec: Any) -> None:
+    count = spec.count()
+    assert count.params == sum(p.numel() for p in spec.build().parameters())
+    assert (count.forward_flops, count.train_flops) == counted_flops(spec)
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert 0.5 <= count.activation_elements / saved_activation_elements(spec) <= 3
+
+
+def test_composed_tanh_gelu_is_the_tanh_gelu() -> None:
+    x = torch.linspace(-6, 6, 1001)
+    assert torch.allclose(ComposedTanhGELU()(x), nn.GELU(approximate="tanh")(x), atol=1e-6)
