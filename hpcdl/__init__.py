@@ -11,6 +11,8 @@ The Python API::
     resnet = hpcdl.preset("resnet50", batch_size=32)          # a preset, knobs overridden
     suite = hpcdl.suite("M").specs(precision="bf16")          # a size class's workloads
     drawn = hpcdl.sample_spec("cnn", seed=3)                  # an architecture from a seed
+    prof = hpcdl.profile(my_model, example_batch)   # what a real model's training step costs
+    proxy = hpcdl.fit(prof)                         # the hpcdl workload that costs the same
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from hpcdl.errors import HpcdlError, InputError, SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import make_batch
 from hpcdl.measure.runner import RunResult, run
+from hpcdl.proxy import fit, profile
 from hpcdl.workloads.counting import Count
 from hpcdl.workloads.families.attention import AttentionSpec
 from hpcdl.workloads.families.cnn import CNNSpec
@@ -59,8 +62,10 @@ __all__ = [
     "Spec",
     "build_model",
     "count",
+    "fit",
     "make_batch",
     "preset",
+    "profile",
     "run",
     "sample_spec",
     "spec_from_args",

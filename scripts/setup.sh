@@ -17,7 +17,7 @@ test=0
 extras="mpi"
 case "${1:-}" in
   --mpi) mpi=1 ;;
-  --test) mpi=1; test=1; extras="mpi,test" ;;
+  --test) mpi=1; test=1; extras="mpi,test,fidelity" ;;
   "") ;;
   *) echo "usage: bash scripts/setup.sh [--mpi|--test]" >&2; exit 2 ;;
 esac

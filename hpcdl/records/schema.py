@@ -32,3 +32,9 @@ CAPACITY = "hpcdl.capacity"
 
 NOT_RECORDS = (SUITE, SWEEP, COMM, RANKING, JOBS, COLLECTED, CAPS, REPEATS, CAPACITY)
 """documents that sit among records but are not records to rank or report one by one"""
+PROFILE = "hpcdl.profile"
+"""what one training step of a model costs (``hpcdl profile``; METRICS.md, "Profiles")"""
+PROFILE_VERSION = 1
+FIT = "hpcdl.fit"
+"""a fitted proxy: the spec, each figure's error, its verifications (``hpcdl fit``)"""
+FIT_VERSION = 1

@@ -34,9 +34,14 @@ the previous one), measured with ``saved_tensors_hooks`` and rounded up. oneDNN'
 keeps an opaque workspace of about 16 floats per step and unit instead."""
 
 
-def recurrent_stack(cell: str, input_size: int, hidden: int, layers: int, bidirectional: bool) -> nn.RNNBase:
-    """``layers`` recurrent layers over batch-first sequences."""
-    return CELLS[cell](input_size, hidden, num_layers=layers, batch_first=True, bidirectional=bidirectional)
+def recurrent_stack(
+    cell: str, input_size: int, hidden: int, layers: int, bidirectional: bool, dropout: float = 0.0
+) -> nn.RNNBase:
+    """``layers`` recurrent layers over batch-first sequences; ``dropout`` between layers."""
+    between = dropout if layers > 1 else 0.0  # one layer has no "between" (torch warns otherwise)
+    return CELLS[cell](
+        input_size, hidden, num_layers=layers, batch_first=True, bidirectional=bidirectional, dropout=between
+    )
 
 
 def count_stack(

@@ -10,7 +10,9 @@ norms, activations and embedding lookups are element-wise or lookups: not counte
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -23,7 +25,28 @@ from hpcdl.workloads.counting import Count, Tally
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "relu": nn.ReLU}
+
+class ComposedTanhGELU(nn.Module):
+    """The tanh approximation of GELU written as separate tensor operations, as GPT-2's reference
+    code computes it: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``. Each operation reads and
+    writes the whole tensor and keeps its input for backward, which on a CPU costs far more than
+    the one fused kernel of ``nn.GELU(approximate="tanh")``; a proxy of such a model needs that cost."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "gelu": nn.GELU,
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "gelu_tanh_composed": ComposedTanhGELU,
+    "relu": nn.ReLU,
+    "silu": nn.SiLU,
+}
+"""feed-forward activation -> module: one fused kernel each, but ``gelu_tanh_composed``"""
+COMPOSED_SAVED = 3
+"""elements per hidden unit that ``gelu_tanh_composed`` keeps for backward beyond what a fused
+activation keeps (4 tensors of the hidden size against 1, counted with ``saved_tensors_hooks``)"""
 EMBED_STD = 0.02
 """initial std of the token and position tables (as BERT and GPT-2): N(0, 1) embeddings would
 make tied-head logits of std ~sqrt(width) and the first losses huge"""
@@ -68,7 +91,19 @@ class AttentionSpec(Spec):
     )
     classes: int = knob(2, lo=2, hi=1 << 24, doc="output classes of the cls head")
     tie_embeddings: bool = knob(False, doc="lm head reuses the token embedding (no extra params; lm only)")
-    activation: str = knob("gelu", choices=tuple(ACTIVATIONS), doc="feed-forward activation")
+    activation: str = knob(
+        "gelu",
+        choices=tuple(ACTIVATIONS),
+        doc="feed-forward activation: gelu (exact), gelu_tanh (fused tanh approximation), "
+        "gelu_tanh_composed (the same written as element-wise ops, as GPT-2's code), relu, silu",
+    )
+    dropout: float = knob(
+        0.0,
+        lo=0.0,
+        hi=0.95,
+        doc="dropout on the embeddings, the attention probabilities and both residual branches "
+        "(BERT and GPT-2: 0.1); on a CPU attention dropout leaves the fused kernel",
+    )
 
     @classmethod
     def from_drawn(cls, drawn: dict[str, Any], ranges: Ranges, rng: random.Random) -> dict[str, Any]:
@@ -111,8 +146,10 @@ class AttentionSpec(Spec):
         t.keep(L * W)  # the embedding sum
         if self.norm == "post":
             _layer_norm(t, L, W)
+        if self.dropout:
+            t.keep(_mask(L * W))  # the embedding dropout's
         for _ in range(self.layers):
-            _block(t, L, W, self.heads, self.ffn_hidden)
+            _block(t, self, L, W)
         if self.norm == "pre":
             _layer_norm(t, L, W)
         if self.head == "cls":
@@ -129,14 +166,21 @@ class AttentionSpec(Spec):
         return torch.randint(self.vocab, (n, self.seq_len), generator=generator, device=device)
 
 
+def _mask(elements: int) -> int:
+    """A dropout mask is kept as booleans: one byte per element, counted as a quarter element."""
+    return elements // 4
+
+
 def _layer_norm(t: Tally, tokens: int, width: int) -> None:
     """A LayerNorm: scale and shift; keeps its output plus a mean and a 1/std per token."""
     t.add_params(2 * width)
     t.keep(tokens * (width + 2))
 
 
-def _block(t: Tally, tokens: int, width: int, heads: int, hidden: int) -> None:
-    """One transformer block (the norm placement does not change what is counted)."""
+def _block(t: Tally, spec: AttentionSpec, tokens: int, width: int) -> None:
+    """One transformer block (the norm placement does not change what is counted; dropout and
+    the activation are element-wise: they change what is kept, not the FLOPs)."""
+    heads, hidden = spec.heads, spec.ffn_hidden
     d_head = width // heads
     _layer_norm(t, tokens, width)
     t.linear(tokens, width, 3 * width)  # fused q, k, v
@@ -144,11 +188,25 @@ def _block(t: Tally, tokens: int, width: int, heads: int, hidden: int) -> None:
     t.matmul(tokens, tokens, d_head, times=heads)  # A V
     # flash-style kernels keep the output and a log-sum-exp per row, not the L x L scores
     t.keep(tokens * (width + heads))
+    if spec.dropout:
+        # no fused CPU kernel takes attention dropout: the math path keeps three L x L tensors
+        # (probabilities, the mask as floats, the dropped probabilities) and scaled copies of Q and
+        # K, but not the fused kernel's output and log-sum-exp (measured with saved_tensors_hooks;
+        # GPU kernels regenerate the mask: an overestimate there)
+        t.keep(3 * heads * tokens * tokens + tokens * width - heads * tokens)
+        t.keep(2 * _mask(tokens * width))  # the two residual dropouts
     t.linear(tokens, width, width)  # output projection
     _layer_norm(t, tokens, width)
     t.linear(tokens, width, hidden)
     t.keep(tokens * hidden)  # activation output
+    if spec.activation == "gelu_tanh_composed":
+        t.keep(COMPOSED_SAVED * tokens * hidden)
     t.linear(tokens, hidden, width)
+
+
+def _dropout(spec: AttentionSpec) -> nn.Module:
+    # no module at all without dropout: even p = 0 would run a kernel per call
+    return nn.Dropout(spec.dropout) if spec.dropout else nn.Identity()
 
 
 class Block(nn.Module):
@@ -158,15 +216,18 @@ class Block(nn.Module):
         super().__init__()
         self.heads = spec.heads
         self.causal = spec.causal
+        self.attention_dropout = spec.dropout
         self.pre_norm = spec.norm == "pre"
         self.norm1 = nn.LayerNorm(spec.width)
         self.qkv = nn.Linear(spec.width, 3 * spec.width)
         self.proj = nn.Linear(spec.width, spec.width)
         self.norm2 = nn.LayerNorm(spec.width)
+        self.proj_drop = _dropout(spec)
         self.ffn = nn.Sequential(
             nn.Linear(spec.width, spec.ffn_hidden),
             ACTIVATIONS[spec.activation](),
             nn.Linear(spec.ffn_hidden, spec.width),
+            _dropout(spec),
         )
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:
@@ -174,8 +235,9 @@ class Block(nn.Module):
         # (batch, tokens, 3, heads, d_head) -> three (batch, heads, tokens, d_head) views
         q, k, v = self.qkv(x).view(batch, tokens, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         # the fused SDPA kernels (flash attention on GPUs) never materialise the L x L scores
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        return self.proj(y.transpose(1, 2).reshape(batch, tokens, width))
+        p = self.attention_dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
+        return self.proj_drop(self.proj(y.transpose(1, 2).reshape(batch, tokens, width)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pre_norm:
@@ -196,6 +258,7 @@ class Transformer(nn.Module):
         nn.init.normal_(self.positions.weight, std=EMBED_STD)
         # post-norm (BERT) normalises the embeddings; pre-norm (GPT-2) the last block's output
         self.embed_norm = nn.LayerNorm(spec.width) if spec.norm == "post" else nn.Identity()
+        self.embed_drop = _dropout(spec)
         self.blocks = nn.Sequential(*(Block(spec) for _ in range(spec.layers)))
         self.final_norm = nn.LayerNorm(spec.width) if spec.norm == "pre" else nn.Identity()
         self.pool = spec.head == "cls"
@@ -206,7 +269,7 @@ class Transformer(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tokens(ids) + self.positions.weight[: ids.shape[1]]
-        x = self.final_norm(self.blocks(self.embed_norm(x)))
+        x = self.final_norm(self.blocks(self.embed_drop(self.embed_norm(x))))
         if self.pool:
             x = x.mean(dim=1)
         if self.head is None:

@@ -139,6 +139,7 @@ class CNNSpec(Spec):
     )
     head_layers: int = knob(0, lo=0, hi=16, doc="hidden fully connected layers (ReLU) before the classifier")
     head_width: int = knob(4096, lo=1, hi=1 << 17, doc="units per hidden head layer")
+    dropout: float = knob(0.0, lo=0.0, hi=0.95, doc="dropout after each hidden head layer (VGG: 0.5)")
 
     @classmethod
     def from_drawn(cls, drawn: dict[str, Any], ranges: Ranges, rng: random.Random) -> dict[str, Any]:
@@ -286,6 +287,8 @@ class CNNSpec(Spec):
         fan_in = channels * side * side
         for _ in range(self.head_layers):
             mods += [nn.Linear(fan_in, self.head_width), nn.ReLU()]
+            if self.dropout:
+                mods.append(nn.Dropout(self.dropout))
             fan_in = self.head_width
         mods.append(nn.Linear(fan_in, self.classes))
         return mods
@@ -370,6 +373,8 @@ class CNNSpec(Spec):
         for _ in range(self.head_layers):
             t.linear(1, fan_in, self.head_width)
             t.keep(self.head_width)  # ReLU output
+            if self.dropout:
+                t.keep(self.head_width // 4)  # the dropout mask, booleans: a quarter element each
             fan_in = self.head_width
         t.linear(1, fan_in, self.classes)
 

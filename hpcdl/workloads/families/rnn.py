@@ -52,6 +52,13 @@ class RNNSpec(Spec):
         "step", choices=("step", "last"), doc="logits at every step, or only from the final hidden state"
     )
     classes: int = knob(256, lo=2, hi=1 << 24, doc="output classes (set to vocab for a language model)")
+    dropout: float = knob(
+        0.0,
+        lo=0.0,
+        hi=0.95,
+        doc="dropout on the recurrent stack's input, between its layers and on its output "
+        "(Zaremba et al.'s large LSTM: 0.65)",
+    )
 
     def check(self) -> None:
         if self.vocab > 0 and self.embedding < 1:
@@ -96,6 +103,10 @@ class RNNSpec(Spec):
             directions=self.directions,
             data_input=self.vocab == 0,  # raw features need no gradient; an embedding's output does
         )
+        if self.dropout:
+            # masks of the input dropout, the dropout between layers and the output dropout,
+            # booleans: a quarter element each (as attention's)
+            t.keep(T * (self.input_size + (self.layers - 1) * width + width) // 4)
         head_rows = T if self.output == "step" else 1
         t.linear(head_rows, width, self.classes)
         return t.result()
@@ -114,15 +125,19 @@ class RNNNet(nn.Module):
         self.last = spec.output == "last"
         self.directions = spec.directions
         self.embed = nn.Embedding(spec.vocab, spec.embedding) if spec.vocab > 0 else None
-        self.rnn = recurrent_stack(spec.cell, spec.input_size, spec.hidden, spec.layers, spec.bidirectional)
+        self.rnn = recurrent_stack(
+            spec.cell, spec.input_size, spec.hidden, spec.layers, spec.bidirectional, spec.dropout
+        )
+        # no module at all without dropout: even p = 0 would run a kernel per call
+        self.drop = nn.Dropout(spec.dropout) if spec.dropout else nn.Identity()
         self.head = nn.Linear(spec.directions * spec.hidden, spec.classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
             x = self.embed(x)
-        out, state = self.rnn(x)
+        out, state = self.rnn(self.drop(x))
         if not self.last:
-            return self.head(out)
+            return self.head(self.drop(out))
         h_n = state[0] if isinstance(state, tuple) else state  # an LSTM returns (h_n, c_n)
         # the final states of the top layer, both directions: the reversed pass ends at step 0
         top = h_n[-self.directions :].transpose(0, 1).reshape(x.shape[0], -1)

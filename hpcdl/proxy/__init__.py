@@ -1,0 +1,44 @@
+"""Proxies of real models: measure what a model's training step costs (a *profile*), fit an
+hpcdl workload that costs the same (a *fit*), and verify the two side by side.
+
+* :mod:`~hpcdl.proxy.document` -- the profile document and its validation
+* :mod:`~hpcdl.proxy.reference` -- a real model named by an import reference
+* :mod:`~hpcdl.proxy.training` -- one training step of a real model or of a spec, the same way
+* :mod:`~hpcdl.proxy.kernels` -- kernel classes and the time and FLOP mix
+* :mod:`~hpcdl.proxy.measure` -- measuring a profile
+* :mod:`~hpcdl.proxy.space`, :mod:`~hpcdl.proxy.objective`, :mod:`~hpcdl.proxy.search` -- the fit
+* :mod:`~hpcdl.proxy.verify` -- interleaved step-time comparison
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hpcdl.proxy.document import Profile, load
+from hpcdl.proxy.measure import profile
+from hpcdl.proxy.search import FitError, FitResult
+from hpcdl.proxy.search import fit as _fit
+
+
+def as_profile(source: Profile | dict[str, Any] | str | Path) -> Profile:
+    """A profile from itself, its JSON document, or the path of its file."""
+    if isinstance(source, Profile):
+        return source
+    if isinstance(source, str | Path):
+        source = load(Path(source))
+    return Profile.from_dict(source)
+
+
+def fit(
+    profile: Profile | dict[str, Any] | str | Path, family: str | None = None, **options: Any
+) -> FitResult:
+    """Fit an hpcdl spec to a profile (a :class:`Profile`, its document or its file): the spec of
+    ``family`` (default: of every family that takes the profile's data, the closest) whose
+    parameters, FLOPs, memory, kernel mix and step time are nearest, with each figure's error.
+    ``options`` are those of :func:`hpcdl.proxy.search.fit` (``weights``, ``seed``, ``budget_s``,
+    ``finalists``, ``tolerance``, ``device``, ...)."""
+    return _fit(as_profile(profile), family, **options)
+
+
+__all__ = ["FitError", "FitResult", "Profile", "as_profile", "fit", "profile"]

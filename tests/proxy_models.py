@@ -1,0 +1,50 @@
+"""Small real models for the proxy tests, as import references (``tests/proxy_models.py:NAME``):
+Hugging Face ``transformers`` models built from tiny configs (random weights, no download)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 97, "n_positions": 16}
+"""GPT-2's code (dropout 0.1, its written-out tanh GELU, causal SDPA) at a tiny size"""
+SEQ, BATCH = 12, 2
+
+
+def _ids(vocab: int) -> torch.Tensor:
+    return torch.randint(vocab, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+
+
+def tiny_gpt2() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(**GPT2)), {"input_ids": _ids(GPT2["vocab_size"])}
+
+
+def tiny_bert() -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=89
+    )
+    return BertForMaskedLM(cfg), {"input_ids": _ids(89)}
+
+
+def tiny_cnn() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5)
+    )
+    return model, torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+
+
+def returns_a_number() -> Any:
+    return 3
+
+
+def returns_no_module() -> Any:
+    return "not a module", torch.zeros(2, 3)

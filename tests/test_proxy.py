@@ -1,0 +1,327 @@
+"""Proxies: profiles of real models (Hugging Face transformers built from tiny configs), the
+profile document, kernel classes, the fit and its objective, verification, and the CLI's
+one-line errors for bad input."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import hpcdl
+from hpcdl.cli import main
+from hpcdl.errors import InputError
+from hpcdl.proxy import kernels
+from hpcdl.proxy.document import Profile
+from hpcdl.proxy.measure import flops, saved_bytes
+from hpcdl.proxy.objective import Weights, objective
+from hpcdl.proxy.search import FitError, search_family
+from hpcdl.proxy.space import space
+from hpcdl.proxy.training import Trainee, spec_trainee
+from hpcdl.proxy.verify import interleaved
+from hpcdl.workloads.crosscheck import counted_flops, saved_activation_elements
+from hpcdl.workloads.families.attention import ACTIVATIONS, AttentionSpec, ComposedTanhGELU
+from hpcdl.workloads.families.cnn import CNNSpec
+from hpcdl.workloads.families.rnn import RNNSpec
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+HERE = Path(__file__).parent
+MODELS = HERE / "proxy_models.py"
+import proxy_models  # noqa: E402  (beside this file, on pytest's path)
+
+
+def gpt2_spec(**knobs: Any) -> AttentionSpec:
+    """The hpcdl spec of ``proxy_models.tiny_gpt2``: the same network, knob for knob."""
+    g = proxy_models.GPT2
+    base = dict(
+        layers=g["n_layer"], width=g["n_embd"], heads=g["n_head"], vocab=g["vocab_size"],
+        positions=g["n_positions"], seq_len=proxy_models.SEQ, batch_size=proxy_models.BATCH,
+        causal=True, norm="pre", tie_embeddings=True, dropout=0.1, activation="gelu_tanh_composed",
+    )  # fmt: skip
+    return AttentionSpec(**{**base, **knobs})
+
+
+@pytest.fixture(scope="module")
+def gpt2_profile() -> Profile:
+    model, batch = proxy_models.tiny_gpt2()
+    return hpcdl.profile(model, batch, name="tiny-gpt2", steps=2)
+
+
+def test_profile_of_a_real_gpt2(gpt2_profile: Profile) -> None:
+    model, _ = proxy_models.tiny_gpt2()
+    spec = gpt2_spec()
+    p = gpt2_profile
+    assert p.input_kind == "tokens" and p.input_shape == (proxy_models.SEQ,) and p.batch_size == 2
+    assert p.output_shape == (proxy_models.SEQ, proxy_models.GPT2["vocab_size"])
+    assert p.figures["params"] == sum(q.numel() for q in model.parameters()) == spec.count().params
+    # Hugging Face's GPT-2 and the hpcdl spec run the same products: the counts agree exactly
+    assert p.figures["forward_flops_per_sample"] == spec.count().forward_flops
+    assert p.figures["train_flops_per_sample"] == spec.count().train_flops
+    assert p.hints == {
+        "dropout": 0.1,
+        "activation": "gelu_tanh_composed",
+        "causal": True,
+        "attention_layers": 2,
+    }
+    assert p.figures["activation_bytes_per_sample"] == pytest.approx(
+        saved_bytes(spec_trainee(spec)) / spec.batch_size, rel=0.05
+    )
+    assert sum(p.time_mix.values()) == pytest.approx(1.0)
+    assert p.time_mix["gemm"] > 0 and p.time_mix["optimizer"] > 0 and p.time_mix["convolution"] == 0
+    assert p.flop_mix["gemm"] + p.flop_mix["attention"] == pytest.approx(1.0)
+    assert p.figures["step_time_s"] > 0 and p.step_time_spread["reference_s"] > 0
+
+
+def test_profile_of_a_real_bert_sees_its_features() -> None:
+    model, batch = proxy_models.tiny_bert()
+    p = hpcdl.profile(model, batch, steps=1)
+    assert p.hints == {"dropout": 0.1, "activation": "gelu", "causal": False, "attention_layers": 2}
+    # BertForMaskedLM has token-type embeddings and an MLM transform that hpcdl's family lacks
+    spec = AttentionSpec(layers=2, width=32, heads=2, ffn_mult=2.0, vocab=89, positions=512, seq_len=12,
+                         norm="post", tie_embeddings=True)  # fmt: skip
+    assert p.figures["params"] > spec.count().params
+
+
+def test_document_round_trip(gpt2_profile: Profile) -> None:
+    doc = json.loads(json.dumps(gpt2_profile.to_dict()))
+    assert Profile.from_dict(doc) == gpt2_profile
+
+
+HAND_WRITTEN = {
+    "schema": "hpcdl.profile",
+    "name": "published",
+    "input": {"kind": "images", "shape": [3, 32, 32], "batch_size": 8},
+    "output": {"shape": [10]},
+    "figures": {"params": 697_000, "train_flops_per_sample": 633_000_000},
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda d: d["figures"].pop("params"), "profile.figures.params"),
+        (lambda d: d["figures"].update(train_flops_per_sample=-5), "profile.figures.train_flops_per_sample"),
+        (lambda d: d["figures"].update(step_time_s=float("nan")), "profile.figures.step_time_s"),
+        (lambda d: d["figures"].update(speed=1), "profile.figures.speed"),
+        (lambda d: d["input"].update(kind="audio"), "profile.input.kind"),
+        (lambda d: d["input"].update(batch_size=0), "profile.input.batch_size"),
+        (lambda d: d.pop("output"), "profile.output"),
+        (lambda d: d.update(schema="hpcdl.result"), "profile.schema"),
+        (lambda d: d.update(kernel_mix={"time": {"gemm": 0.5}}), "profile.kernel_mix.time"),
+        (
+            lambda d: d.update(kernel_mix={"time": {"tensor_cores": 1.0}}),
+            "profile.kernel_mix.time.tensor_cores",
+        ),
+        (lambda d: d.update(hints={"dropout": 1.5}), "profile.hints.dropout"),
+        (lambda d: d.update(hints={"layers": 3}), "profile.hints.layers"),
+    ],
+)
+def test_bad_profiles_name_the_field(change: Any, field: str) -> None:
+    doc = copy.deepcopy(HAND_WRITTEN)
+    change(doc)
+    with pytest.raises(InputError) as err:
+        Profile.from_dict(doc)
+    assert err.value.field == field
+
+
+def test_kernel_classes() -> None:
+    assert kernels.op_class("Optimizer.step#AdamW.step") == "optimizer"
+    assert kernels.op_class("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert kernels.op_class("aten::mkldnn_rnn_layer_backward") == "recurrent"
+    assert kernels.op_class("aten::convolution_backward") == "convolution"
+    assert kernels.op_class("aten::addmm") is None and kernels.leaf_class("aten::addmm") == "gemm"
+    assert kernels.leaf_class("aten::bmm") == "attention"
+    assert kernels.leaf_class("aten::native_layer_norm") == "elementwise"
+    a = dict.fromkeys(kernels.CLASSES, 0.0) | {"gemm": 1.0}
+    b = dict.fromkeys(kernels.CLASSES, 0.0) | {"gemm": 0.25, "elementwise": 0.75}
+    assert kernels.mix_distance(a, a) == 0 and kernels.mix_distance(a, b) == pytest.approx(0.75)
+
+
+def test_time_mix_of_a_cnn_is_mostly_convolution_and_optimizer() -> None:
+    model, batch = proxy_models.tiny_cnn()
+    p = hpcdl.profile(model, batch, steps=1)
+    assert p.input_kind == "images" and p.output_shape == (5,)
+    assert p.flop_mix["convolution"] > 0.9 and p.time_mix["convolution"] > 0
+    assert p.hints == {"activation": "relu"}
+
+
+def test_grouped_convolutions_are_counted_right() -> None:
+    # torch 2.13's counter counts a depthwise conv's weight gradient `groups` times
+    spec = CNNSpec(image_size=16, stem="none", block="separable", base_width=6, stages=2, batch_size=2)
+    _, total, _ = flops(spec_trainee(spec))
+    assert total // 2 == spec.count().train_flops
+
+
+def test_weights_parse_and_objective() -> None:
+    w = Weights.parse("time=0, mix=2")
+    assert (w.params, w.mix, w.time) == (1.0, 2.0, 0.0)
+    assert objective({"params": 0.1, "flops": -0.3, "time": 5.0}, w) == pytest.approx(0.2)
+    with pytest.raises(InputError):
+        Weights.parse("speed=1")
+    with pytest.raises(InputError):
+        Weights(params=-1)
+
+
+def test_search_is_reproducible_and_reaches_a_real_model(gpt2_profile: Profile) -> None:
+    sp = space(gpt2_profile, "attention")
+    runs = [
+        search_family(gpt2_profile, sp, Weights(), seed=3, evaluations=3000, deadline=float("inf"))
+        for _ in range(2)
+    ]
+    assert [c.spec for c in runs[0].optima] == [c.spec for c in runs[1].optima]
+    best = runs[0].optima[0]
+    assert abs(best.errors["params"]) <= 0.02 and abs(best.errors["flops"]) <= 0.02
+    # the hints fix what params and FLOPs cannot tell
+    spec = best.spec
+    assert isinstance(spec, AttentionSpec)
+    assert (spec.dropout, spec.activation, spec.causal, spec.layers) == (0.1, "gelu_tanh_composed", True, 2)
+
+
+def test_fit_measures_finalists_and_records_errors(gpt2_profile: Profile) -> None:
+    # a budget the counting never meets (it ends when its searches converge): the test stays
+    # deterministic on a loaded machine
+    result = hpcdl.fit(gpt2_profile, "attention", budget_s=900, finalists=1, steps=2)
+    rec = result.to_record()
+    assert rec["schema"] == "hpcdl.fit" and rec["spec"]["family"] == "attention"
+    assert set(rec["errors"]) == {"params", "flops", "memory", "time", "mix"}
+    assert abs(rec["errors"]["params"]) <= 0.02 and abs(rec["errors"]["flops"]) <= 0.02
+    assert rec["finalists"][0]["measured"]["figures"]["params"] == result.spec.count().params
+
+
+def test_a_family_that_cannot_reach_says_how_far() -> None:
+    doc = copy.deepcopy(HAND_WRITTEN)
+    doc["figures"] = {"params": 50, "train_flops_per_sample": 10**12}  # no CNN is that small and costly
+    with pytest.raises(
+        FitError, match=r"family cnn cannot reach the profile within 2%: cnn's best fit is off by"
+    ):
+        hpcdl.fit(doc, "cnn", budget_s=10)
+
+
+def test_interleaved_comparison() -> None:
+    a = spec_trainee(CNNSpec(image_size=8, stages=1, base_width=4, batch_size=2))
+    b = Trainee(*proxy_models.tiny_cnn())
+    c = interleaved(a, b, rounds=4, warmup=1)
+    assert c.ratio["n"] == 4 and c.ratio["min"] <= c.ratio["median"] <= c.ratio["max"]
+    assert c.a_step_s > 0 and c.b_step_s > 0
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["profile", "no_such_package.models:make"], "cannot be imported"),
+        (["profile", "no_colon"], "expected an import reference"),
+        (["profile", f"{MODELS}:missing"], "has no attribute missing"),
+        (["profile", f"{MODELS}:returns_a_number"], "must return (module, example batch"),
+        (["profile", f"{MODELS}:returns_no_module"], "its first item is str"),
+        (["fit", "/nonexistent/profile.json"], "cannot be read"),
+        (["fit", str(HERE / "proxy_models.py")], "is not JSON"),
+        (["fit", "x.json", "--budget", "nan"], "--budget=nan is invalid"),
+        (["fit", "x.json", "--weights", "time=-1"], "weights.time=-1.0 is invalid"),
+        (["profile", f"{MODELS}:tiny_cnn", "--steps", "0"], "steps=0 is invalid"),
+        (
+            ["profile", f"{MODELS}:tiny_cnn", "-o", "/nonexistent/dir/p.json", "--steps", "1"],
+            "cannot be written",
+        ),
+        (["fit", str(HERE / "data" / "none.json"), "--verify", "--model", "nowhere:f"], "cannot be read"),
+    ],
+)
+def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    code, _, err = _run(capsys, *argv)
+    assert code == 2
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_bad_profile_and_unreachable_family_are_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = copy.deepcopy(HAND_WRITTEN)
+    bad["figures"]["params"] = -1
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    code, _, err = _run(capsys, "fit", str(path))
+    assert code == 2 and "profile.figures.params=-1 is invalid" in err and err.count("\n") == 1
+    far = copy.deepcopy(HAND_WRITTEN)
+    far["figures"] = {"params": 50, "train_flops_per_sample": 10**12}
+    path.write_text(json.dumps(far))
+    code, _, err = _run(capsys, "fit", str(path), "--family", "cnn", "--budget", "5")
+    # progress lines come first; the error is the last line, and the only one
+    errors = [line for line in err.splitlines() if line.startswith("hpcdl: error:")]
+    assert code == 2 and errors == err.splitlines()[-1:] and "Traceback" not in err
+    assert "family cnn cannot reach the profile within 2%: cnn's best fit is off by +" in errors[0]
+    code, _, err = _run(capsys, "fit", str(path), "--family", "attention")
+    assert code == 2 and "cannot take inputs ['images', 3, 32, 32]" in err
+
+
+@pytest.mark.slow
+def test_profile_fit_verify_and_verify_again(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    profile = tmp_path / "gpt2.json"
+    code, out, _ = _run(capsys, "profile", f"{MODELS}:tiny_gpt2", "-o", str(profile), "--steps", "2")
+    assert code == 0 and "hint: activation" in out
+    spec = tmp_path / "gpt2.toml"
+    code, out, _ = _run(
+        capsys, "fit", str(profile), "--family", "attention", "--budget", "900", "--finalists", "1",
+        "--verify", "--rounds", "2", "-o", str(spec),
+    )  # fmt: skip
+    assert code == 0 and "step time, proxy / real model" in out
+    record_path = tmp_path / "gpt2.fit.json"
+    record = json.loads(record_path.read_text())
+    assert record["verifications"][0]["model"] == f"{MODELS}:tiny_gpt2"
+    assert record["verifications"][0]["ratio"]["n"] == 2
+    import tomllib
+
+    assert hpcdl.spec_from_dict(tomllib.loads(spec.read_text())) == hpcdl.spec_from_dict(record["spec"])
+    code, out, _ = _run(capsys, "fit", str(record_path), "--verify", "--rounds", "2")
+    assert code == 0 and "drift against" in out
+    record = json.loads(record_path.read_text())
+    assert len(record["verifications"]) == 2 and "drift" in record["verifications"][1]
+
+
+def test_a_fit_record_needs_verify(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "r.fit.json"
+    path.write_text(json.dumps({"schema": "hpcdl.fit", "spec": {"family": "mlp"}}))
+    code, _, err = _run(capsys, "fit", str(path))
+    assert code == 2 and "add --verify" in err
+
+
+def test_dropout_zero_builds_no_dropout_module() -> None:
+    # an nn.Dropout(0) would still run a kernel per call: the default networks must not change
+    assert not any(isinstance(m, nn.Dropout) for m in AttentionSpec().build().modules())
+    # embeddings, and per block the attention output and the feed-forward output
+    assert sum(isinstance(m, nn.Dropout) for m in AttentionSpec(dropout=0.1, layers=2).build().modules()) == 5
+
+
+KNOB_SPECS = [
+    *(
+        AttentionSpec(layers=2, width=16, heads=2, seq_len=6, vocab=30, dropout=0.1, activation=a)
+        for a in ACTIVATIONS
+    ),
+    RNNSpec(hidden=16, layers=2, seq_len=6, embedding=8, vocab=20, classes=5, dropout=0.3),
+    CNNSpec(image_size=16, head_layers=2, head_width=32, dropout=0.5, base_width=8),
+]
+
+
+@pytest.mark.parametrize("spec", KNOB_SPECS, ids=lambda s: f"{s.family}-{getattr(s, 'activation', '')}")
+def test_fidelity_knobs_keep_the_counts_exact(spec: Any) -> None:
+    count = spec.count()
+    assert count.params == sum(p.numel() for p in spec.build().parameters())
+    assert (count.forward_flops, count.train_flops) == counted_flops(spec)
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert 0.5 <= count.activation_elements / saved_activation_elements(spec) <= 3
+
+
+def test_composed_tanh_gelu_is_the_tanh_gelu() -> None:
+    x = torch.linspace(-6, 6, 1001)
+    assert torch.allclose(ComposedTanhGELU()(x), nn.GELU(approximate="tanh")(x), atol=1e-6)
