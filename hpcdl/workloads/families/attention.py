@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcdl.errors import SpecError
+from hpcdl.workloads import moe
 from hpcdl.workloads.counting import Count, Tally
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
@@ -69,6 +70,15 @@ class AttentionSpec(Spec):
     classes: int = knob(2, lo=2, hi=1 << 24, doc="output classes of the cls head")
     tie_embeddings: bool = knob(False, doc="lm head reuses the token embedding (no extra params; lm only)")
     activation: str = knob("gelu", choices=tuple(ACTIVATIONS), doc="feed-forward activation")
+    # mixture of experts (hpcdl.workloads.moe): each block's feed-forward network becomes experts
+    experts: int = knob(0, lo=0, hi=1 << 16, doc="experts per feed-forward layer (0 = one dense network)")
+    top_k: int = knob(2, lo=1, hi=1 << 16, doc="experts each token is routed to (<= experts)")
+    capacity_factor: float = knob(
+        1.25, lo=0.01, hi=1024, doc="slots per expert and sequence: ceil(this x seq_len x top_k / experts)"
+    )
+    expert_parallel: bool = knob(
+        True, doc="shard the experts across ranks (experts a multiple of the ranks); tokens go by all-to-all"
+    )
 
     @classmethod
     def from_drawn(cls, drawn: dict[str, Any], ranges: Ranges, rng: random.Random) -> dict[str, Any]:
@@ -85,6 +95,10 @@ class AttentionSpec(Spec):
             raise SpecError(
                 f"{self.family}.positions", self.positions, f"must be 0 or >= seq_len={self.seq_len}"
             )
+        moe.check(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return moe.without_dense_defaults(super().to_dict())
 
     @property
     def num_classes(self) -> int:
@@ -112,7 +126,7 @@ class AttentionSpec(Spec):
         if self.norm == "post":
             _layer_norm(t, L, W)
         for _ in range(self.layers):
-            _block(t, L, W, self.heads, self.ffn_hidden)
+            _block(t, L, W, self.heads, self.ffn_hidden, self if self.experts else None)
         if self.norm == "pre":
             _layer_norm(t, L, W)
         if self.head == "cls":
@@ -135,8 +149,9 @@ def _layer_norm(t: Tally, tokens: int, width: int) -> None:
     t.keep(tokens * (width + 2))
 
 
-def _block(t: Tally, tokens: int, width: int, heads: int, hidden: int) -> None:
-    """One transformer block (the norm placement does not change what is counted)."""
+def _block(t: Tally, tokens: int, width: int, heads: int, hidden: int, experts: AttentionSpec | None) -> None:
+    """One transformer block (the norm placement does not change what is counted); its
+    feed-forward network is a mixture of experts when ``experts`` is given."""
     d_head = width // heads
     _layer_norm(t, tokens, width)
     t.linear(tokens, width, 3 * width)  # fused q, k, v
@@ -146,6 +161,9 @@ def _block(t: Tally, tokens: int, width: int, heads: int, hidden: int) -> None:
     t.keep(tokens * (width + heads))
     t.linear(tokens, width, width)  # output projection
     _layer_norm(t, tokens, width)
+    if experts is not None:
+        moe.count(t, experts)
+        return
     t.linear(tokens, width, hidden)
     t.keep(tokens * hidden)  # activation output
     t.linear(tokens, hidden, width)
@@ -163,10 +181,14 @@ class Block(nn.Module):
         self.qkv = nn.Linear(spec.width, 3 * spec.width)
         self.proj = nn.Linear(spec.width, spec.width)
         self.norm2 = nn.LayerNorm(spec.width)
-        self.ffn = nn.Sequential(
-            nn.Linear(spec.width, spec.ffn_hidden),
-            ACTIVATIONS[spec.activation](),
-            nn.Linear(spec.ffn_hidden, spec.width),
+        self.ffn = (
+            moe.MoE(spec, ACTIVATIONS[spec.activation]())
+            if spec.experts
+            else nn.Sequential(
+                nn.Linear(spec.width, spec.ffn_hidden),
+                ACTIVATIONS[spec.activation](),
+                nn.Linear(spec.ffn_hidden, spec.width),
+            )
         )
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:
