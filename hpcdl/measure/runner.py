@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from hpcdl import metrics
-from hpcdl.errors import SpecError
+from hpcdl.errors import HpcdlError, SpecError
 from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import device_pool
@@ -23,23 +23,28 @@ from hpcdl.measure.device import (
     peak_memory,
     reset_peak_memory,
     resolve_device,
-    synchronize,
 )
 from hpcdl.measure.fit import Fit, estimated_batch, fit_batch, rank_memory
 from hpcdl.measure.loop import BatchSource, Trainer
 from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import gemm_ceiling, theoretical_peak
 from hpcdl.measure.telemetry import TelemetrySampler
-from hpcdl.parallel.backends import Backend, make_backend, resolve_backend_name
+from hpcdl.parallel.backends import Backend, gradient_bytes, make_backend, resolve_backend_name
 from hpcdl.parallel.checks import one_step_equivalence, parameter_digest
+from hpcdl.parallel.commbench import backend_time
+from hpcdl.parallel.placement import full_parameters, spread
 from hpcdl.parallel.world import World, init_world
 from hpcdl.records.build import build_record
 from hpcdl.records.store import file_sha256, seal, write_record, write_steps
 from hpcdl.records.views import Result, read_result
+from hpcdl.workloads import moe
 from hpcdl.workloads.spec import Spec
 
 Progress = Callable[[str], None]
 CALIBRATION_STEPS = 5  # backward timed without reduction where the backend can (DDP)
+SLOW_RANK_VAR = "HPCDL_TEST_SLOW_RANK"
+"""``RANK:SECONDS``: that rank sleeps this long before every forward pass. For tests of the
+straggler attribution only: a record made with it says so in ``metrics.flags``."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,7 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
     world = world or World()
     device = rank_device(cfg, world)
     resolve_backend_name(cfg.backend, world.size)
+    moe.check_ranks(spec, world.size)
     have = rank_memory(device, world)
     if cfg.fit_fraction > 0:
         estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, have)  # refuses what cannot fit
@@ -124,19 +130,17 @@ def make_source(spec: Spec, cfg: RunConfig, device: torch.device, world: World) 
     return h5data.HDF5Source(cfg.data_dir, device, cfg.data_workers, world.rank, world.size), io
 
 
-def allreduce_time(backend: Backend, nbytes: int, device: torch.device, reps: int = 5) -> float:
-    """Median seconds of a blocking allreduce of ``nbytes`` (the gradients' size) through the
-    backend, after one warm-up."""
-    buf = torch.ones(max(nbytes // 4, 1), device=device)
-    backend.allreduce(buf)
-    times = []
-    for _ in range(reps):
-        synchronize(device)
-        t0 = time.perf_counter()
-        backend.allreduce(buf)
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return float(metrics.summarize(times)["median"])
+def slow_rank_delay(rank: int) -> float:
+    """Seconds this rank sleeps before each forward pass (``HPCDL_TEST_SLOW_RANK``), else 0."""
+    text = os.environ.get(SLOW_RANK_VAR, "")
+    if not text:
+        return 0.0
+    try:
+        who, seconds = text.split(":")
+        delay = float(seconds)
+    except ValueError:
+        raise HpcdlError(f"{SLOW_RANK_VAR}={text!r} is invalid: expected RANK:SECONDS, like 1:0.05") from None
+    return delay if int(who) == rank else 0.0
 
 
 def measure_rank(
@@ -151,9 +155,15 @@ def measure_rank(
     ceiling = measured_ceiling(device, spec.precision, torch.get_num_threads())
     say(f"building {spec.family} model and {cfg.data} data")
     model = spec.build().to(device)
+    in_step = spread(model, world.rank, world.size, backend, device)
+    traffic, grad_bytes = backend.traffic(model), gradient_bytes(model)
     source, io = make_source(spec, cfg, device, world)
+    inner = model  # the module itself: backends wrap it (DDP) or shard it in place (FSDP)
     model, optimizer = backend.wrap(model, lambda params: make_optimizer(params, cfg))
-    trainer = Trainer(model, optimizer, source, device, spec.precision, cfg.phase_sync, backend)
+    delay = slow_rank_delay(world.rank)
+    trainer = Trainer(
+        model, optimizer, source, device, spec.precision, cfg.phase_sync, backend, in_step, delay
+    )
     reset_peak_memory(device)
     say(f"warm-up {cfg.warmup_steps} steps, then timing")
     local_backward = trainer.local_backward_s(CALIBRATION_STEPS)
@@ -166,8 +176,7 @@ def measure_rank(
         window=sampler,
         agree=world.all_true,  # the window ends when every rank's clock says so
     )
-    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    mem_bytes, mem_kind = peak_memory(device)
+    mem_bytes, mem_kind = peak_memory(device)  # before the collectives below allocate theirs
     several = world.size > 1
     return RankMeasurement(
         rank=world.rank,
@@ -180,6 +189,7 @@ def measure_rank(
         peak=theoretical_peak(device, device_name(device), spec.precision),
         gemm_ceiling_flops=ceiling,
         grad_bytes=grad_bytes,
+        traffic=traffic,
         peak_memory_bytes=mem_bytes,
         peak_memory_kind=mem_kind,
         threads=torch.get_num_threads(),
@@ -188,8 +198,13 @@ def measure_rank(
         io=io,
         checks=checks,
         local_backward_s=local_backward,
-        digest=parameter_digest(model) if several else "",
-        allreduce_s=allreduce_time(backend, grad_bytes, device) if several else 0.0,
+        injected_delay_s=delay,
+        digest=parameter_digest(full_parameters(inner, backend)) if several else "",
+        collective_s={
+            t.collective: backend_time(world, backend, device, t.collective, t.bytes)[0]
+            for t in traffic
+            if several
+        },
     )
 
 
