@@ -1,4 +1,4 @@
-"""The analytical scaling model: its formulas, the fit of an allreduce sweep, calibration from
+"""The analytical scaling model: its formulas, the fit of a collective sweep, calibration from
 real reference records, and ``hpcdl predict``."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpcdl.errors import InputError
+from hpcdl.parallel.backends import Traffic
 from hpcdl.records.loader import CommRow, read_comm, read_record
 from hpcdl.records.store import load_record
 from hpcdl.scaling.model import Comm, Model, comm_from_record, fit_comm, model_from_records
@@ -19,24 +20,41 @@ from hpcdl.scaling.model import Comm, Model, comm_from_record, fit_comm, model_f
 REF = Path(__file__).resolve().parent.parent / "reference_results" / "cpu-epyc-2core-2026-11-22" / "scaling"
 
 
-def model(**kw: object) -> Model:
+def model(messages: int = 1, **kw: object) -> Model:
     args: dict = {
         "train_flops_per_sample": 3e9,
         "batch": 32,
-        "grad_bytes": 100e6,
         "gamma_flops_per_s": 1e13,
-        "comm": Comm(alpha_s=5e-6, beta_bytes_per_s=20e9),
+        "comms": {"allreduce": Comm(alpha_s=5e-6, beta_bytes_per_s=20e9)},
+        "traffic": (Traffic("allreduce", int(100e6), messages),),
     }
     return Model(**{**args, **kw})
 
 
+@pytest.mark.parametrize("collective", ["allreduce", "all_gather", "reduce_scatter", "all_to_all"])
 @pytest.mark.parametrize("ranks", [2, 4, 16])
-def test_fit_recovers_alpha_and_beta_of_a_ring(ranks: int) -> None:
-    truth = Comm(alpha_s=7e-6, beta_bytes_per_s=3e9)
-    rows = [CommRow(bytes=s, backend_s=truth.time(s, ranks)) for s in (1 << 10, 1 << 16, 1 << 20, 1 << 26)]
-    fitted = fit_comm(rows, ranks)
+def test_fit_recovers_alpha_and_beta_of_a_ring(ranks: int, collective: str) -> None:
+    truth = Comm(alpha_s=7e-6, beta_bytes_per_s=3e9, collective=collective)
+    sizes = (1 << 10, 1 << 16, 1 << 20, 1 << 26)
+    rows = [CommRow(bytes=s, backend_s=truth.time(s, ranks), collective=collective) for s in sizes]
+    other = [CommRow(bytes=s, backend_s=1.0, collective="elsewhere") for s in sizes]  # never mixed in
+    fitted = fit_comm(rows + other, ranks, collective)
     assert fitted.alpha_s == pytest.approx(truth.alpha_s, rel=1e-6)
     assert fitted.beta_bytes_per_s == pytest.approx(truth.beta_bytes_per_s, rel=1e-6)
+
+
+def test_ring_costs_of_each_collective() -> None:
+    """nccl-tests' bus factors: an allreduce crosses the ring twice, the others once."""
+    a, b, n = 3e-6, 1e9, 8
+    for collective, steps in [
+        ("allreduce", 2 * 7),
+        ("all_gather", 7),
+        ("reduce_scatter", 7),
+        ("all_to_all", 7),
+    ]:
+        comm = Comm(alpha_s=a, beta_bytes_per_s=b, collective=collective)
+        assert comm.time(1e6, n, messages=3) == pytest.approx(3 * steps * a + steps / n * 1e6 / b)
+        assert comm.time(1e6, 1) == 0.0
 
 
 def test_weak_and_strong_scaling_formulas() -> None:
@@ -51,7 +69,7 @@ def test_weak_and_strong_scaling_formulas() -> None:
     strong = model(mode="strong").point(4)
     assert strong["compute_s"] == pytest.approx(compute / 4)
     assert model(overlap="full").point(4)["step_s"] == pytest.approx(max(compute, ring))
-    many = model(messages_per_step=3).point(4)
+    many = model(messages=3).point(4)
     assert many["comm_s"] == pytest.approx(ring + 2 * 2 * 3 * 5e-6)
 
 
@@ -69,7 +87,8 @@ def test_calibration_from_reference_records() -> None:
     comm = comm_from_record(read_comm(REF / "comm-horovod.json"))
     m = model_from_records(base, comm)
     assert m.gamma_flops_per_s == base.metrics.ai_ops_per_s
-    assert m.grad_bytes == 4 * base.counts.params and m.batch == base.settings.batch_per_rank
+    assert m.traffic == (Traffic("allreduce", 4 * base.counts.params, 1),)
+    assert m.batch == base.settings.batch_per_rank
     assert comm.beta_bytes_per_s > 0 and comm.alpha_s >= 0
     with pytest.raises(InputError, match="predict.base"):
         model_from_records(read_record(REF / "mlp-horovod-weak-np2.json").result, comm)
