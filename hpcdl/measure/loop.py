@@ -43,6 +43,10 @@ class StepLog:
     in_step_calls: int = 0
     """their calls per timed step"""
 
+    def in_step_per_step(self) -> list[float]:
+        """Seconds of blocking in-step collectives in each timed step, forward and backward."""
+        return [f + b for f, b in zip(self.in_step_s["forward"], self.in_step_s["backward"], strict=True)]
+
 
 class Trainer:
     """One model, optimizer and batch source; ``run`` executes steps and times them."""

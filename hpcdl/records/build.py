@@ -32,6 +32,7 @@ from hpcdl.records.views import (
     Settings,
     Stats,
     Straggler,
+    compute_times,
     to_json,
 )
 from hpcdl.workloads.spec import Spec
@@ -143,13 +144,11 @@ def straggler(rows: Sequence[RankRow], rules: type[Backend]) -> Straggler | None
     median rank; None for one rank."""
     if len(rows) < 2:
         return None
-    times = [r.compute_only_s for r in rows]
-    if any(t is None for t in times):
+    timed = [(r.compute_only_s, r) for r in rows if r.compute_only_s is not None]
+    if len(timed) < len(rows):
         return Straggler(None, None, None, None, None, rules.compute_only_method)
-    known = [float(t) for t in times if t is not None]
-    slow = max(rows, key=lambda r: r.compute_only_s or 0.0)
-    median = metrics.summarize(known)["median"]
-    t = float(slow.compute_only_s or 0.0)
+    t, slow = max(timed, key=lambda x: x[0])
+    median = metrics.summarize([x for x, _ in timed])["median"]
     return Straggler(slow.rank, slow.host, t, median, t / median - 1, rules.compute_only_method)
 
 
@@ -180,10 +179,7 @@ def collectives_of(ranks: Sequence[RankMeasurement]) -> dict[str, Collective]:
         )
     log = ranks[0].log
     if log.in_step_calls:
-        per_step = [
-            metrics.summarize([f + b for f, b in zip(*r.log.in_step_s.values(), strict=True)])["median"]
-            for r in ranks
-        ]
+        per_step = [metrics.summarize(r.log.in_step_per_step())["median"] for r in ranks]
         out["all_to_all"] = collective(
             "all_to_all", log.in_step_bytes, log.in_step_calls, max(per_step), n, "in the step, as it ran"
         )
@@ -274,7 +270,6 @@ def build_record(
     phases = {p: stats([t for g in logs for t in g.phases_s[p]]) for p in lead.phases_s}
     rules = BACKENDS.get(backend)
     rows = [rank_row(spec, r, rules) for r in ranks]
-    compute = [r.compute_only_s for r in rows]
     checks = checks_of(cfg, ranks)
     hosts = sorted({r.host for r in ranks})
     settings = Settings(
@@ -303,11 +298,7 @@ def build_record(
         timed_window_s=window,
         per_rank=rows,
         slowest_rank_samples_per_s=min(r.samples_per_s for r in rows),
-        straggler_spread=metrics.spread(
-            [t for t in compute if t is not None]
-            if None not in compute
-            else [r.compute_median_s for r in rows]
-        ),
+        straggler_spread=metrics.spread(compute_times(rows)),
         communication=communication(backend, ranks, phases),
         peak_memory_bytes=max(r.peak_memory_bytes for r in ranks),
         peak_memory_kind=ranks[0].peak_memory_kind,

@@ -14,7 +14,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -158,6 +158,13 @@ class RankRow:
     compute_only_s: float | None = None
     """median forward + backward without waiting for other ranks, by the backend's rule
     (None where it cannot be told apart, and in records before 2026-12)"""
+
+
+def compute_times(rows: Sequence[RankRow]) -> list[float]:
+    """Each rank's median computation, the straggler figure: alone (``compute_only_s``) where
+    the backend timed it for every rank, else forward + backward, which may hold waiting."""
+    alone = [r.compute_only_s for r in rows if r.compute_only_s is not None]
+    return alone if len(alone) == len(rows) else [r.compute_median_s for r in rows]
 
 
 @dataclass(frozen=True)

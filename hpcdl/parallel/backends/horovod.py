@@ -51,8 +51,8 @@ class HorovodBackend:
         # Rank-local parameters are neither broadcast nor reduced: Horovod hooks every
         # parameter of the optimizer it wraps, so they join it as a param group afterwards.
         hvd = self.hvd
-        shared = shared_parameters(model)
-        local = [p for p in model.parameters() if id(p) in rank_local(model)]
+        shared, local_ids = shared_parameters(model), rank_local(model)
+        local = [p for p in model.parameters() if id(p) in local_ids]
         hvd.broadcast_parameters(shared_state(model), root_rank=0)
         optimizer = hvd.DistributedOptimizer(
             make_optimizer(p for _, p in shared), named_parameters=shared, op=hvd.Average

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hpcdl.records.audit import Audit
 from hpcdl.records.loader import SweepSummary
-from hpcdl.records.views import Result, Stats, finite
+from hpcdl.records.views import Stats, compute_times, finite
 from hpcdl.results.report import figures
 from hpcdl.results.report.data import label
 from hpcdl.results.report.sweeps import Sweep, measured_points, plottable
@@ -87,21 +87,12 @@ def _median_s(stats: Stats | None) -> float:
     return stats.median if stats is not None and finite(stats.median) else 0.0
 
 
-def compute_times(r: Result) -> list[float]:
-    """Each rank's computation: alone (``compute_only_s``) where the backend could time it for
-    every rank, else forward + backward, which may hold waiting for other ranks."""
-    rows = r.metrics.per_rank
-    alone = [x.compute_only_s for x in rows]
-    return [t for t in alone if t is not None] if None not in alone else [x.compute_median_s for x in rows]
-
-
 def per_rank_plots(records: Sequence[Audit]) -> list[Plot]:
     multi = [a for a in records if a.result.world_size > 1]
     groups = [
-        figures.RankFigures(
-            label(a), [x.samples_per_s for x in a.result.metrics.per_rank], compute_times(a.result)
-        )
+        figures.RankFigures(label(a), [x.samples_per_s for x in rows], compute_times(rows))
         for a in multi
+        for rows in [a.result.metrics.per_rank]
     ]
     # A figure needs two ranks and real numbers (an edited record may hold NaN)
     groups = [
