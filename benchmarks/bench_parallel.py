@@ -5,15 +5,18 @@ Prints, measured on this machine with the runs of each comparison alternated:
   1. per-rank peak memory of FSDP against DDP at 2 ranks on a model whose weights and AdamW
      state dominate memory (target: FSDP <= 0.6 x DDP);
   2. all-gather and reduce-scatter bus bandwidth through torch.distributed (gloo, FSDP's path
-     on CPUs) and Horovod (MPI) against raw mpi4py on the same buffers (target >= 0.9);
+     on CPUs) and Horovod (MPI) against raw mpi4py on the same buffers (target >= 0.9), with
+     Open MPI on shared memory (its default) and on TCP (gloo's transport);
   3. the scaling model's error at 2 and 4 ranks for an FSDP workload and a mixture-of-experts
      workload (target: within 15 %).
 
 For 3, every rank has one thread, and gamma at p ranks is calibrated with the resources a rank
-has at p ranks: p 1-rank runs at once (the median one is the base). The model assumes a rank's
-resources do not change as ranks are added; on a machine with fewer cores than ranks they do
-(4 ranks on 2 cores get half a core each), so one calibration cannot describe both counts.
-Alpha and beta of every collective come from an ``hpcdl comm`` sweep at p ranks.
+has at p ranks: p 1-rank runs of the same backend at once (the median one is the base). The
+model assumes a rank's resources do not change as ranks are added; on a machine with fewer
+cores than ranks they do (4 ranks on 2 cores get half a core each), so one calibration cannot
+describe both counts. Alpha and beta of every collective come from an ``hpcdl comm`` sweep at
+p ranks. Each point is calibrated, measured and predicted --reps times, the points' rounds
+interleaved; the error is given as its median and range.
 
     .venv/bin/python benchmarks/bench_parallel.py [--reps 3] [--duration 10] [-o DIR]
 """
@@ -89,26 +92,32 @@ def memory_rows(out: Path, reps: int) -> list[list[str]]:
     ]
 
 
+TRANSPORTS = {"shared memory": {}, "TCP": {"OMPI_MCA_btl": "self,tcp"}}
+"""Open MPI's transport between ranks of one host: its default (shared memory), or TCP over
+loopback, as gloo always uses: with both sides on TCP, the ratio is the library's own cost"""
+
+
 def bandwidth_rows(reps: int) -> list[list[str]]:
-    ratios: dict[tuple[str, str, int], list[float]] = {}
+    ratios: dict[tuple[str, str, str, int], list[float]] = {}
     sizes = ",".join(map(str, LARGE))
     for _ in range(reps):
-        for backend in ("torch", "horovod"):
-            pair = "all_gather,reduce_scatter"
-            shown = hpcdl("comm", "--np", "2", "--backend", backend, "--collective", pair,
-                          "--sizes", sizes, "--reps", "10", "--json")  # fmt: skip
-            for r in json.loads(shown.stdout)["rows"]:
-                assert r["wrong"] == 0, r
-                key = (backend, r["collective"], r["bytes"])
-                ratios.setdefault(key, []).append(r["backend_busbw"] / r["mpi_busbw"])
-    return [[b, c, si(n, "B"), spread(v), ">= 0.9"] for (b, c, n), v in sorted(ratios.items())]
+        for transport, env in TRANSPORTS.items():
+            for backend in ("torch", "horovod"):
+                pair = "all_gather,reduce_scatter"
+                shown = hpcdl("comm", "--np", "2", "--backend", backend, "--collective", pair,
+                              "--sizes", sizes, "--reps", "10", "--json", **env)  # fmt: skip
+                for r in json.loads(shown.stdout)["rows"]:
+                    assert r["wrong"] == 0, r
+                    key = (backend, transport, r["collective"], r["bytes"])
+                    ratios.setdefault(key, []).append(r["backend_busbw"] / r["mpi_busbw"])
+    return [[b, t, c, si(n, "B"), spread(v), ">= 0.9"] for (b, t, c, n), v in sorted(ratios.items())]
 
 
 def gamma_base(out: Path, args: list[str], ranks: int, duration: str) -> Path:
     """``ranks`` 1-rank runs at once, one thread each: the median one's record (gamma as a rank
     has it when ``ranks`` ranks share this machine)."""
     env = {**mpi_env(), "OMP_NUM_THREADS": "1"}
-    dirs = [out / f"gamma-np{ranks}-{i}" for i in range(ranks)]
+    dirs = [out / f"gamma-{i}" for i in range(ranks)]
     procs = [
         subprocess.Popen([sys.executable, "-m", "hpcdl", "run", *args, "--duration", duration, "-o", str(d)],
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -121,41 +130,52 @@ def gamma_base(out: Path, args: list[str], ranks: int, duration: str) -> Path:
     return next(by_rate[len(by_rate) // 2].glob("*.json"))
 
 
-def prediction_rows(out: Path, duration: str) -> list[list[str]]:
-    rows = []
+def prediction_rows(out: Path, duration: str, reps: int) -> list[list[str]]:
+    """Per workload and rank count, ``reps`` rounds of: gamma calibrated, the run measured,
+    the prediction's error; the rounds of all points interleaved."""
+    found: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for ranks in (2, 4):
         comm = out / f"comm-np{ranks}.json"
         if not comm.exists():
             hpcdl("comm", "--np", str(ranks), "--backend", "torch", "--sizes", COMM_SIZES, "--reps", "10",
                   "-o", str(comm), OMP_NUM_THREADS="1")  # fmt: skip
-        for name, (backend, args) in PREDICTED.items():
-            base = gamma_base(out / name.replace(" ", "-"), args, ranks, duration)
-            measured = out / name.replace(" ", "-") / f"np{ranks}"
-            hpcdl("run", *args, "--np", str(ranks), "--backend", backend, "--duration", duration,
-                  "-o", str(measured), OMP_NUM_THREADS="1")  # fmt: skip
-            shown = hpcdl("predict", "--base", str(base), "--comm", str(comm), "--backend", backend,
-                          "--nodes", str(ranks), "--compare", str(measured), "--json")  # fmt: skip
-            (p,) = json.loads(shown.stdout)["points"]
-            rows.append(
-                [
-                    name,
-                    backend,
-                    str(ranks),
-                    f"{p['measured_samples_per_s']:.1f}",
-                    f"{p['samples_per_s']:.1f}",
-                    f"{p['compute_s'] * 1e3:.1f}",
-                    f"{p['comm_s'] * 1e3:.1f}",
-                    f"{p['error']:+.1%}",
-                    "yes" if abs(p["error"]) <= 0.15 else "NO",
-                ]
-            )
+    for i in range(reps):
+        for ranks in (2, 4):
+            for name, (backend, args) in PREDICTED.items():
+                here = out / name.replace(" ", "-") / f"np{ranks}-{i}"
+                # gamma from 1-rank runs of the same backend: its own work per step (FSDP's
+                # copies in and out of every all-gather and reduce-scatter) is not communication
+                base = gamma_base(here, [*args, "--backend", backend], ranks, duration)
+                hpcdl("run", *args, "--np", str(ranks), "--backend", backend, "--duration", duration,
+                      "-o", str(here / "run"), OMP_NUM_THREADS="1")  # fmt: skip
+                shown = hpcdl("predict", "--base", str(base), "--comm", str(out / f"comm-np{ranks}.json"),
+                              "--backend", backend, "--nodes", str(ranks), "--compare", str(here / "run"),
+                              "--json")  # fmt: skip
+                (p,) = json.loads(shown.stdout)["points"]
+                found.setdefault((name, ranks), []).append(p)
+    rows = []
+    for (name, ranks), points in found.items():
+        errors = [p["error"] for p in points]
+        rows.append(
+            [
+                name,
+                PREDICTED[name][0],
+                str(ranks),
+                spread([p["measured_samples_per_s"] for p in points], "{:.1f}"),
+                spread([p["samples_per_s"] for p in points], "{:.1f}"),
+                f"{statistics.median(p['compute_s'] for p in points) * 1e3:.1f}",
+                f"{statistics.median(p['comm_s'] for p in points) * 1e3:.1f}",
+                spread(errors, "{:+.1%}"),
+                "yes" if abs(statistics.median(errors)) <= 0.15 else "NO",
+            ]
+        )
     return rows
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=3, help="alternated repetitions of 1 and 2 (default 3)")
-    ap.add_argument("--duration", default="10", help="timed seconds of each run of 3 (default 10)")
+    ap.add_argument("--reps", type=int, default=3, help="alternated repetitions of each section (default 3)")
+    ap.add_argument("--duration", default="15", help="timed seconds of each run of 3 (default 15)")
     ap.add_argument("--only", default="1,2,3", help="sections to run (default 1,2,3)")
     ap.add_argument("-o", "--output", help="keep the records here (default: a temporary directory)")
     args = ap.parse_args()
@@ -166,13 +186,13 @@ def main() -> int:
                     memory_rows(out, args.reps)))  # fmt: skip
         print()
     if "2" in only:
-        print(table(["2. backend", "collective", "buffer", "busbw / mpi4py busbw", "target"],
+        print(table(["2. backend", "MPI transport", "collective", "buffer", "busbw / mpi4py busbw", "target"],
                     bandwidth_rows(args.reps)))  # fmt: skip
         print()
     if "3" in only:
         head = ["3. workload", "backend", "ranks", "measured/s", "predicted/s", "compute ms", "comm ms",
-                "error", "within 15%"]  # fmt: skip
-        print(table(head, prediction_rows(out, args.duration)))
+                "error: median (min-max)", "within 15%"]  # fmt: skip
+        print(table(head, prediction_rows(out, args.duration, args.reps)))
     print(f"records in {out}")
     return 0
 

@@ -137,3 +137,28 @@ def test_predict_refuses_a_fifo_at_once(tmp_path: Path) -> None:
     p = hpcdl("predict", "--base", str(tmp_path / "base.json"), "--beta", "1e9")
     assert p.returncode == 2 and "a FIFO, not a regular file" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_the_optimizer_updates_what_a_rank_holds() -> None:
+    """γ's step holds the optimizer's; with sharding it updates 1/p of the parameters."""
+    one = 3e9 * 32 / 1e13
+    plain = model(optimizer_s=0.002)
+    assert plain.point(4)["compute_s"] == pytest.approx(one)  # data parallelism: all of them
+    sharded = model(optimizer_s=0.002, sharded_fraction=1.0)
+    assert sharded.point(4)["compute_s"] == pytest.approx(one - 0.002 + 0.002 / 4)
+    strong = model(optimizer_s=0.002, sharded_fraction=0.5, mode="strong")
+    assert strong.point(4)["compute_s"] == pytest.approx((one - 0.002) / 4 + 0.002 * (0.5 + 0.5 / 4))
+    with pytest.raises(InputError, match="predict.optimizer_s"):
+        model(optimizer_s=one)
+
+
+def test_sharded_fraction_of_each_scheme() -> None:
+    from hpcdl.scaling.model import sharded_fraction
+    from hpcdl.workloads.registry import spec_from_dict
+
+    dense = spec_from_dict({"family": "attention", "layers": 2, "width": 32, "heads": 2})
+    sparse = spec_from_dict({"family": "attention", "layers": 2, "width": 32, "heads": 2, "experts": 4})
+    assert sharded_fraction(dense, "torch", 4) == 0 and sharded_fraction(dense, "fsdp", 4) == 1
+    experts = 2 * 4 * 2 * 32 * 128  # layers x experts x (in and out) x width x hidden
+    assert sharded_fraction(sparse, "horovod", 4) == pytest.approx(experts / sparse.count().params)
+    assert sharded_fraction(sparse.replace(expert_parallel=False), "torch", 4) == 0

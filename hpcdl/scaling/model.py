@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from hpcdl import metrics
 from hpcdl.errors import HpcdlError, InputError
 from hpcdl.parallel.backends import BACKENDS, SINGLE, Traffic
-from hpcdl.parallel.placement import spread
+from hpcdl.parallel.placement import rank_local, spread
 from hpcdl.records.loader import CommRow, CommSweep, SweepSummary
 from hpcdl.records.views import Result
 from hpcdl.scaling.table import scaling_table
@@ -75,6 +76,12 @@ class Model:
     overlap: str = "none"
     expert_ranks: tuple[int, ...] = field(default=())
     """the rank counts the experts can be sharded across (empty: any)"""
+    optimizer_s: float = 0.0
+    """seconds of one rank's optimizer step per step (the base record's optimizer phase): part
+    of what γ covers, but done for the parameters a rank holds, and whatever the batch"""
+    sharded_fraction: float = 0.0
+    """of the parameters, the fraction each rank holds only 1/p of (FSDP: all of them; experts
+    across ranks: the experts'); the optimizer's time shrinks with it"""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -86,6 +93,12 @@ class Model:
                 raise InputError(f"predict.{name}", getattr(self, name), "must be > 0 and finite")
         if not self.batch >= 1:
             raise InputError("predict.batch", self.batch, "must be >= 1")
+        if not 0 <= self.optimizer_s < self.step_s(1):
+            raise InputError(
+                "predict.optimizer_s", self.optimizer_s, "must be >= 0 and below the 1-rank step"
+            )
+        if not 0 <= self.sharded_fraction <= 1:
+            raise InputError("predict.sharded_fraction", self.sharded_fraction, "must be in [0, 1]")
         for t in self.traffic:
             comm = self.comms.get(t.collective)
             if comm is None:
@@ -114,9 +127,19 @@ class Model:
             for t in self.traffic
         )
 
+    def step_s(self, p: int) -> float:
+        """Seconds of one rank's step without communication: ``F · b(p) / γ``."""
+        return self.train_flops_per_sample * self.batch_per_rank(p) / self.gamma_flops_per_s
+
+    def compute_s(self, p: int) -> float:
+        """``step_s(p)`` with the optimizer's part done for the parameters a rank holds:
+        ``(step_s(1) − o) · b(p)/b(1) + o · (1 − s + s/p)``."""
+        o, s = self.optimizer_s, self.sharded_fraction
+        return (self.step_s(1) - o) * self.batch_per_rank(p) / self.batch_per_rank(1) + o * (1 - s + s / p)
+
     def parts(self, p: int) -> tuple[float, float, float]:
         """(compute, communication, step) seconds of one step at ``p`` ranks."""
-        compute = self.train_flops_per_sample * self.batch_per_rank(p) / self.gamma_flops_per_s
+        compute = self.compute_s(p)
         comm = self.comm_s(p)
         return compute, comm, compute + comm if self.overlap == "none" else max(compute, comm)
 
@@ -175,13 +198,29 @@ def comms_from_record(comm: CommSweep) -> dict[str, Comm]:
     return {name: fit_comm(comm.rows, comm.ranks, name) for name in names}
 
 
+def placed_model(spec: Any, ranks: int) -> nn.Module:
+    """The spec's model on the meta device (no memory), its experts placed as at ``ranks`` ranks."""
+    with torch.device("meta"):
+        model = spec.build()
+    spread(model, 0, ranks, None, torch.device("meta"))
+    return model
+
+
+def sharded_fraction(spec: Any, backend: str, ranks: int) -> float:
+    """Of the spec's parameters, the fraction each of ``ranks`` ranks holds only 1/ranks of."""
+    if BACKENDS.get(backend).shards_state:
+        return 1.0
+    model = placed_model(spec, ranks)
+    local = rank_local(model)
+    held = sum(p.numel() for p in model.parameters() if id(p) in local)
+    return held * ranks / spec.count().params
+
+
 def step_traffic(spec: Any, backend: str, ranks: int, batch_per_rank: int) -> list[Traffic]:
     """What one training step of ``spec`` moves per rank at ``ranks`` ranks: the backend's rule
     on the spec's model (built on the meta device, its experts placed as at ``ranks``) and the
     experts' all-to-alls of ``batch_per_rank`` sequences -- what a run records."""
-    with torch.device("meta"):
-        model = spec.build()
-    spread(model, 0, ranks, None, torch.device("meta"))
+    model = placed_model(spec, ranks)
     traffic = BACKENDS.get(backend).traffic(model)
     layers = sum(isinstance(m, moe.MoE) and m.ranks > 1 for m in model.modules())
     if layers:
@@ -200,9 +239,11 @@ def model_for(
     backend: str = "horovod",
     mode: str = "weak",
     overlap: str = "none",
+    optimizer_s: float = 0.0,
 ) -> Model:
     """The model of a workload (a spec dict, counted analytically) on a system (γ, and α, β of
-    each collective: one ``Comm`` is an allreduce's)."""
+    each collective: one ``Comm`` is an allreduce's; the optimizer's seconds per step at one
+    rank, when known)."""
     reducing = [n for n in BACKENDS.names() if n != SINGLE]
     if backend not in reducing:
         raise InputError("predict.backend", backend, f"allowed: {', '.join(reducing)}")
@@ -218,6 +259,8 @@ def model_for(
         mode=mode,
         overlap=overlap,
         expert_ranks=tuple(p for p in range(1, experts + 1) if experts % p == 0),
+        optimizer_s=optimizer_s,
+        sharded_fraction=sharded_fraction(workload, backend, sharded_at),
     )
 
 
@@ -229,13 +272,18 @@ def model_from_records(
     mode: str = "weak",
     overlap: str = "none",
 ) -> Model:
-    """The model of ``base``'s workload on ``base``'s system: γ from its AI-ops/s (it must be
-    a 1-rank record), α and β given (``comms_from_record`` fits them to a collective sweep)."""
+    """The model of ``base``'s workload on ``base``'s system: γ from its AI-ops/s and the
+    optimizer's time from its optimizer phase (it must be a 1-rank record), α and β given
+    (``comms_from_record`` fits them to a collective sweep)."""
     if base.world_size != 1:
         raise InputError("predict.base", base.name, "a 1-rank result record calibrates gamma")
     gamma = base.metrics.ai_ops_per_s
     batch = base.settings.batch_per_rank
-    return model_for(base.spec, batch, gamma, comm, backend=backend, mode=mode, overlap=overlap)
+    optimizer = base.metrics.phases_s.get("optimizer")
+    optimizer_s = optimizer.median if optimizer is not None and math.isfinite(optimizer.median) else 0.0
+    return model_for(
+        base.spec, batch, gamma, comm, backend=backend, mode=mode, overlap=overlap, optimizer_s=optimizer_s
+    )
 
 
 def sweep_predictor(fits: Mapping[str, Comm]) -> Callable[[SweepSummary], dict[int, float] | None]:

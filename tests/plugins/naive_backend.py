@@ -26,6 +26,7 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
 class NaiveMpiBackend:
     name: ClassVar[str] = "naive-mpi"
     auto_priority: ClassVar[int | None] = None  # never chosen by backend=auto
+    shards_state: ClassVar[bool] = False
     exposed_method: ClassVar[str] = "allreduce phase: every gradient reduced after backward"
     compute_only_method: ClassVar[str] = "median forward + median backward (reduction comes after)"
 

@@ -56,6 +56,9 @@ class Backend(Protocol):
     name: ClassVar[str]
     auto_priority: ClassVar[int | None]
     """order in which ``backend=auto`` tries backends (lowest first); None: never by auto"""
+    shards_state: ClassVar[bool]
+    """each rank keeps 1/N of the parameters, gradients and optimizer state, and its optimizer
+    step updates only those (FSDP); False: every rank holds them all (data parallelism)"""
     exposed_method: ClassVar[str]
     """how ``exposed_s`` measures communication not hidden behind computation (for records)"""
     compute_only_method: ClassVar[str]

@@ -39,6 +39,7 @@ def units(model: nn.Module) -> list[nn.Module]:
 class FsdpBackend(DistGroup):
     name: ClassVar[str] = "fsdp"
     auto_priority: ClassVar[int | None] = None  # sharding is chosen, never the default
+    shards_state: ClassVar[bool] = True
     exposed_method: ClassVar[str] = (
         "not measured: FSDP's all-gathers and reduce-scatters run inside forward and backward"
     )

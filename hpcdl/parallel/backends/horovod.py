@@ -20,6 +20,7 @@ from hpcdl.parallel.world import World
 class HorovodBackend:
     name: ClassVar[str] = "horovod"
     auto_priority: ClassVar[int | None] = 0
+    shards_state: ClassVar[bool] = False
     MESSAGE_BYTES: ClassVar[int] = 64 << 20
     """Horovod's tensor fusion buffer (HOROVOD_FUSION_THRESHOLD's default)"""
     exposed_method: ClassVar[str] = "allreduce phase: optimizer.synchronize() after backward"

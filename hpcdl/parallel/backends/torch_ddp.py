@@ -79,6 +79,7 @@ class DistGroup:
 class TorchBackend(DistGroup):
     name: ClassVar[str] = "torch"
     auto_priority: ClassVar[int | None] = 1
+    shards_state: ClassVar[bool] = False
     MESSAGE_BYTES: ClassVar[int] = 25 << 20
     """DistributedDataParallel's gradient bucket (``bucket_cap_mb``'s default)"""
     exposed_method: ClassVar[str] = "median backward with DDP minus median backward under no_sync()"
