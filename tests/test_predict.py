@@ -162,3 +162,20 @@ def test_sharded_fraction_of_each_scheme() -> None:
     experts = 2 * 4 * 2 * 32 * 128  # layers x experts x (in and out) x width x hidden
     assert sharded_fraction(sparse, "horovod", 4) == pytest.approx(experts / sparse.count().params)
     assert sharded_fraction(sparse.replace(expert_parallel=False), "torch", 4) == 0
+
+
+def test_a_step_s_message_size_fits_the_sweep_around_it() -> None:
+    """Between two measured sizes the fitted cost at the sweep's rank count is the measurement's
+    line; where that line starts below zero, the line from zero through the larger size."""
+    rows = [
+        CommRow(bytes=1 << 10, backend_s=1e-4, collective="all_gather"),
+        CommRow(bytes=1 << 20, backend_s=8e-4, collective="all_gather"),
+        CommRow(bytes=4 << 20, backend_s=2e-3, collective="all_gather"),  # 0.4 ms + slope
+        CommRow(bytes=16 << 20, backend_s=2e-2, collective="all_gather"),  # falls off: below zero
+    ]
+    between = fit_comm(rows, 2, "all_gather", message_bytes=2 << 20)
+    line = 8e-4 + (2e-3 - 8e-4) * ((2 << 20) - (1 << 20)) / ((4 << 20) - (1 << 20))
+    assert between.time(2 << 20, 2) == pytest.approx(line)
+    steep = fit_comm(rows, 2, "all_gather", message_bytes=8 << 20)
+    assert steep.alpha_s == 0 and steep.time(16 << 20, 2) == pytest.approx(2e-2)
+    assert fit_comm(rows, 2, "all_gather", message_bytes=1 << 30) == fit_comm(rows, 2, "all_gather")

@@ -13,7 +13,7 @@ from hpcdl.cli.common import add_workload_options, err, workload_specs
 from hpcdl.errors import InputError
 from hpcdl.parallel.backends import COLLECTIVES
 from hpcdl.records import schema
-from hpcdl.records.loader import Unreadable, load_tree, read_comm, read_record
+from hpcdl.records.loader import CommSweep, Unreadable, load_tree, read_comm, read_record
 from hpcdl.records.store import write_record
 from hpcdl.records.views import Result
 from hpcdl.results import ranking as rank_mod
@@ -82,7 +82,7 @@ def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str
         base = _read("predict.base", args.base, read_record, "a 1-rank result record").result
         if args.comm:
             sweep = _read("predict.comm", args.comm, read_comm, "a collective sweep of hpcdl comm -o")
-            comms = model_mod.comms_from_record(sweep)
+            comms: CommSweep | dict[str, model_mod.Comm] = sweep
             backend = args.backend or sweep.backend
         else:
             comms = given_comms(args)

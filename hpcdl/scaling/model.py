@@ -163,13 +163,21 @@ class Model:
         }
 
 
-def fit_comm(rows: Sequence[CommRow], ranks: int, collective: str = "allreduce") -> Comm:
+def fit_comm(
+    rows: Sequence[CommRow], ranks: int, collective: str = "allreduce", message_bytes: float | None = None
+) -> Comm:
     """α and β of ``collective`` from its sweep at ``ranks`` ranks (the backend's times of
     ``hpcdl comm``): least squares of ``t(S) = a + c·S`` in relative error (every size counts
-    alike, not just the largest), then ``α = a / s(P)`` and ``β = f(P) / c``."""
+    alike, not just the largest), then ``α = a / s(P)`` and ``β = f(P) / c``.
+
+    With ``message_bytes`` (the size of a step's messages) inside the sweep's sizes, only the
+    two sizes around it count: a library's time is seldom one line from 1 KiB to 64 MiB
+    (caches, protocol switches; gloo's all-gather at 2 ranks here: 0.8 ms at 1 MiB, 5.2 ms at
+    4 MiB), and one message size is what the step sends. Where that line would start below
+    zero or fall (noise), it runs from zero through the larger size instead."""
     if ranks < 2:
         raise InputError("comm.ranks", ranks, "a collective sweep of at least 2 ranks")
-    rows = [r for r in rows if r.collective == collective]
+    rows = sorted((r for r in rows if r.collective == collective), key=lambda r: r.bytes)
     sizes = np.array([float(r.bytes) for r in rows])
     times = np.array([r.backend_s for r in rows])
     if not (np.all(np.isfinite(sizes) & (sizes > 0)) and np.all(np.isfinite(times) & (times > 0))):
@@ -178,13 +186,21 @@ def fit_comm(rows: Sequence[CommRow], ranks: int, collective: str = "allreduce")
         raise HpcdlError(
             f"the {collective} sweep needs at least two buffer sizes to fit latency and bandwidth"
         )
+    local = message_bytes is not None and sizes[0] < message_bytes <= sizes[-1]
+    if message_bytes is not None and local:
+        upper = int(np.searchsorted(sizes, message_bytes))
+        sizes, times = sizes[upper - 1 : upper + 1], times[upper - 1 : upper + 1]
     design = np.stack([np.ones_like(sizes), sizes], axis=1) / times[:, None]
     (a, c), *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
-    a = max(float(a), 0.0)  # a negative intercept is noise in the latency: none
+    if local and (a < 0 or c <= 0):  # bandwidth falls with the size here, or noise: bound it
+        a, c = 0.0, times[-1] / sizes[-1]
+    a = max(float(a), 0.0)  # a negative intercept over all sizes is noise in the latency: none
     if not c > 0:
         raise HpcdlError(f"the {collective} sweep does not grow with the buffer size; cannot fit a bandwidth")
     factor = metrics.bus_factor(collective, ranks)
-    return Comm(alpha_s=a / (ranks * factor), beta_bytes_per_s=factor / float(c), collective=collective)
+    return Comm(
+        alpha_s=float(a) / (ranks * factor), beta_bytes_per_s=factor / float(c), collective=collective
+    )
 
 
 def comm_from_record(comm: CommSweep) -> Comm:
@@ -192,10 +208,9 @@ def comm_from_record(comm: CommSweep) -> Comm:
     return fit_comm(comm.rows, comm.ranks)
 
 
-def comms_from_record(comm: CommSweep) -> dict[str, Comm]:
-    """The fitted α, β of every collective a sweep holds, by name."""
-    names = dict.fromkeys(r.collective for r in comm.rows)
-    return {name: fit_comm(comm.rows, comm.ranks, name) for name in names}
+def comms_for(sweep: CommSweep, traffic: Sequence[Traffic]) -> dict[str, Comm]:
+    """α, β of each collective of a step, fitted to the sweep around its message size."""
+    return {t.collective: fit_comm(sweep.rows, sweep.ranks, t.collective, t.bytes / t.calls) for t in traffic}
 
 
 def placed_model(spec: Any, ranks: int) -> nn.Module:
@@ -234,28 +249,33 @@ def model_for(
     spec: Mapping[str, Any],
     batch: int,
     gamma_flops_per_s: float,
-    comm: Comm | Mapping[str, Comm],
+    comm: Comm | Mapping[str, Comm] | CommSweep,
     *,
     backend: str = "horovod",
     mode: str = "weak",
     overlap: str = "none",
     optimizer_s: float = 0.0,
 ) -> Model:
-    """The model of a workload (a spec dict, counted analytically) on a system (γ, and α, β of
-    each collective: one ``Comm`` is an allreduce's; the optimizer's seconds per step at one
-    rank, when known)."""
+    """The model of a workload (a spec dict, counted analytically) on a system (γ; α, β of each
+    collective: one ``Comm`` is an allreduce's, a sweep is fitted around the step's message
+    sizes; the optimizer's seconds per step at one rank, when known)."""
     reducing = [n for n in BACKENDS.names() if n != SINGLE]
     if backend not in reducing:
         raise InputError("predict.backend", backend, f"allowed: {', '.join(reducing)}")
     workload = spec_from_dict(dict(spec))
     experts = workload.experts if isinstance(workload, moe.MoEKnobs) and workload.expert_parallel else 0
     sharded_at = experts if experts > 1 else 2  # the traffic per rank is the same at every such p
+    traffic = step_traffic(workload, backend, sharded_at, batch)
+    if isinstance(comm, CommSweep):
+        comms = comms_for(comm, traffic)
+    else:
+        comms = {comm.collective: comm} if isinstance(comm, Comm) else dict(comm)
     return Model(
         train_flops_per_sample=float(workload.count().train_flops),
         batch=batch,
         gamma_flops_per_s=gamma_flops_per_s,
-        comms={comm.collective: comm} if isinstance(comm, Comm) else dict(comm),
-        traffic=tuple(step_traffic(workload, backend, sharded_at, batch)),
+        comms=comms,
+        traffic=tuple(traffic),
         mode=mode,
         overlap=overlap,
         expert_ranks=tuple(p for p in range(1, experts + 1) if experts % p == 0),
@@ -266,15 +286,15 @@ def model_for(
 
 def model_from_records(
     base: Result,
-    comm: Comm | Mapping[str, Comm],
+    comm: Comm | Mapping[str, Comm] | CommSweep,
     *,
     backend: str = "horovod",
     mode: str = "weak",
     overlap: str = "none",
 ) -> Model:
     """The model of ``base``'s workload on ``base``'s system: γ from its AI-ops/s and the
-    optimizer's time from its optimizer phase (it must be a 1-rank record), α and β given
-    (``comms_from_record`` fits them to a collective sweep)."""
+    optimizer's time from its optimizer phase (it must be a 1-rank record), α and β given or
+    fitted to a collective sweep."""
     if base.world_size != 1:
         raise InputError("predict.base", base.name, "a 1-rank result record calibrates gamma")
     gamma = base.metrics.ai_ops_per_s
