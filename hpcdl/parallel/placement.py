@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from hpcdl.parallel.backends import Backend
 
 AllToAll = Callable[[torch.Tensor], torch.Tensor]
-"""an all-to-all of equal chunks along dimension 0 (``Backend.all_to_all``), differentiable
-or not"""
+"""an all-to-all of equal chunks along dimension 0 (``Backend.all_to_all``); layers make it
+differentiable themselves"""
 
 
 @runtime_checkable
