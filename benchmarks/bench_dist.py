@@ -61,7 +61,18 @@ def allreduce_rows(np: int, reps: int) -> list[list[str]]:
         sizes = ",".join(str(s) for s in LARGE)
         out = json.loads(
             hpcdl(
-                "comm", "--np", str(np), "--backend", backend, "--sizes", sizes, "--reps", str(reps), "--json"
+                "comm",
+                "--np",
+                str(np),
+                "--backend",
+                backend,
+                "--collective",
+                "allreduce",
+                "--sizes",
+                sizes,
+                "--reps",
+                str(reps),
+                "--json",
             ).stdout
         )
         for r in out["rows"]:

@@ -66,7 +66,17 @@ def main() -> int:
         comm = out / f"comm-{backend}.json"
         if not comm.exists():  # like the sweeps' points: a rerun reuses what was measured
             shown = hpcdl(
-                "comm", "--np", str(max(nps)), "--backend", backend, "--reps", "20", "-o", str(comm)
+                "comm",
+                "--np",
+                str(max(nps)),
+                "--backend",
+                backend,
+                "--collective",
+                "allreduce",
+                "--reps",
+                "20",
+                "-o",
+                str(comm),
             )
             comm.with_suffix(".txt").write_text(shown.stdout)
         for name, workload in WORKLOADS.items():

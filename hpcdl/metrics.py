@@ -85,14 +85,28 @@ def spread(values: Sequence[float]) -> float:
 
 
 def algbw(nbytes: int, seconds: float) -> float:
-    """Allreduce algorithm bandwidth: bytes of the buffer over the time (nccl-tests' algbw)."""
+    """A collective's algorithm bandwidth: its size in bytes over the time (nccl-tests' algbw).
+    The size is nccl-tests': the buffer of an allreduce, the gathered output of an all-gather,
+    the input of a reduce-scatter, one rank's send buffer of an all-to-all."""
     return nbytes / seconds if seconds > 0 else 0.0
 
 
-def busbw(algbw_bytes_per_s: float, ranks: int) -> float:
-    """Bus bandwidth of an allreduce, algbw x 2(n-1)/n (nccl-tests' PERFORMANCE.md): the
-    per-link traffic of a ring allreduce, comparable across rank counts."""
-    return algbw_bytes_per_s * 2 * (ranks - 1) / ranks if ranks > 0 else 0.0
+BUS_FACTOR_STEPS = {"allreduce": 2, "all_gather": 1, "reduce_scatter": 1, "all_to_all": 1}
+"""ring steps per rank of each collective, in units of (n-1): nccl-tests' PERFORMANCE.md"""
+
+
+def bus_factor(collective: str, ranks: int) -> float:
+    """busbw / algbw of a collective at ``ranks`` ranks (nccl-tests' PERFORMANCE.md): 2(n-1)/n
+    for an allreduce (a reduce-scatter then an all-gather of the buffer), (n-1)/n for an
+    all-gather, a reduce-scatter and an all-to-all (each rank sends or receives all but its own
+    1/n of the size once)."""
+    return BUS_FACTOR_STEPS[collective] * (ranks - 1) / ranks if ranks > 0 else 0.0
+
+
+def busbw(algbw_bytes_per_s: float, ranks: int, collective: str = "allreduce") -> float:
+    """Bus bandwidth, algbw x ``bus_factor``: the per-link traffic of the collective, comparable
+    across rank counts and with the link's own bandwidth."""
+    return algbw_bytes_per_s * bus_factor(collective, ranks)
 
 
 def energy_from_power(times_s: Sequence[float], power_w: Sequence[float]) -> float | None:

@@ -14,6 +14,7 @@ import pytest
 
 from hpcdl.parallel.launch import mpi_env
 
+pytestmark = pytest.mark.mpi
 # No skips: scripts/test.sh installs Open MPI and Horovod, and these tests are the proof they work.
 BACKENDS = ["torch", "horovod"]
 MLP = ["--workload", "mlp", "layers=2", "width=128", "input_size=64", "output_size=10", "batch_size=16"]
@@ -63,6 +64,15 @@ def test_every_rank_measured_and_checked(backend: str, np: int, tmp_path: Path) 
     assert comm["grad_bytes_per_step"] == 4 * rec["counts"]["params"]
     assert comm["busbw_bytes_per_s"] == pytest.approx(comm["algbw_bytes_per_s"] * 2 * (np - 1) / np)
     assert comm["exposed_s"] >= 0
+    (allreduce,) = comm["collectives"].values()  # data parallelism: one allreduce, nothing else
+    assert allreduce["bytes_per_step"] == comm["grad_bytes_per_step"]
+    assert allreduce["seconds_per_step"] == comm["allreduce_s"]
+    # each rank's computation alone, and the slowest of them named with its host
+    compute = {r["rank"]: r["compute_only_s"] for r in ranks}
+    assert all(t > 0 for t in compute.values())
+    straggler = m["straggler"]
+    assert compute[straggler["rank"]] == max(compute.values()) == straggler["compute_only_s"]
+    assert straggler["host"] == ranks[straggler["rank"]]["host"]
     checks = {c["name"]: c for c in rec["validity"]["checks"]}
     assert checks["one_step_equivalence"]["passed"] and checks["parameters_identical"]["passed"]
     assert rec["validity"]["passed"], rec["validity"]
@@ -243,11 +253,52 @@ def test_energy_is_unavailable_not_zero_without_meters(tmp_path: Path) -> None:
     assert all(r["gpu"]["reason"] for r in energy["per_rank"])
 
 
-def test_comm_benchmark_checks_its_sums() -> None:
-    p = hpcdl("comm", "--np", "2", "--backend", "horovod", "--sizes", "4096,1048576", "--reps", "3")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_comm_benchmark_checks_every_collective(backend: str) -> None:
+    p = hpcdl("comm", "--np", "2", "--backend", backend, "--sizes", "4096,1048576", "--reps", "3", "--json")
     assert p.returncode == 0, p.stderr[-3000:]
-    lines = [ln for ln in p.stdout.splitlines() if ln.split() and ln.split()[-1] == "0"]
-    assert len(lines) == 2  # two sizes, zero wrong elements each
+    rows = json.loads(p.stdout)["rows"]
+    assert [(r["collective"], r["bytes"]) for r in rows] == [
+        (c, s) for c in ("allreduce", "all_gather", "reduce_scatter", "all_to_all") for s in (4096, 1048576)
+    ]
+    assert all(r["wrong"] == 0 and r["backend_s"] > 0 and r["mpi_s"] > 0 for r in rows)
+    factor = {"allreduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "all_to_all": 0.5}  # 2 ranks
+    assert all(
+        r["backend_busbw"] == pytest.approx(r["backend_algbw"] * factor[r["collective"]]) for r in rows
+    )
+
+
+def test_comm_benchmark_refuses_an_unknown_collective() -> None:
+    p = hpcdl("comm", "--collective", "allreduce,broadcast")
+    assert p.returncode == 2 and "comm.collective='broadcast' is invalid: allowed: all, allreduce" in p.stderr
+
+
+@pytest.mark.parametrize("backend, slow", [("torch", 1), ("horovod", 0), ("torch", 3)])
+def test_a_slowed_rank_is_named_the_straggler(backend: str, slow: int, tmp_path: Path) -> None:
+    """One rank sleeps 40 ms before every forward pass. Under DDP the others wait for it inside
+    backward, so every rank's forward + backward lasts alike; its computation alone names it."""
+    np = 4 if slow == 3 else 2
+    env = {**mpi_env(), "HPCDL_TEST_SLOW_RANK": f"{slow}:0.04"}
+    p = subprocess.run(
+        [sys.executable, "-m", "hpcdl", "run", *MLP, "--np", str(np), "--backend", backend, "--steps", "8",
+         "--min-duration", "0", "-o", str(tmp_path)],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = only_record(tmp_path)["metrics"]
+    straggler, rows = m["straggler"], m["per_rank"]
+    assert straggler["rank"] == slow and straggler["host"] == rows[slow]["host"]
+    alone = {r["rank"]: r["compute_only_s"] for r in rows}
+    excess = alone[slow] - max(t for r, t in alone.items() if r != slow)
+    assert excess > 0.03 and straggler["compute_only_s"] == alone[slow]
+    assert any("HPCDL_TEST_SLOW_RANK" in f for f in m["flags"])  # the record says it was made slow
+    if backend == "torch":  # the phases hide it: every rank's forward + backward waits alike
+        fb = [r["compute_median_s"] for r in rows]
+        assert max(fb) - min(fb) < 0.5 * excess
+    report = hpcdl("report", str(tmp_path), "-o", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stderr
+    html = (tmp_path / "report" / "index.html").read_text()
+    assert "slowest rank" in html and f"<td>{slow}</td><td>{rows[slow]['host']}</td>" in html
 
 
 def test_weak_sweep_writes_points_and_skips_valid_ones(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """hpcdl submit, status and collect against a real Slurm cluster: scripts/slurm/start-cluster.sh
-runs two slurmd "nodes" (n1, n2) on this machine, with accounting (sacct) through slurmdbd.
+runs four slurmd "nodes" (n1 ... n4) on this machine, with accounting (sacct) through slurmdbd.
 
 The cluster is started once for the session and stopped at its end, pass or fail (set
 HPCDL_SLURM_KEEP=1 to leave it running). Every job is tiny: the fake nodes share two cores.
@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,9 @@ LONG_RUN = {"steps": 10_000_000, "min_duration_s": 0.0}  # runs until cancelled
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[None]:
-    """The 2-node test cluster, up for the whole session."""
+    """The 4-node test cluster, up for the whole session."""
     start = subprocess.run(
-        ["bash", str(ROOT / "scripts/slurm/start-cluster.sh"), "2"],
+        ["bash", str(ROOT / "scripts/slurm/start-cluster.sh"), "4"],
         capture_output=True,
         text=True,
         timeout=900,
@@ -94,6 +95,14 @@ def all_job_ids() -> set[str]:
     )
     queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True)
     return set(out.stdout.split()) | set(queued.stdout.split())
+
+
+def hostnames(nodelist: str) -> list[str]:
+    """A Slurm node list (``n[1-2,4]``) as host names, in order."""
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+    )
+    return out.stdout.split()
 
 
 def job_id(out: Path, point: str) -> str:
@@ -152,11 +161,12 @@ def sweep(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_two_nodes_one_rank_each(sweep: Path, point: str, backend: str) -> None:
     rec = record(sweep, point)
     s = rec["settings"]
-    assert s["world_size"] == 2 and s["nodes"] == 2 and s["hosts"] == ["n1", "n2"]
+    assert s["world_size"] == 2 and s["nodes"] == 2
+    assert s["hosts"] == hostnames(rec["environment"]["slurm"]["nodelist"])  # the nodes Slurm gave it
     assert s["backend"] == backend
     per_rank = rec["metrics"]["per_rank"]
     assert sorted(r["rank"] for r in per_rank) == [0, 1]  # every rank measured and gathered
-    assert sorted(r["host"] for r in per_rank) == ["n1", "n2"]
+    assert sorted(r["host"] for r in per_rank) == s["hosts"]
     assert all(r["torch_threads"] == 1 for r in per_rank)  # [env] OMP_NUM_THREADS reached the ranks
     assert rec["validity"]["passed"], rec["validity"]
     checks = {c["name"] for c in rec["validity"]["checks"]}
@@ -164,7 +174,7 @@ def test_two_nodes_one_rank_each(sweep: Path, point: str, backend: str) -> None:
     env = rec["environment"]
     assert env["slurm_job_id"] == job_id(sweep, point)
     assert env["slurm"]["job_id"] == env["slurm_job_id"] and env["slurm"]["job_name"] == point
-    assert env["slurm"]["nodelist"] == "n[1-2]" and env["slurm"]["num_nodes"] == "2"
+    assert env["slurm"]["num_nodes"] == "2"
 
 
 @pytest.mark.mpi
@@ -182,7 +192,7 @@ def test_node_count_sweep_status_and_collect(sweep: Path) -> None:
     collected = json.loads((sweep / "collected.json").read_text())
     torch_points = {r["point"]: r for r in collected["points"] if r["job"] == "torch"}
     assert torch_points["torch-n1"]["efficiency"] == pytest.approx(1.0)
-    assert torch_points["torch-n2"]["efficiency"] > 0 and torch_points["torch-n2"]["hosts"] == ["n1", "n2"]
+    assert torch_points["torch-n2"]["efficiency"] > 0 and len(set(torch_points["torch-n2"]["hosts"])) == 2
 
 
 @pytest.mark.mpi
@@ -212,6 +222,80 @@ def test_dry_run_prints_the_script_sbatch_was_given(sweep: Path) -> None:
         "--mpi=pmix",
     ):
         assert line in script, script
+
+
+# ------------------------------------------------------------------------------ four nodes
+MOE = {
+    "family": "attention",
+    "layers": 1,
+    "width": 32,
+    "heads": 2,
+    "seq_len": 8,
+    "vocab": 64,
+    "batch_size": 4,
+}
+LAYOUTS = {"4x1": (4, 1), "2x2": (2, 2)}  # nodes x ranks per node
+SLOW = 2  # the rank the torch 4x1 job slows down on purpose (HPCDL_TEST_SLOW_RANK)
+
+
+@pytest.fixture(scope="module")
+def four_ranks(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four ranks with each backend, on four nodes (one rank each: a mixture-of-experts
+    transformer, one expert per node, its tokens crossing nodes by all-to-all) and on two
+    nodes of two ranks (an MLP). The torch 4x1 job slows one rank down. Returns the results
+    directory once every point has ended."""
+    out = tmp_path_factory.mktemp("slurm4")
+    for backend in ("torch", "horovod", "fsdp"):
+        for layout, (nodes, per_node) in LAYOUTS.items():
+            env = {"OMP_NUM_THREADS": "1"}
+            if (backend, layout) == ("torch", "4x1"):
+                env["HPCDL_TEST_SLOW_RANK"] = f"{SLOW}:0.2"
+            f = write_job(
+                out / f"{backend}-{layout}.toml",
+                name=f"{backend}-{layout}",
+                nodes=[nodes],
+                tasks_per_node=per_node,
+                backend=backend,
+                workload={**MOE, "experts": 4, "batch_size": 4} if per_node == 1 else MLP,
+                env=env,
+                output=str(out),
+            )
+            p = hpcdl("submit", str(f))
+            assert p.returncode == 0, p.stderr
+    rows = wait(out, timeout_s=600, poll_s=2)
+    assert all(r.state == "done" for r in rows), "\n" + status_table(rows)
+    return out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("backend", ["torch", "horovod", "fsdp"])
+def test_four_ranks_every_node_in_the_record(four_ranks: Path, backend: str, layout: str) -> None:
+    nodes, per_node = LAYOUTS[layout]
+    rec = record(four_ranks, f"{backend}-{layout}-n{nodes}")
+    s, slurm = rec["settings"], rec["environment"]["slurm"]
+    assert s["world_size"] == 4 and s["backend"] == backend and s["nodes"] == nodes
+    assert s["hosts"] == hostnames(slurm["nodelist"]) and len(s["hosts"]) == nodes
+    assert slurm["tasks_per_node"] == f"{per_node}(x{nodes})"
+    ranks = rec["metrics"]["per_rank"]
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
+    assert Counter(r["host"] for r in ranks) == dict.fromkeys(s["hosts"], per_node)  # every node's ranks
+    checks = {c["name"] for c in rec["validity"]["checks"]}
+    assert {"one_step_equivalence", "parameters_identical"} <= checks
+    assert rec["validity"]["passed"], rec["validity"]
+    collectives = rec["metrics"]["communication"]["collectives"]
+    expected = {"fsdp": {"all_gather", "reduce_scatter"}}.get(backend, {"allreduce"})
+    assert set(collectives) == (expected | {"all_to_all"} if per_node == 1 else expected)
+
+
+@pytest.mark.mpi
+def test_a_slow_rank_is_named_with_its_node(four_ranks: Path) -> None:
+    rec = record(four_ranks, "torch-4x1-n4")
+    ranks = {r["rank"]: r for r in rec["metrics"]["per_rank"]}
+    straggler = rec["metrics"]["straggler"]
+    assert straggler["rank"] == SLOW and straggler["host"] == ranks[SLOW]["host"]
+    assert straggler["host"] in hostnames(rec["environment"]["slurm"]["nodelist"])
+    assert straggler["compute_only_s"] - straggler["median_compute_only_s"] > 0.1
 
 
 # ------------------------------------------------------------------------------ failures
@@ -246,9 +330,14 @@ def test_node_down_mid_job_shows_the_failure(sweep: Path) -> None:
     def left(most: float) -> float:
         return max(5.0, min(most, deadline - time.monotonic()))
 
+    victim = "n2"
     try:
         wait_for(sweep, "nodefail-n2", lambda r: r.state == "RUNNING", left(40))
-        subprocess.run(["scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=hpcdl-test"], check=True)
+        running_on = subprocess.run(["squeue", "-h", "-j", jid, "-o", "%N"], capture_output=True, text=True)
+        victim = hostnames(running_on.stdout.strip())[-1]  # one of the job's nodes, whichever Slurm chose
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={victim}", "State=DOWN", "Reason=hpcdl-test"], check=True
+        )
         # Slurm ends the job (NODE_FAIL) and requeues it: status shows the failure either as
         # the state or in the requeued job's history
         row = wait_for(sweep, "nodefail-n2", lambda r: "NODE_FAIL" in r.state + r.detail, left(30))
@@ -257,7 +346,7 @@ def test_node_down_mid_job_shows_the_failure(sweep: Path) -> None:
         line = next(x for x in p.stdout.splitlines() if x.startswith("nodefail-n2"))
         assert "NODE_FAIL" in line, p.stdout
     finally:
-        subprocess.run(["scontrol", "update", "NodeName=n2", "State=RESUME"], capture_output=True)
+        subprocess.run(["scontrol", "update", f"NodeName={victim}", "State=RESUME"], capture_output=True)
         subprocess.run(["scancel", jid], capture_output=True)  # the requeued job would run for minutes
     wait_for(sweep, "nodefail-n2", lambda r: not r.active, left(15))
 

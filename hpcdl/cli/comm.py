@@ -1,4 +1,5 @@
-"""``hpcdl comm``: collective-communication sweeps through a backend against raw MPI."""
+"""``hpcdl comm``: collective-communication sweeps through a backend against raw MPI (allreduce,
+all-gather, reduce-scatter, all-to-all), kept for the scaling model."""
 
 from __future__ import annotations
 
@@ -35,11 +36,23 @@ def buffer_sizes(text: str) -> list[int]:
     return sizes
 
 
-def cmd_comm(args: argparse.Namespace) -> int:
-    """Allreduce sweep through the backend and raw mpi4py, side by side."""
-    from hpcdl.parallel.backends import make_backend, resolve_backend_name
-    from hpcdl.parallel.commbench import DEFAULT_SIZES, allreduce_sweep
+def collectives_arg(text: str) -> list[str]:
+    """``--collective``: comma-separated names, or ``all``."""
+    from hpcdl.parallel.backends import COLLECTIVES
 
+    names = list(COLLECTIVES) if text == "all" else [x for x in text.split(",") if x]
+    for name in names:
+        if name not in COLLECTIVES:
+            raise InputError("comm.collective", name, "allowed: all, " + ", ".join(COLLECTIVES))
+    return names
+
+
+def cmd_comm(args: argparse.Namespace) -> int:
+    """Collective sweeps through the backend and raw mpi4py, side by side."""
+    from hpcdl.parallel.backends import make_backend, resolve_backend_name
+    from hpcdl.parallel.commbench import DEFAULT_SIZES, sweep
+
+    collectives = collectives_arg(args.collective)
     sizes = buffer_sizes(args.sizes) if args.sizes else DEFAULT_SIZES  # checked before any rank starts
     if args.reps < 1:
         raise InputError("reps", args.reps, "timed repetitions per size: an integer >= 1")
@@ -54,14 +67,14 @@ def cmd_comm(args: argparse.Namespace) -> int:
     )
     name = resolve_backend_name(cfg.backend, world.size)
     if world.size < 2:
-        raise InputError("np", world.size, "an allreduce benchmark needs at least 2 ranks (--np 2)")
+        raise InputError("np", world.size, "a collective benchmark needs at least 2 ranks (--np 2)")
     device = rank_device(cfg, world)
     backend = make_backend(name, world, device)
     try:
-        rows = allreduce_sweep(world, backend, device, sizes, reps=args.reps)
+        rows = [r for c in collectives for r in sweep(world, backend, device, c, sizes, args.reps) or []]
     finally:
         backend.close()
-    if rows is None:
+    if world.rank != 0:
         return 0
     result = {"ranks": world.size, "backend": name, "rows": rows}
     if args.output:
@@ -78,34 +91,44 @@ def cmd_comm(args: argparse.Namespace) -> int:
         err(f"wrote {write_record(record, args.output)}")
     if args.json:
         print(json.dumps(result, indent=1))
-        return 0 if all(r["wrong"] == 0 for r in rows) else 1
-    print(f"allreduce, {world.size} ranks, {name} vs raw mpi4py (median of {args.reps}, slowest rank)")
-    print(
-        table(
-            ["bytes", f"{name} us", "algbw", "busbw", "mpi us", "algbw", "busbw", "ratio busbw", "#wrong"],
-            [
-                [
-                    si(r["bytes"], "B"),
-                    f"{r['backend_s'] * 1e6:.1f}",
-                    si(r["backend_algbw"], "B/s"),
-                    si(r["backend_busbw"], "B/s"),
-                    f"{r['mpi_s'] * 1e6:.1f}",
-                    si(r["mpi_algbw"], "B/s"),
-                    si(r["mpi_busbw"], "B/s"),
-                    f"{r['backend_busbw'] / r['mpi_busbw']:.2f}",
-                    str(r["wrong"]),
-                ]
-                for r in rows
-            ],
-        )
-    )
+    else:
+        for c in collectives:
+            print(f"{c}, {world.size} ranks, {name} vs raw mpi4py (median of {args.reps}, slowest rank)")
+            print(comm_table(name, [r for r in rows if r["collective"] == c]))
     return 0 if all(r["wrong"] == 0 for r in rows) else 1
 
 
+def comm_table(name: str, rows: list[dict[str, Any]]) -> str:
+    return table(
+        ["bytes", f"{name} us", "algbw", "busbw", "mpi us", "algbw", "busbw", "ratio busbw", "#wrong"],
+        [
+            [
+                si(r["bytes"], "B"),
+                f"{r['backend_s'] * 1e6:.1f}",
+                si(r["backend_algbw"], "B/s"),
+                si(r["backend_busbw"], "B/s"),
+                f"{r['mpi_s'] * 1e6:.1f}",
+                si(r["mpi_algbw"], "B/s"),
+                si(r["mpi_busbw"], "B/s"),
+                f"{r['backend_busbw'] / r['mpi_busbw']:.2f}",
+                str(r["wrong"]),
+            ]
+            for r in rows
+        ],
+    )
+
+
 def add_parsers(sub: Any) -> None:
-    cm = sub.add_parser("comm", help="allreduce bandwidth sweep: the backend against raw MPI")
+    cm = sub.add_parser(
+        "comm", help="collective bandwidth sweeps (allreduce, all-gather, ...): the backend against raw MPI"
+    )
     cm.add_argument("--np", type=int, default=2, help="ranks (default 2)")
-    cm.add_argument("--backend", default="auto", help="auto | horovod | torch")
+    cm.add_argument("--backend", default="auto", help="auto | horovod | torch | fsdp")
+    cm.add_argument(
+        "--collective",
+        default="all",
+        help="all (default) or some of allreduce,all_gather,reduce_scatter,all_to_all",
+    )
     cm.add_argument("--device", default="auto")
     cm.add_argument("--sizes", help="comma-separated buffer sizes in bytes (default 1 KiB .. 64 MiB)")
     cm.add_argument("--reps", type=int, default=10)

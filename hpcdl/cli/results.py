@@ -11,8 +11,9 @@ from typing import Any, TypeVar
 
 from hpcdl.cli.common import add_workload_options, err, workload_specs
 from hpcdl.errors import InputError
+from hpcdl.parallel.backends import COLLECTIVES
 from hpcdl.records import schema
-from hpcdl.records.loader import Unreadable, load_tree, read_comm, read_record
+from hpcdl.records.loader import CommSweep, Unreadable, load_tree, read_comm, read_record
 from hpcdl.records.store import write_record
 from hpcdl.records.views import Result
 from hpcdl.results import ranking as rank_mod
@@ -61,8 +62,16 @@ def _read(field: str, path: str, read: Callable[[Path], T], what: str) -> T:
         raise InputError(field, path, f"{what} ({e})") from None
 
 
+def given_comms(args: argparse.Namespace) -> dict[str, model_mod.Comm]:
+    """``--alpha``/``--beta``: one latency and bandwidth for every collective."""
+    beta = _positive("predict.beta", args.beta)
+    return {
+        c: model_mod.Comm(alpha_s=args.alpha or 0.0, beta_bytes_per_s=beta, collective=c) for c in COLLECTIVES
+    }
+
+
 def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str, Any], str]:
-    """The model from a 1-rank record and an allreduce sweep, or from a workload and given
+    """The model from a 1-rank record and a collective sweep, or from a workload and given
     gamma, alpha and beta; and the spec the measured points must match."""
     if args.base:
         if args.workload or args.preset or args.gamma:
@@ -73,16 +82,14 @@ def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str
             raise InputError("predict.comm", None, "--comm COMM.json (hpcdl comm -o) or --alpha/--beta")
         base = _read("predict.base", args.base, read_record, "a 1-rank result record").result
         if args.comm:
-            sweep = _read("predict.comm", args.comm, read_comm, "an allreduce sweep of hpcdl comm -o")
-            comm = model_mod.comm_from_record(sweep)
+            sweep = _read("predict.comm", args.comm, read_comm, "a collective sweep of hpcdl comm -o")
+            comms: CommSweep | dict[str, model_mod.Comm] = sweep
             backend = args.backend or sweep.backend
         else:
-            comm = model_mod.Comm(
-                alpha_s=args.alpha or 0.0, beta_bytes_per_s=_positive("predict.beta", args.beta)
-            )
+            comms = given_comms(args)
             backend = args.backend or "horovod"
         model = model_mod.model_from_records(
-            base, comm, backend=backend, mode=args.mode, overlap=args.overlap
+            base, comms, backend=backend, mode=args.mode, overlap=args.overlap
         )
         return model, base.spec, backend
     specs = workload_specs(args)
@@ -91,11 +98,16 @@ def model_from_args(args: argparse.Namespace) -> tuple[model_mod.Model, dict[str
             "predict", "default suite", "one workload: --base RECORD, --workload FAMILY or --preset"
         )
     (spec,) = specs.values()
-    comm = model_mod.Comm(alpha_s=args.alpha or 0.0, beta_bytes_per_s=_positive("predict.beta", args.beta))
     gamma = _positive("predict.gamma", args.gamma)
     backend = args.backend or "horovod"
     model = model_mod.model_for(
-        spec.to_dict(), spec.batch_size, gamma, comm, backend=backend, mode=args.mode, overlap=args.overlap
+        spec.to_dict(),
+        spec.batch_size,
+        gamma,
+        given_comms(args),
+        backend=backend,
+        mode=args.mode,
+        overlap=args.overlap,
     )
     return model, spec.to_dict(), backend
 
@@ -131,10 +143,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise InputError("predict.ranks_per_node", args.ranks_per_node, "an integer >= 1")
     measured = measured_points(Path(args.compare), spec, args.mode, backend) if args.compare else {}
     points: list[dict[str, Any]] = []
+    skipped = []
     for n in nodes:
-        pt = {"nodes": n, **model.point(n * args.ranks_per_node)}
-        if pt["np"] in measured:
-            pt["measured_samples_per_s"] = measured[int(pt["np"])]
+        p = n * args.ranks_per_node
+        if not model.predictable(p):
+            skipped.append(p)
+            continue
+        pt = {"nodes": n, **model.point(p)}
+        if p in measured:
+            pt["measured_samples_per_s"] = measured[p]
             pt["error"] = model_mod.relative_error(pt["samples_per_s"], pt["measured_samples_per_s"])
         points.append(pt)
     doc: dict[str, Any] = {
@@ -149,11 +166,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1))
         return 0
     print(
-        f"model: gamma {si(model.gamma_flops_per_s, 'FLOP/s')} per rank, "
-        f"alpha {model.comm.alpha_s * 1e6:.1f} us, beta {si(model.comm.beta_bytes_per_s, 'B/s')}, "
-        f"{si(model.grad_bytes, 'B')} of gradients in {model.messages_per_step} message(s); "
-        f"{model.mode} scaling, overlap {model.overlap}"
+        f"model: gamma {si(model.gamma_flops_per_s, 'FLOP/s')} per rank, {model.mode} scaling, "
+        f"overlap {model.overlap}; per step and rank ({backend}):"
     )
+    for t in model.traffic:
+        c = model.comms[t.collective]
+        print(
+            f"  {t.collective}: {si(t.bytes, 'B')} in {t.calls} call(s), "
+            f"alpha {c.alpha_s * 1e6:.1f} us, beta {si(c.beta_bytes_per_s, 'B/s')}"
+        )
+    if skipped:
+        print(f"  left out: {', '.join(map(str, skipped))} ranks, which the experts cannot be sharded across")
     print(
         table(
             [
@@ -206,11 +229,18 @@ def add_parsers(sub: Any) -> None:
     )
     add_workload_options(pr)
     pr.add_argument("--base", help="a 1-rank record: calibrates gamma and names the workload")
-    pr.add_argument("--comm", help="an allreduce sweep record (hpcdl comm -o FILE): fits alpha and beta")
+    pr.add_argument(
+        "--comm",
+        help="a collective sweep record (hpcdl comm -o FILE): fits alpha and beta of each collective",
+    )
     pr.add_argument("--gamma", type=float, help="sustained training FLOP/s of one rank (without --base)")
-    pr.add_argument("--alpha", type=float, help="allreduce latency per ring step in seconds (default 0)")
-    pr.add_argument("--beta", type=float, help="allreduce bus bandwidth in bytes/s (without --comm)")
-    pr.add_argument("--backend", help="horovod | torch: its fusion/bucket size (default: the sweep's)")
+    pr.add_argument(
+        "--alpha", type=float, help="latency per ring step in seconds, every collective (default 0)"
+    )
+    pr.add_argument("--beta", type=float, help="bus bandwidth in bytes/s, every collective (without --comm)")
+    pr.add_argument(
+        "--backend", help="horovod | torch | fsdp: the collectives of its step (default: the sweep's)"
+    )
     pr.add_argument(
         "--nodes", default=",".join(map(str, model_mod.DEFAULT_NODES)), help="node counts (1..4096)"
     )

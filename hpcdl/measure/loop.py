@@ -16,9 +16,12 @@ from hpcdl import metrics
 from hpcdl.measure.device import synchronize
 from hpcdl.parallel.backends import Backend
 from hpcdl.parallel.backends.single import SingleProcess
+from hpcdl.parallel.placement import InStepCollectives
 from hpcdl.workloads.precision import precision as precision_of
 
 PHASES = ("data", "forward", "backward", "allreduce", "optimizer")
+IN_STEP_PHASES = ("forward", "backward")
+"""the phases in which layers call blocking collectives (the experts' all-to-all)"""
 
 
 class BatchSource(Protocol):
@@ -37,6 +40,16 @@ class StepLog:
     start_unix: float = 0.0
     """when the timed window started, in seconds since the epoch (windows of concurrent runs
     compared; MLPerf-style logs)"""
+    in_step_s: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in IN_STEP_PHASES})
+    """per timed step, the seconds spent in blocking collectives inside forward and backward"""
+    in_step_bytes: int = 0
+    """bytes those collectives sent per timed step (one rank's send buffers)"""
+    in_step_calls: int = 0
+    """their calls per timed step"""
+
+    def in_step_per_step(self) -> list[float]:
+        """Seconds of blocking in-step collectives in each timed step, forward and backward."""
+        return [f + b for f, b in zip(self.in_step_s["forward"], self.in_step_s["backward"], strict=True)]
 
 
 class Trainer:
@@ -51,9 +64,15 @@ class Trainer:
         precision: str,
         phase_sync: bool = True,
         backend: Backend | None = None,
+        in_step: InStepCollectives | None = None,
+        delay_s: float = 0.0,
     ) -> None:
+        """``in_step`` times the collectives layers call inside a step; ``delay_s`` is slept
+        before every forward pass (a slow rank made on purpose, for tests)."""
         self.model, self.optimizer, self.source, self.device = model, optimizer, source, device
         self.backend = backend or SingleProcess()
+        self.in_step = in_step or InStepCollectives(device)
+        self.delay_s = delay_s
         self.precision = precision_of(precision)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision.loss_scaling)
         self.phase_sync = phase_sync
@@ -74,19 +93,25 @@ class Trainer:
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward pass in the run's precision, then the mean cross-entropy in fp32."""
+        if self.delay_s:
+            time.sleep(self.delay_s)
         with torch.autocast(self.device.type, dtype=self.precision.dtype, enabled=self.precision.autocast):
             logits = self.model(x)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 
-    def step(self) -> tuple[float, dict[str, float]]:
-        """One training step; returns its wall time and the time of each phase."""
+    def step(self) -> tuple[float, dict[str, float], dict[str, float]]:
+        """One training step; returns its wall time, the time of each phase and the time spent
+        in blocking in-step collectives during forward and backward."""
         t0 = self._mark()
         x, y = self.source.next()
         t1 = self._mark()
+        c1 = self.in_step.seconds
         loss = self._loss(x, y)
         t2 = self._mark()
+        c2 = self.in_step.seconds
         self.scaler.scale(loss).backward()
         t3 = self._mark()
+        c3 = self.in_step.seconds
         self.backend.finish_reduction(self.optimizer)
         t4 = self._mark()
         self.backend.step(self.optimizer, self.scaler)
@@ -104,12 +129,13 @@ class Trainer:
         }
         if self.on_step is not None:
             self.on_step()
-        return t5 - t0, phases
+        return t5 - t0, phases, {"forward": c2 - c1, "backward": c3 - c2}
 
     def local_backward_s(self, steps: int) -> list[float]:
-        """Backward times with the backend's reduction switched off (DDP's ``no_sync``),
-        gradients discarded: what backward costs without communication, to tell an exposed
-        allreduce that the backend hides inside backward. Empty when the backend cannot."""
+        """Backward times with the backend's reduction switched off (DDP's ``no_sync``) and
+        in-step collectives taken out, gradients discarded: what backward costs without
+        communication, to tell an exposed allreduce that the backend hides inside backward, and
+        a rank's own computation from its wait for the others. Empty when the backend cannot."""
         if self.backend.no_reduction(self.model) is None:
             return []
         times = []
@@ -117,8 +143,9 @@ class Trainer:
             with self.backend.no_reduction(self.model) or nullcontext():
                 loss = self._loss(*self.source.next())
                 t0 = self._mark()
+                c0 = self.in_step.seconds
                 self.scaler.scale(loss).backward()
-                times.append(self._mark() - t0)
+                times.append(self._mark() - t0 - (self.in_step.seconds - c0))
             self.optimizer.zero_grad()  # None grads: the default since torch 2.0
         return times
 
@@ -146,8 +173,11 @@ class Trainer:
         synchronize(self.device)
         if self.before_window is not None:
             self.before_window()
+        sent, calls = self.in_step.bytes, self.in_step.calls
         with window or nullcontext():
             self._timed(log, steps, duration_s, progress, agree)
+        log.in_step_bytes = (self.in_step.bytes - sent) // len(log.step_s)
+        log.in_step_calls = (self.in_step.calls - calls) // len(log.step_s)
         log.losses = torch.stack(self._losses).float().tolist()
         return log
 
@@ -163,10 +193,12 @@ class Trainer:
         start, log.start_unix = time.perf_counter(), time.time()
         last_report = start
         while True:
-            dt, phases = self.step()
+            dt, phases, in_step = self.step()
             log.step_s.append(dt)
             for name, value in phases.items():
                 log.phases_s[name].append(value)
+            for name, value in in_step.items():
+                log.in_step_s[name].append(value)
             now = time.perf_counter()
             done = len(log.step_s)
             if progress and now - last_report >= 1.0:

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcdl import metrics
 from hpcdl.measure.loop import StepLog
 from hpcdl.measure.peaks import Peak
+from hpcdl.parallel.backends import Traffic
 from hpcdl.records.validity import Check
 
 
@@ -38,18 +40,31 @@ class RankMeasurement:
     energy: dict[str, Any]
     """the telemetry summary of the timed window (``TelemetrySampler.summary``)"""
     power_trace: dict[str, list[float]]
+    traffic: list[Traffic] = field(default_factory=list)
+    """the collectives the backend runs per step (``Backend.traffic``)"""
     io: dict[str, Any] = field(default_factory=dict)
     """HDF5 write and read figures measured while preparing the data (data=hdf5)"""
     checks: list[Check] = field(default_factory=list)
     """correctness checks taken before timing (several ranks)"""
     local_backward_s: list[float] = field(default_factory=list)
     """backward times without reduction, where the backend can measure them"""
+    injected_delay_s: float = 0.0
+    """seconds slept before each forward pass on purpose (``HPCDL_TEST_SLOW_RANK``)"""
     digest: str = ""
     """SHA-256 of the parameters after training (several ranks)"""
-    allreduce_s: float = 0.0
-    """median blocking allreduce of ``grad_bytes`` after training (several ranks)"""
+    collective_s: dict[str, float] = field(default_factory=dict)
+    """per collective of ``traffic``: median blocking call of its bytes per step, after
+    training (several ranks)"""
 
     def forward_backward_s(self) -> list[float]:
-        """Forward plus backward time of each timed step: the rank's computation."""
+        """Forward plus backward time of each timed step: the rank's computation, and whatever
+        waiting for other ranks the backend does inside them."""
         phases = self.log.phases_s
         return [f + b for f, b in zip(phases["forward"], phases["backward"], strict=True)]
+
+    def own_phase_s(self, phase: str) -> float:
+        """Median time of ``phase`` (forward, backward) without the blocking collectives that
+        layers called inside it."""
+        wall = self.log.phases_s[phase]
+        held = self.log.in_step_s.get(phase) or [0.0] * len(wall)
+        return float(metrics.summarize([w - c for w, c in zip(wall, held, strict=True)])["median"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
 import shutil
 import tempfile
@@ -28,7 +29,6 @@ from hpcdl.measure.device import (
     peak_memory,
     reset_peak_memory,
     resolve_device,
-    synchronize,
 )
 from hpcdl.measure.fit import Fit, estimated_batch, fit_batch, rank_memory
 from hpcdl.measure.loop import BatchSource, Trainer
@@ -36,13 +36,16 @@ from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import gemm_ceiling, theoretical_peak
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.watchdog import Watchdog
-from hpcdl.parallel.backends import Backend, make_backend, resolve_backend_name
+from hpcdl.parallel.backends import Backend, gradient_bytes, make_backend, resolve_backend_name
 from hpcdl.parallel.checks import one_step_equivalence, parameter_digest
+from hpcdl.parallel.commbench import backend_time
 from hpcdl.parallel.launch import stop_requested
+from hpcdl.parallel.placement import full_parameters, spread
 from hpcdl.parallel.world import World, init_world
 from hpcdl.records.build import build_record
 from hpcdl.records.store import check_name, check_output, seal, write_pair
 from hpcdl.records.views import Result, read_result
+from hpcdl.workloads import moe
 from hpcdl.workloads.spec import Spec
 
 Progress = Callable[[str], None]
@@ -66,6 +69,9 @@ class Reporter:
 
 
 CALIBRATION_STEPS = 5  # backward timed without reduction where the backend can (DDP)
+SLOW_RANK_VAR = "HPCDL_TEST_SLOW_RANK"
+"""``RANK:SECONDS``: that rank sleeps this long before every forward pass. For tests of the
+straggler attribution only: a record made with it says so in ``metrics.flags``."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,7 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
     resolve_backend_name(cfg.backend, world.size)
     if cfg.data == "hdf5":
         h5data.has_shards(spec, cfg.data_dir)  # refuses a file, damaged or foreign shards
+    moe.check_ranks(spec, world.size)
     have = rank_memory(device, world)
     if cfg.fit_fraction > 0:
         estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, have)  # refuses what cannot fit
@@ -161,19 +168,17 @@ def make_source(spec: Spec, cfg: RunConfig, device: torch.device, world: World) 
     return h5data.HDF5Source(cfg.data_dir, device, cfg.data_workers, world.rank, world.size), io
 
 
-def allreduce_time(backend: Backend, nbytes: int, device: torch.device, reps: int = 5) -> float:
-    """Median seconds of a blocking allreduce of ``nbytes`` (the gradients' size) through the
-    backend, after one warm-up."""
-    buf = torch.ones(max(nbytes // 4, 1), device=device)
-    backend.allreduce(buf)
-    times = []
-    for _ in range(reps):
-        synchronize(device)
-        t0 = time.perf_counter()
-        backend.allreduce(buf)
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return float(metrics.summarize(times)["median"])
+def slow_rank_delay(rank: int) -> float:
+    """Seconds this rank sleeps before each forward pass (``HPCDL_TEST_SLOW_RANK``), else 0."""
+    text = os.environ.get(SLOW_RANK_VAR, "")
+    if not text:
+        return 0.0
+    try:
+        who, seconds = text.split(":")
+        delay = float(seconds)
+    except ValueError:
+        raise HpcdlError(f"{SLOW_RANK_VAR}={text!r} is invalid: expected RANK:SECONDS, like 1:0.05") from None
+    return delay if int(who) == rank else 0.0
 
 
 def measure_rank(
@@ -197,11 +202,20 @@ def measure_rank(
     ceiling = measured_ceiling(device, spec.precision, torch.get_num_threads())
     report.say(f"building {spec.family} model and {cfg.data} data")
     model = spec.build().to(device)
+    in_step = spread(model, world.rank, world.size, backend, device)
+    traffic, grad_bytes = backend.traffic(model), gradient_bytes(model)
     source, io = make_source(spec, cfg, device, world)
+    inner = model  # the module itself: backends wrap it (DDP) or shard it in place (FSDP)
     model, optimizer = backend.wrap(model, lambda params: make_optimizer(params, cfg))
-    trainer = Trainer(model, optimizer, source, device, spec.precision, cfg.phase_sync, backend)
+    delay = slow_rank_delay(world.rank)
+    trainer = Trainer(
+        model, optimizer, source, device, spec.precision, cfg.phase_sync, backend, in_step, delay
+    )
     trainer.target = (cfg.target_loss_fraction, cfg.pool_batches) if cfg.target_loss_fraction else None
     trainer.before_window = before_window
+    # The check's models and the weights FSDP replaced are garbage in reference cycles (module
+    # hooks): freed only now, they would count in the peak (FSDP's per rank: 2.0 -> 1.5 GiB)
+    gc.collect()
     reset_peak_memory(device)
     report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
     local_backward = trainer.local_backward_s(CALIBRATION_STEPS)
@@ -220,8 +234,7 @@ def measure_rank(
             window=sampler,
             agree=world.all_true,  # the window ends when every rank's clock says so
         )
-    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    mem_bytes, mem_kind = peak_memory(device)
+    mem_bytes, mem_kind = peak_memory(device)  # before the collectives below allocate theirs
     several = world.size > 1
     return RankMeasurement(
         rank=world.rank,
@@ -234,6 +247,7 @@ def measure_rank(
         peak=theoretical_peak(device, device_name(device), spec.precision),
         gemm_ceiling_flops=ceiling,
         grad_bytes=grad_bytes,
+        traffic=traffic,
         peak_memory_bytes=mem_bytes,
         peak_memory_kind=mem_kind,
         threads=torch.get_num_threads(),
@@ -242,8 +256,13 @@ def measure_rank(
         io=io,
         checks=checks,
         local_backward_s=local_backward,
-        digest=parameter_digest(model) if several else "",
-        allreduce_s=allreduce_time(backend, grad_bytes, device) if several else 0.0,
+        injected_delay_s=delay,
+        digest=parameter_digest(full_parameters(inner, backend)) if several else "",
+        collective_s={
+            t.collective: backend_time(world, backend, device, t.collective, t.bytes)[0]
+            for t in traffic
+            if several
+        },
     )
 
 

@@ -1,8 +1,10 @@
-"""Correctness of data-parallel training, checked in every distributed run."""
+"""Correctness of distributed training (data parallel, sharded, experts across ranks), checked
+in every multi-rank run on the whole parameters, gathered from wherever they live."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,7 @@ from torch import nn
 from hpcdl.measure.data import make_batch
 from hpcdl.measure.device import synchronize
 from hpcdl.parallel.backends import Backend
+from hpcdl.parallel.placement import full_parameters, spread
 from hpcdl.parallel.world import World
 from hpcdl.records.validity import Check
 from hpcdl.workloads.spec import Spec
@@ -30,17 +33,20 @@ def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: tor
     whole global batch (all N shards) from the same weights: the parameters must agree.
 
     Models run in eval mode (batch norm uses its running statistics, dropout is off) so that
-    the per-shard losses are independent; the check is about the reduction of gradients.
+    the per-shard losses are independent; the check is about the reduction of gradients, and
+    compares the whole parameters by name, however the backend and the layers placed them.
     """
     small = spec.replace(batch_size=min(spec.batch_size, 4), precision="fp32")
     shards = [make_batch(small, device=device, stream=CHECK_STREAM + r) for r in range(world.size)]
 
     model = small.build().to(device).eval()
-    start = [p.detach().clone() for p in model.parameters()]
-    model, opt = backend.wrap(model, lambda params: torch.optim.SGD(params, lr=0.1))
-    _loss(model, *shards[world.rank]).backward()
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    spread(model, world.rank, world.size, backend, device)
+    wrapped, opt = backend.wrap(model, lambda params: torch.optim.SGD(params, lr=0.1))
+    _loss(wrapped, *shards[world.rank]).backward()
     backend.finish_reduction(opt)
     backend.step(opt, torch.amp.GradScaler(device.type, enabled=False))
+    stepped = dict(full_parameters(model, backend))
 
     ref = small.build().to(device).eval()
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
@@ -48,11 +54,9 @@ def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: tor
     ref_opt.step()
     synchronize(device)
 
-    update = max(float((q.detach() - p0).abs().max()) for q, p0 in zip(ref.parameters(), start, strict=True))
-    diff = max(
-        float((p.detach() - q.detach()).abs().max())
-        for p, q in zip(model.parameters(), ref.parameters(), strict=True)
-    )
+    expected = dict(ref.named_parameters())
+    update = max(float((expected[n].detach() - p0).abs().max()) for n, p0 in start.items())
+    diff = max(float((stepped[n] - expected[n].detach()).abs().max()) for n in expected)
     worst = max(world.allgather(diff / update if update > 0 else float("inf")))
     return Check(
         "one_step_equivalence",
@@ -62,16 +66,17 @@ def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: tor
     )
 
 
-def parameter_digest(model: nn.Module) -> str:
-    """SHA-256 of every parameter's bytes, in order."""
+def parameter_digest(parameters: Sequence[tuple[str, torch.Tensor]]) -> str:
+    """SHA-256 of every parameter's bytes, in order (``placement.full_parameters``: whole)."""
     h = hashlib.sha256()
-    for p in model.parameters():
+    for _, p in parameters:
         h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
 def parameters_identical(digests: list[str]) -> Check:
-    """After training, every rank holds bitwise the same parameters."""
+    """After training, every rank holds bitwise the same parameters, once gathered: replicas
+    have not drifted apart, and shards and rank-local parts gather into one model."""
     distinct = len(set(digests))
     return Check(
         "parameters_identical",

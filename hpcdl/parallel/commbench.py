@@ -1,11 +1,17 @@
-"""Allreduce microbenchmark: a sweep of buffer sizes through a backend and through raw mpi4py,
-side by side, in the manner of nccl-tests (warm-up, timed repetitions, the slowest rank's
-median, algbw and busbw)."""
+"""Collective microbenchmarks: allreduce, all-gather, reduce-scatter and all-to-all, each swept
+over buffer sizes through a backend and through raw mpi4py side by side, in the manner of
+nccl-tests (warm-up, timed repetitions, the slowest rank's median, algbw and busbw, and every
+result checked: nccl-tests' #wrong).
+
+Sizes are nccl-tests': the buffer of an allreduce, the gathered output of an all-gather, the
+input of a reduce-scatter, one rank's send buffer of an all-to-all (``hpcdl.metrics.algbw``).
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,59 +25,161 @@ from hpcdl.parallel.world import World
 DEFAULT_SIZES = [2**k for k in range(10, 27, 2)]  # 1 KiB .. 64 MiB
 
 
-def _median_time(fn: Any, reps: int, sync: Any) -> float:
-    fn()  # warm-up
+@dataclass(frozen=True)
+class Op:
+    """One collective as the benchmark runs it on ``ranks`` ranks and ``n`` float32 elements
+    (nccl-tests' size over 4, a multiple of the ranks): what rank r sends, what it must
+    receive, and the call through a backend and through mpi4py."""
+
+    name: str
+    send: Callable[[int, int, int], np.ndarray]
+    """(rank, ranks, n) -> this rank's input"""
+    expect: Callable[[int, int, int], np.ndarray]
+    """(rank, ranks, n) -> the output this rank must hold"""
+    backend: Callable[[Backend, torch.Tensor], torch.Tensor]
+    mpi: Callable[[Any, np.ndarray], np.ndarray]
+    """(communicator, input) -> output"""
+
+
+def _chunks(ranks: int, n: int, value: Callable[[int], float]) -> np.ndarray:
+    """n elements in ``ranks`` equal chunks, chunk j filled with value(j)."""
+    return np.repeat(np.array([value(j) for j in range(ranks)], dtype=np.float32), n // ranks)
+
+
+def _allreduce(backend: Backend, t: torch.Tensor) -> torch.Tensor:
+    out = t.clone()  # in place, like the backends' allreduce, on a fresh copy each time
+    backend.allreduce(out)
+    return out
+
+
+def _mpi_allreduce(comm: Any, buf: np.ndarray) -> np.ndarray:
+    from mpi4py import MPI
+
+    out = buf.copy()
+    comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
+    return out
+
+
+def _mpi_allgather(comm: Any, buf: np.ndarray) -> np.ndarray:
+    out = np.empty(buf.size * comm.Get_size(), dtype=buf.dtype)
+    comm.Allgather(buf, out)
+    return out
+
+
+def _mpi_reduce_scatter(comm: Any, buf: np.ndarray) -> np.ndarray:
+    out = np.empty(buf.size // comm.Get_size(), dtype=buf.dtype)
+    comm.Reduce_scatter_block(buf, out)
+    return out
+
+
+def _mpi_alltoall(comm: Any, buf: np.ndarray) -> np.ndarray:
+    out = np.empty_like(buf)
+    comm.Alltoall(buf, out)
+    return out
+
+
+OPS = {  # one per name of backends.COLLECTIVES
+    op.name: op
+    for op in (
+        Op(
+            "allreduce",
+            send=lambda r, k, n: np.ones(n, np.float32),
+            expect=lambda r, k, n: np.full(n, k, np.float32),
+            backend=_allreduce,
+            mpi=_mpi_allreduce,
+        ),
+        Op(
+            "all_gather",
+            send=lambda r, k, n: np.full(n // k, r + 1, np.float32),
+            expect=lambda r, k, n: _chunks(k, n, lambda j: j + 1),
+            backend=lambda b, t: b.all_gather(t),
+            mpi=_mpi_allgather,
+        ),
+        Op(
+            "reduce_scatter",
+            send=lambda r, k, n: np.full(n, r + 1, np.float32),
+            expect=lambda r, k, n: np.full(n // k, k * (k + 1) / 2, np.float32),
+            backend=lambda b, t: b.reduce_scatter(t),
+            mpi=_mpi_reduce_scatter,
+        ),
+        Op(
+            "all_to_all",
+            send=lambda r, k, n: _chunks(k, n, lambda j: r * k + j),
+            expect=lambda r, k, n: _chunks(k, n, lambda i: i * k + r),
+            backend=lambda b, t: b.all_to_all(t),
+            mpi=_mpi_alltoall,
+        ),
+    )
+}
+
+
+def elements(nbytes: int, ranks: int) -> int:
+    """float32 elements of a buffer of about ``nbytes``, a multiple of the ranks."""
+    return max(ranks, nbytes // 4 // ranks * ranks)
+
+
+def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> tuple[float, Any]:
+    """Median seconds of ``reps`` timed calls after one warm-up, and the last call's result."""
+    out = fn()  # warm-up
     times = []
     for _ in range(reps):
         sync()
         t0 = time.perf_counter()
-        fn()
+        out = fn()
         sync()
         times.append(time.perf_counter() - t0)
-    return float(metrics.summarize(times)["median"])
+    return float(metrics.summarize(times)["median"]), out
 
 
-def allreduce_sweep(
-    world: World, backend: Backend, device: torch.device, sizes: Sequence[int] = DEFAULT_SIZES, reps: int = 10
+def backend_time(
+    world: World, backend: Backend, device: torch.device, collective: str, nbytes: int, reps: int = 5
+) -> tuple[float, int]:
+    """This rank's median seconds of ``collective`` of ``nbytes`` through the backend, and the
+    elements it got wrong."""
+    op, n = OPS[collective], elements(nbytes, world.size)
+    t = torch.from_numpy(op.send(world.rank, world.size, n)).to(device)
+    seconds, out = _median_time(lambda: op.backend(backend, t), reps, lambda: synchronize(device))
+    return seconds, int((out.cpu().numpy() != op.expect(world.rank, world.size, n)).sum())
+
+
+def mpi_time(world: World, collective: str, nbytes: int, reps: int) -> tuple[float, int]:
+    """The same through raw mpi4py on numpy buffers (NaN alone)."""
+    if world.comm is None:
+        return float("nan"), 0
+    op, n = OPS[collective], elements(nbytes, world.size)
+    buf = op.send(world.rank, world.size, n)
+    seconds, out = _median_time(lambda: op.mpi(world.comm, buf), reps, world.barrier)
+    return seconds, int((out != op.expect(world.rank, world.size, n)).sum())
+
+
+def sweep(
+    world: World,
+    backend: Backend,
+    device: torch.device,
+    collective: str,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    reps: int = 10,
 ) -> list[dict[str, Any]] | None:
-    """Rows (rank 0; None elsewhere) of size, time and bandwidths for the backend and for raw MPI.
-    Each result is checked: a sum of ones over N ranks must be N everywhere (nccl-tests' #wrong)."""
+    """Rows (rank 0; None elsewhere) of one collective: per size, the slowest rank's median time,
+    algbw and busbw through the backend and through raw MPI, and the wrong elements of both."""
     rows = []
     for nbytes in sizes:
-        n = max(nbytes // 4, 1)
-        t = torch.ones(n, device=device)
-
-        def backend_op(t: torch.Tensor = t) -> None:
-            t.fill_(1.0)
-            backend.allreduce(t)
-
-        t_backend = _median_time(backend_op, reps, lambda: synchronize(device))
-        wrong_backend = int((t != world.size).sum())
-        buf = np.ones(n, dtype=np.float32)
-        if world.comm is not None:
-            from mpi4py import MPI
-
-            def mpi_op(buf: np.ndarray = buf) -> None:  # in place, like the backends' allreduce
-                buf.fill(1.0)
-                world.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-
-            t_mpi = _median_time(mpi_op, reps, world.barrier)
-            wrong_mpi = int((buf != world.size).sum())
-        else:
-            t_mpi, wrong_mpi = float("nan"), 0
+        t_backend, wrong_backend = backend_time(world, backend, device, collective, nbytes, reps)
+        t_mpi, wrong_mpi = mpi_time(world, collective, nbytes, reps)
         slowest = world.allgather((t_backend, t_mpi))
         tb, tm = max(x[0] for x in slowest), max(x[1] for x in slowest)
-        wrong = sum(world.allgather(wrong_backend + wrong_mpi))
+        size = elements(nbytes, world.size) * 4
         rows.append(
             {
-                "bytes": n * 4,
+                "collective": collective,
+                "bytes": size,
                 "backend_s": tb,
-                "backend_algbw": metrics.algbw(n * 4, tb),
-                "backend_busbw": metrics.busbw(metrics.algbw(n * 4, tb), world.size),
+                "backend_algbw": metrics.algbw(size, tb),
+                "backend_busbw": metrics.busbw(metrics.algbw(size, tb), world.size, collective),
                 "mpi_s": tm,
-                "mpi_algbw": metrics.algbw(n * 4, tm),
-                "mpi_busbw": metrics.busbw(metrics.algbw(n * 4, tm), world.size),
-                "wrong": wrong,
+                "mpi_algbw": metrics.algbw(size, tm),
+                "mpi_busbw": metrics.busbw(metrics.algbw(size, tm), world.size, collective),
+                "wrong": sum(world.allgather(wrong_backend + wrong_mpi)),
             }
         )
     return rows if world.rank == 0 else None

@@ -20,11 +20,12 @@ from hpcdl.measure.fit import Fit
 from hpcdl.measure.loop import StepLog
 from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import Peak
-from hpcdl.parallel.backends import BACKENDS
+from hpcdl.parallel.backends import BACKENDS, Backend
 from hpcdl.parallel.checks import parameters_identical
 from hpcdl.records import schema, validity
 from hpcdl.records.views import (
     Check,
+    Collective,
     Communication,
     Counts,
     Energy,
@@ -32,7 +33,9 @@ from hpcdl.records.views import (
     RankRow,
     Settings,
     Stats,
+    Straggler,
     Target,
+    compute_times,
     to_json,
 )
 from hpcdl.workloads.spec import Spec
@@ -104,7 +107,24 @@ def implausible(mfu: float, fraction: float, ceiling: float, peak: Peak | None) 
     return flags
 
 
-def rank_row(spec: Spec, r: RankMeasurement) -> RankRow:
+def compute_only(r: RankMeasurement, rules: type[Backend]) -> float | None:
+    """The rank's median computation per step without waiting for the others (the backend's
+    rule over its phases, in-step collectives taken out)."""
+    local = metrics.summarize(r.local_backward_s)["median"] if r.local_backward_s else None
+    return rules.compute_only_s(r.own_phase_s("forward"), r.own_phase_s("backward"), local)
+
+
+def slowed_on_purpose(ranks: Sequence[RankMeasurement]) -> list[str]:
+    """A flag for each rank a test slowed down (``HPCDL_TEST_SLOW_RANK``)."""
+    return [
+        f"rank {r.rank} slept {r.injected_delay_s * 1e3:.3g} ms before every forward pass on purpose "
+        "(HPCDL_TEST_SLOW_RANK, a test of the straggler attribution)"
+        for r in ranks
+        if r.injected_delay_s
+    ]
+
+
+def rank_row(spec: Spec, r: RankMeasurement, rules: type[Backend]) -> RankRow:
     log = r.log
     return RankRow(
         rank=r.rank,
@@ -118,7 +138,21 @@ def rank_row(spec: Spec, r: RankMeasurement) -> RankRow:
         timed_window_s=log.window_s,
         peak_memory_bytes=r.peak_memory_bytes,
         torch_threads=r.threads,
+        compute_only_s=compute_only(r, rules),
     )
+
+
+def straggler(rows: Sequence[RankRow], rules: type[Backend]) -> Straggler | None:
+    """The rank whose computation alone is slowest, with its host and its excess over the
+    median rank; None for one rank."""
+    if len(rows) < 2:
+        return None
+    timed = [(r.compute_only_s, r) for r in rows if r.compute_only_s is not None]
+    if len(timed) < len(rows):
+        return Straggler(None, None, None, None, None, rules.compute_only_method)
+    t, slow = max(timed, key=lambda x: x[0])
+    median = metrics.summarize([x for x, _ in timed])["median"]
+    return Straggler(slow.rank, slow.host, t, median, t / median - 1, rules.compute_only_method)
 
 
 def checks_of(cfg: RunConfig, ranks: Sequence[RankMeasurement]) -> list[Check]:
@@ -136,13 +170,37 @@ def checks_of(cfg: RunConfig, ranks: Sequence[RankMeasurement]) -> list[Check]:
     return checks
 
 
+def collectives_of(ranks: Sequence[RankMeasurement]) -> dict[str, Collective]:
+    """Every collective of a step: the backend's, each timed after training as one blocking
+    call of its bytes per step, and the in-step ones (the experts' all-to-all), timed as they
+    ran; each the slowest rank's median."""
+    n, out = len(ranks), {}
+    for t in ranks[0].traffic:
+        seconds = max(r.collective_s[t.collective] for r in ranks)
+        out[t.collective] = collective(
+            t.collective, t.bytes, t.calls, seconds, n, "one blocking call after training"
+        )
+    log = ranks[0].log
+    if log.in_step_calls:
+        per_step = [metrics.summarize(r.log.in_step_per_step())["median"] for r in ranks]
+        out["all_to_all"] = collective(
+            "all_to_all", log.in_step_bytes, log.in_step_calls, max(per_step), n, "in the step, as it ran"
+        )
+    return out
+
+
+def collective(name: str, nbytes: int, calls: int, seconds: float, ranks: int, timing: str) -> Collective:
+    algbw = metrics.algbw(nbytes, seconds)
+    return Collective(nbytes, calls, seconds, algbw, metrics.busbw(algbw, ranks, name), timing)
+
+
 def communication(backend: str, ranks: Sequence[RankMeasurement], phases: dict[str, Stats]) -> Communication:
-    """Gradient reduction figures: the blocking allreduce of the gradients' size (the slowest
-    rank sets the pace) and the communication left exposed, by the backend's own rule."""
+    """Communication figures: every collective of a step (the slowest rank sets the pace), the
+    allreduce of data parallelism also in the fields it always had, and the communication left
+    exposed, by the backend's own rule."""
     grad_bytes = ranks[0].grad_bytes
     if len(ranks) == 1:
         return Communication(grad_bytes_per_step=grad_bytes)
-    t_ar = max(r.allreduce_s for r in ranks)
     local = [t for r in ranks for t in r.local_backward_s]
     rules = BACKENDS.get(backend)
     exposed = rules.exposed_s(
@@ -150,14 +208,16 @@ def communication(backend: str, ranks: Sequence[RankMeasurement], phases: dict[s
         metrics.summarize(local)["median"] if local else None,
         phases["allreduce"].median,
     )
-    algbw = metrics.algbw(grad_bytes, t_ar)
+    collectives = collectives_of(ranks)
+    allreduce = collectives.get("allreduce")
     return Communication(
         grad_bytes_per_step=grad_bytes,
-        allreduce_s=t_ar,
-        algbw_bytes_per_s=algbw,
-        busbw_bytes_per_s=metrics.busbw(algbw, len(ranks)),
+        allreduce_s=allreduce.seconds_per_step if allreduce else None,
+        algbw_bytes_per_s=allreduce.algbw_bytes_per_s if allreduce else None,
+        busbw_bytes_per_s=allreduce.busbw_bytes_per_s if allreduce else None,
         exposed_s=exposed,
         exposed_method=rules.exposed_method,
+        collectives=collectives,
     )
 
 
@@ -230,7 +290,8 @@ def build_record(
     mfu = metrics.mfu(ai_ops, peak.flops) if peak else float("nan")
     fraction = metrics.mfu(ai_ops, ceiling)
     phases = {p: stats([t for g in logs for t in g.phases_s[p]]) for p in lead.phases_s}
-    rows = [rank_row(spec, r) for r in ranks]
+    rules = BACKENDS.get(backend)
+    rows = [rank_row(spec, r, rules) for r in ranks]
     checks = checks_of(cfg, ranks)
     hosts = sorted({r.host for r in ranks})
     settings = Settings(
@@ -260,7 +321,7 @@ def build_record(
         timed_window_s=window,
         per_rank=rows,
         slowest_rank_samples_per_s=min(r.samples_per_s for r in rows),
-        straggler_spread=metrics.spread([r.compute_median_s for r in rows]),
+        straggler_spread=metrics.spread(compute_times(rows)),
         communication=communication(backend, ranks, phases),
         peak_memory_bytes=max(r.peak_memory_bytes for r in ranks),
         peak_memory_kind=ranks[0].peak_memory_kind,
@@ -271,7 +332,7 @@ def build_record(
         measured_matmul_flops=ceiling,
         mfu=mfu,
         fraction_of_measured_matmul=fraction,
-        flags=implausible(mfu, fraction, ceiling, peak),
+        flags=implausible(mfu, fraction, ceiling, peak) + slowed_on_purpose(ranks),
         loss_first=lead.losses[0] if lead.losses else None,
         loss_last=lead.losses[-1] if lead.losses else None,
         io=ranks[0].io,
@@ -280,6 +341,7 @@ def build_record(
         target=target_of(cfg, logs, sum(samples)),
         window_start_unix=min(g.start_unix for g in logs),
         window_end_unix=max(g.start_unix + g.window_s for g in logs),
+        straggler=straggler(rows, rules),
     )
     return {
         "schema": schema.RESULT,

@@ -68,16 +68,18 @@ class SweepSummary:
 
 @dataclass(frozen=True)
 class CommRow:
-    """One buffer size of an allreduce sweep: the backend's and raw MPI's median seconds."""
+    """One buffer size of a collective's sweep: the backend's and raw MPI's median seconds."""
 
     bytes: int
     backend_s: float
     mpi_s: float | None = None
+    collective: str = "allreduce"
+    """allreduce, all_gather, reduce_scatter or all_to_all (sweeps before 2026-12: allreduce only)"""
 
 
 @dataclass(frozen=True)
 class CommSweep:
-    """An allreduce sweep (``schema: hpcdl.comm``, written by ``hpcdl comm -o``)."""
+    """A collective sweep (``schema: hpcdl.comm``, written by ``hpcdl comm -o``)."""
 
     schema: str
     ranks: int
@@ -247,7 +249,7 @@ def read_record(path: Path) -> Record:
 
 
 def read_comm(path: Path) -> CommSweep:
-    """The allreduce sweep in ``path``; :class:`Unreadable` says why there is none."""
+    """The collective sweep in ``path``; :class:`Unreadable` says why there is none."""
     doc = read_object(path)
     if doc.get("schema") != schema.COMM:
         raise Unreadable(f"schema {doc.get('schema')!r}, not {schema.COMM}")

@@ -14,7 +14,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -158,6 +158,30 @@ class RankRow:
     timed_window_s: float
     peak_memory_bytes: int
     torch_threads: int
+    compute_only_s: float | None = None
+    """median forward + backward without waiting for other ranks, by the backend's rule
+    (None where it cannot be told apart, and in records before 2026-12)"""
+
+
+def compute_times(rows: Sequence[RankRow]) -> list[float]:
+    """Each rank's median computation, the straggler figure: alone (``compute_only_s``) where
+    the backend timed it for every rank, else forward + backward, which may hold waiting."""
+    alone = [r.compute_only_s for r in rows if r.compute_only_s is not None]
+    return alone if len(alone) == len(rows) else [r.compute_median_s for r in rows]
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a training step (``metrics.communication.collectives[NAME]``)."""
+
+    bytes_per_step: int
+    """nccl-tests' size summed over the step's calls (METRICS.md)"""
+    calls_per_step: int
+    seconds_per_step: float
+    """the slowest rank's median time of the step's bytes (``timing`` says how it was taken)"""
+    algbw_bytes_per_s: float
+    busbw_bytes_per_s: float
+    timing: str
 
 
 @dataclass(frozen=True)
@@ -170,6 +194,23 @@ class Communication:
     busbw_bytes_per_s: float | None = None
     exposed_s: float | None = None
     exposed_method: str | None = None
+    collectives: dict[str, Collective] = field(default_factory=dict)
+    """every collective a step runs, by name (allreduce, all_gather, reduce_scatter,
+    all_to_all); empty in records before 2026-12"""
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The rank that computes slowest, by each rank's computation alone (``metrics.straggler``);
+    ``rank`` and the figures are None where the backend cannot time computation alone."""
+
+    rank: int | None
+    host: str | None
+    compute_only_s: float | None
+    median_compute_only_s: float | None
+    excess: float | None
+    """compute_only_s / median_compute_only_s - 1"""
+    method: str
 
 
 @dataclass(frozen=True)
@@ -246,6 +287,8 @@ class Metrics:
     """the earliest rank's window start, seconds since the epoch (records before 2026-12 lack it)"""
     window_end_unix: float | None = None
     """the latest rank's window end"""
+    straggler: Straggler | None = None
+    """the slowest-computing rank of a multi-rank run (records before 2026-12 leave it out)"""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# start-cluster.sh [NODES]: a real Slurm cluster of NODES "nodes" (default 2) on this one host,
+# start-cluster.sh [NODES]: a real Slurm cluster of NODES "nodes" (default 4) on this one host,
 # for hpcdl's tests and CI. Debian 12, as root. Stop it with scripts/slurm/stop-cluster.sh.
 #
 # Idempotent: installs missing packages, (re)writes the configs, starts only the daemons that
@@ -37,7 +37,7 @@
 #   HPCDL_SLURM_TIMEOUT=90        seconds to wait for the nodes to become idle
 set -euo pipefail
 
-NODES="${1:-2}"
+NODES="${1:-4}"
 PORT_BASE="${HPCDL_SLURM_PORT_BASE:-17000}"
 TIMEOUT="${HPCDL_SLURM_TIMEOUT:-90}"
 CLUSTER=hpcdl

@@ -4,21 +4,31 @@ among them.
 A backend adapts one communication library to the training loop: it wraps the model and makes
 its optimizer so that gradients are averaged across ranks, starts every rank from the same
 weights, exposes the communication still outstanding after backward as its own phase, and owns
-the rules that depend on how it communicates (how many bytes travel per message, how its
-exposed communication time is measured). A backend is one file in this folder, or a plugin
+the rules that depend on how it communicates (which collectives a step runs and how many bytes
+each moves, how its exposed communication and its ranks' computation alone are measured). It
+also runs the blocking collectives the rest of hpcdl needs: an allreduce, an all-gather and a
+reduce-scatter (checks and bandwidth sweeps) and an all-to-all (mixture-of-experts token
+dispatch, ``hpcdl.workloads.moe``). A backend is one file in this folder, or a plugin
 (``hpcdl.plugins``), that registers its class with ``@BACKENDS.register``.
+
+Parameters that ``hpcdl.parallel.placement.rank_local`` names (experts sharded across ranks)
+belong to this rank alone: a backend neither broadcasts nor reduces them, and still makes the
+optimizer over them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 import torch
 from torch import nn
 
 from hpcdl.errors import SpecError
+from hpcdl.parallel.placement import shared_parameters
 from hpcdl.parallel.world import World
 from hpcdl.plugins import Registry
 
@@ -28,15 +38,31 @@ parameters must make the optimizer over its own)"""
 Wrapped = tuple[nn.Module, torch.optim.Optimizer]
 """the model and optimizer a backend hands the training loop"""
 
+COLLECTIVES = ("allreduce", "all_gather", "reduce_scatter", "all_to_all")
+"""the collectives hpcdl records, sweeps and models (``hpcdl.metrics.bus_factor`` of each)"""
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What one collective moves in one training step on one rank: ``bytes`` in nccl-tests'
+    sense (``hpcdl.metrics.algbw``), split into ``calls`` messages."""
+
+    collective: str
+    bytes: int
+    calls: int
+
 
 class Backend(Protocol):
     name: ClassVar[str]
     auto_priority: ClassVar[int | None]
     """order in which ``backend=auto`` tries backends (lowest first); None: never by auto"""
-    message_bytes: ClassVar[int]
-    """gradient bytes per reduction message (fusion buffer, bucket); 0: one message for all"""
+    shards_state: ClassVar[bool]
+    """each rank keeps 1/N of the parameters, gradients and optimizer state, and its optimizer
+    step updates only those (FSDP); False: every rank holds them all (data parallelism)"""
     exposed_method: ClassVar[str]
     """how ``exposed_s`` measures communication not hidden behind computation (for records)"""
+    compute_only_method: ClassVar[str]
+    """how ``compute_only_s`` times a rank's computation alone, or why it cannot (for records)"""
 
     def __init__(self, world: World, device: torch.device) -> None: ...
 
@@ -45,11 +71,9 @@ class Backend(Protocol):
         """Why this backend cannot run here (e.g. its library is not installed), or None."""
         ...
 
-    def wrap(
-        self, model: nn.Module, make_optimizer: MakeOptimizer
-    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer) -> Wrapped:
         """Model and optimizer whose gradients are averaged over all ranks, with every rank
-        starting from rank 0's weights and optimizer state."""
+        starting from rank 0's weights and optimizer state (rank-local parameters excepted)."""
         ...
 
     def no_reduction(self, model: nn.Module) -> AbstractContextManager[object] | None:
@@ -69,14 +93,57 @@ class Backend(Protocol):
         """In-place sum over all ranks, blocking (for bandwidth measurements and checks)."""
         ...
 
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` concatenated along dimension 0 in rank order, blocking."""
+        ...
+
+    def reduce_scatter(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the sum over ranks: the sum split into equal chunks along
+        dimension 0 (its size a multiple of the ranks), chunk ``rank``; blocking."""
+        ...
+
+    def all_to_all(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` split into equal chunks along dimension 0 (its size a multiple of the
+        ranks), chunk j sent to rank j; returns the chunks received, rank i's at place i."""
+        ...
+
     @staticmethod
-    def exposed_s(backward_s: float, local_backward_s: float | None, reduction_s: float) -> float:
+    def traffic(model: nn.Module) -> list[Traffic]:
+        """The collectives one training step of ``model`` runs through this backend (before
+        ``wrap``, rank-local parameters already placed): for the record and the scaling model."""
+        ...
+
+    @staticmethod
+    def exposed_s(backward_s: float, local_backward_s: float | None, reduction_s: float) -> float | None:
         """Median communication time not hidden behind computation, from the median backward
         time, the median backward time without reduction (None when not measured) and the
-        median of the reduction phase (``finish_reduction``)."""
+        median of the reduction phase (``finish_reduction``); None where it cannot be told."""
+        ...
+
+    @staticmethod
+    def compute_only_s(forward_s: float, backward_s: float, local_backward_s: float | None) -> float | None:
+        """A rank's median computation per step without waiting for other ranks, from its median
+        forward and backward (in-step collectives already taken out) and its median backward
+        without reduction (None when not measured); None where communication cannot be told
+        apart from computation. This, not the phase times, names a straggler: where backward
+        waits for the slowest rank, every rank's phases last as long as the slowest's."""
         ...
 
     def close(self) -> None: ...
+
+
+def gradient_bytes(model: nn.Module) -> int:
+    """Bytes of the gradients a step reduces across ranks: every trainable parameter that is not
+    rank-local, in its own precision (fp32: autocast keeps the weights in fp32)."""
+    return sum(p.numel() * p.element_size() for _, p in shared_parameters(model) if p.requires_grad)
+
+
+def allreduce_traffic(model: nn.Module, message_bytes: int) -> list[Traffic]:
+    """Data parallelism's step: one allreduce of the gradients, in messages of ``message_bytes``
+    (a fusion buffer or bucket; 0: one message for all)."""
+    grads = gradient_bytes(model)
+    calls = max(1, math.ceil(grads / message_bytes)) if message_bytes else 1
+    return [Traffic("allreduce", grads, calls)]
 
 
 BACKENDS: Registry[type[Backend]] = Registry(

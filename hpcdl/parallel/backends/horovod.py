@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from hpcdl.errors import HpcdlError
-from hpcdl.parallel.backends import BACKENDS, MakeOptimizer
+from hpcdl.parallel.backends import BACKENDS, MakeOptimizer, Traffic, Wrapped, allreduce_traffic
+from hpcdl.parallel.placement import rank_local, shared_parameters, shared_state
 from hpcdl.parallel.world import World
 
 
@@ -19,9 +20,13 @@ from hpcdl.parallel.world import World
 class HorovodBackend:
     name: ClassVar[str] = "horovod"
     auto_priority: ClassVar[int | None] = 0
-    message_bytes: ClassVar[int] = 64 << 20
+    shards_state: ClassVar[bool] = False
+    MESSAGE_BYTES: ClassVar[int] = 64 << 20
     """Horovod's tensor fusion buffer (HOROVOD_FUSION_THRESHOLD's default)"""
     exposed_method: ClassVar[str] = "allreduce phase: optimizer.synchronize() after backward"
+    compute_only_method: ClassVar[str] = (
+        "median forward + median backward (the hooks only enqueue reductions)"
+    )
 
     def __init__(self, world: World, device: torch.device) -> None:
         import horovod.torch as hvd  # here, not at import: the registry imports every backend
@@ -41,18 +46,22 @@ class HorovodBackend:
             return "Horovod is not installed (bash scripts/install_horovod.sh)"
         return None
 
-    def wrap(
-        self, model: nn.Module, make_optimizer: MakeOptimizer
-    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer) -> Wrapped:
         # The optimizer has no state yet (nothing to broadcast; broadcast_optimizer_state would
         # take a zero-gradient step to create it, which weight decay turns into an update).
+        # Rank-local parameters are neither broadcast nor reduced: Horovod hooks every
+        # parameter of the optimizer it wraps, so they join it as a param group afterwards.
         hvd = self.hvd
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        optimizer = make_optimizer(model.parameters())
-        wrapped = hvd.DistributedOptimizer(
-            optimizer, named_parameters=model.named_parameters(), op=hvd.Average
+        shared, local_ids = shared_parameters(model), rank_local(model)
+        local = [p for p in model.parameters() if id(p) in local_ids]
+        hvd.broadcast_parameters(shared_state(model), root_rank=0)
+        optimizer = hvd.DistributedOptimizer(
+            make_optimizer(p for _, p in shared), named_parameters=shared, op=hvd.Average
         )
-        return model, wrapped
+        if local:  # with the run's hyperparameters: the rebuilt optimizer's defaults are the class's
+            settings = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+            optimizer.add_param_group({**settings, "params": local})
+        return model, optimizer
 
     def no_reduction(self, model: nn.Module) -> AbstractContextManager[object] | None:
         return None  # Horovod's hooks reduce every gradient backward produces
@@ -67,9 +76,27 @@ class HorovodBackend:
     def allreduce(self, tensor: torch.Tensor) -> None:
         self.hvd.allreduce_(tensor, op=self.hvd.Sum)
 
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.hvd.allgather(tensor)  # type: ignore[no-any-return]
+
+    def reduce_scatter(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.hvd.reducescatter(tensor, op=self.hvd.Sum)  # type: ignore[no-any-return]
+
+    def all_to_all(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.hvd.alltoall(tensor)  # type: ignore[no-any-return]
+
     @staticmethod
-    def exposed_s(backward_s: float, local_backward_s: float | None, reduction_s: float) -> float:
+    def traffic(model: nn.Module) -> list[Traffic]:
+        return allreduce_traffic(model, HorovodBackend.MESSAGE_BYTES)
+
+    @staticmethod
+    def exposed_s(backward_s: float, local_backward_s: float | None, reduction_s: float) -> float | None:
         return reduction_s
+
+    @staticmethod
+    def compute_only_s(forward_s: float, backward_s: float, local_backward_s: float | None) -> float | None:
+        # the hooks only enqueue reductions: backward does not wait, synchronize() does
+        return forward_s + backward_s
 
     def close(self) -> None:
         self.hvd.shutdown()

@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from hpcdl.parallel.backends import BACKENDS, SINGLE, MakeOptimizer
+from hpcdl.parallel.backends import BACKENDS, SINGLE, MakeOptimizer, Traffic, Wrapped
 from hpcdl.parallel.world import World
 
 
@@ -16,8 +16,9 @@ from hpcdl.parallel.world import World
 class SingleProcess:
     name: ClassVar[str] = SINGLE
     auto_priority: ClassVar[int | None] = None
-    message_bytes: ClassVar[int] = 0
+    shards_state: ClassVar[bool] = False
     exposed_method: ClassVar[str] = "none"
+    compute_only_method: ClassVar[str] = "median forward + median backward"
 
     def __init__(self, world: World | None = None, device: torch.device | None = None) -> None:
         pass
@@ -26,9 +27,7 @@ class SingleProcess:
     def unavailable() -> str | None:
         return None
 
-    def wrap(
-        self, model: nn.Module, make_optimizer: MakeOptimizer
-    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer) -> Wrapped:
         return model, make_optimizer(model.parameters())
 
     def no_reduction(self, model: nn.Module) -> AbstractContextManager[object] | None:
@@ -43,9 +42,26 @@ class SingleProcess:
     def allreduce(self, tensor: torch.Tensor) -> None:
         pass
 
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.clone()
+
+    def reduce_scatter(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.clone()
+
+    def all_to_all(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.clone()
+
     @staticmethod
-    def exposed_s(backward_s: float, local_backward_s: float | None, reduction_s: float) -> float:
+    def traffic(model: nn.Module) -> list[Traffic]:
+        return []
+
+    @staticmethod
+    def exposed_s(backward_s: float, local_backward_s: float | None, reduction_s: float) -> float | None:
         return 0.0
+
+    @staticmethod
+    def compute_only_s(forward_s: float, backward_s: float, local_backward_s: float | None) -> float | None:
+        return forward_s + backward_s
 
     def close(self) -> None:
         pass

@@ -1,5 +1,6 @@
 """torch.distributed with DistributedDataParallel: gloo on CPUs, NCCL on GPUs, initialised
-from the MPI world (rank 0's host and a free port, broadcast over MPI)."""
+from the MPI world (rank 0's host and a free port, broadcast over MPI). ``DistGroup`` is the
+process group and its blocking collectives, shared with the FSDP backend."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from hpcdl.parallel.backends import BACKENDS, MakeOptimizer
+from hpcdl.parallel.backends import BACKENDS, MakeOptimizer, Traffic, Wrapped, allreduce_traffic
+from hpcdl.parallel.placement import rank_local
 from hpcdl.parallel.world import World
 
 
@@ -24,16 +26,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@BACKENDS.register
-class TorchBackend:
-    name: ClassVar[str] = "torch"
-    auto_priority: ClassVar[int | None] = 1
-    message_bytes: ClassVar[int] = 25 << 20
-    """DistributedDataParallel's gradient bucket (``bucket_cap_mb``'s default)"""
-    exposed_method: ClassVar[str] = "median backward with DDP minus median backward under no_sync()"
+class DistGroup:
+    """The default torch.distributed process group of this run and the blocking collectives
+    every backend offers, through it."""
 
     def __init__(self, world: World, device: torch.device, timeout_s: float = 120.0) -> None:
         self.device = device
+        self.ranks = world.size
         # Rank 0's address for the rendezvous: MASTER_ADDR when set (e.g. where the host name
         # resolves to 127.0.1.1, as on stock Debian), else rank 0's host name resolved.
         host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
@@ -53,11 +52,48 @@ class TorchBackend:
     def unavailable() -> str | None:
         return None if dist.is_available() else "this torch build has no torch.distributed"
 
-    def wrap(
-        self, model: nn.Module, make_optimizer: MakeOptimizer
-    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def allreduce(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.new_empty(self.ranks * tensor.shape[0], *tensor.shape[1:])
+        dist.all_gather_single(out, tensor.contiguous())
+        return out
+
+    def reduce_scatter(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.new_empty(tensor.shape[0] // self.ranks, *tensor.shape[1:])
+        dist.reduce_scatter_single(out, tensor.contiguous())
+        return out
+
+    def all_to_all(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        dist.all_to_all_single(out, tensor.contiguous())
+        return out
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@BACKENDS.register
+class TorchBackend(DistGroup):
+    name: ClassVar[str] = "torch"
+    auto_priority: ClassVar[int | None] = 1
+    shards_state: ClassVar[bool] = False
+    MESSAGE_BYTES: ClassVar[int] = 25 << 20
+    """DistributedDataParallel's gradient bucket (``bucket_cap_mb``'s default)"""
+    exposed_method: ClassVar[str] = "median backward with DDP minus median backward under no_sync()"
+    compute_only_method: ClassVar[str] = (
+        "median forward + median backward under no_sync() (5 calibration steps)"
+    )
+
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer) -> Wrapped:
         # DDP broadcasts rank 0's parameters and buffers when it is constructed; the optimizer
-        # has no state yet, so nothing else needs broadcasting.
+        # has no state yet, so nothing else needs broadcasting. Rank-local parameters are
+        # neither broadcast nor reduced.
+        local = rank_local(model)
+        names = [n for n, p in model.named_parameters() if id(p) in local]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
         ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=ids)
         return ddp, make_optimizer(ddp.parameters())
@@ -71,14 +107,16 @@ class TorchBackend:
     def step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
         scaler.step(optimizer)
 
-    def allreduce(self, tensor: torch.Tensor) -> None:
-        dist.all_reduce(tensor)
+    @staticmethod
+    def traffic(model: nn.Module) -> list[Traffic]:
+        return allreduce_traffic(model, TorchBackend.MESSAGE_BYTES)
 
     @staticmethod
-    def exposed_s(backward_s: float, local_backward_s: float | None, reduction_s: float) -> float:
+    def exposed_s(backward_s: float, local_backward_s: float | None, reduction_s: float) -> float | None:
         # DDP's backward returns only once every bucket is reduced: the exposed time is in it
         return max(0.0, backward_s - local_backward_s) if local_backward_s is not None else 0.0
 
-    def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    @staticmethod
+    def compute_only_s(forward_s: float, backward_s: float, local_backward_s: float | None) -> float | None:
+        # backward waits for the slowest rank's buckets: only no_sync()'s backward is its own
+        return forward_s + local_backward_s if local_backward_s is not None else None

@@ -41,7 +41,7 @@ class RankFigures(NamedTuple):
 
     label: str
     samples_per_s: Sequence[float]
-    compute_s: Sequence[float]  # median forward + backward seconds; empty when not recorded
+    compute_s: Sequence[float]  # median seconds of computation (alone where timed); empty when not recorded
 
 
 class CapPoint(NamedTuple):
@@ -197,8 +197,9 @@ def phases(path: Path, rows: Sequence[tuple[str, Mapping[str, float]]]) -> Path:
 
 def per_rank(path: Path, groups: Sequence[RankFigures]) -> Path:
     """Every rank of each multi-rank record against the median over its ranks: samples/s (left)
-    and median compute time (right; forward + backward, the straggler figure: synchronous ranks
-    wait for each other, so their samples/s hardly differ even when one computes slowly).
+    and median compute time (right; computation alone where the backend can time it, else
+    forward + backward: the straggler figure, since synchronous ranks wait for each other and
+    their samples/s hardly differ even when one computes slowly).
     Horizontal bars from the median line at 0, so that a deviation of a few percent shows."""
     fig = Figure(figsize=(12, 1.4 + 0.42 * len(groups)), layout="constrained")
     ax_x, ax_c = fig.subplots(1, 2, sharey=True)
@@ -216,7 +217,7 @@ def per_rank(path: Path, groups: Sequence[RankFigures]) -> Path:
     ax_x.set_xlabel("rank's samples/s relative to the median over ranks")
     ax_c.set_xlabel("rank's compute time relative to the median over ranks")
     ax_x.set_title("samples/s", fontsize=10)
-    ax_c.set_title("median compute time (forward + backward)", fontsize=10)
+    ax_c.set_title("median compute time (alone where timed)", fontsize=10)
     ax_x.legend(fontsize=8, loc="lower right")
     return _save(fig, path)
 

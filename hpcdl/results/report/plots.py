@@ -13,7 +13,7 @@ from pathlib import Path
 from hpcdl.measure import caps
 from hpcdl.records.audit import Audit
 from hpcdl.records.loader import SweepSummary
-from hpcdl.records.views import Stats, finite
+from hpcdl.records.views import Stats, compute_times, finite
 from hpcdl.results.report import figures
 from hpcdl.results.report.data import label
 from hpcdl.results.report.sweeps import Sweep, measured_points, plottable
@@ -91,14 +91,11 @@ def _median_s(stats: Stats | None) -> float:
 
 
 def per_rank_plots(records: Sequence[Audit]) -> list[Plot]:
+    multi = [a for a in records if a.result.world_size > 1]
     groups = [
-        figures.RankFigures(
-            label(a),
-            [x.samples_per_s for x in a.result.metrics.per_rank],
-            [x.compute_median_s for x in a.result.metrics.per_rank],
-        )
-        for a in records
-        if a.result.world_size > 1
+        figures.RankFigures(label(a), [x.samples_per_s for x in rows], compute_times(rows))
+        for a in multi
+        for rows in [a.result.metrics.per_rank]
     ]
     # A figure needs two ranks and real numbers (an edited record may hold NaN)
     groups = [
@@ -108,10 +105,37 @@ def per_rank_plots(records: Sequence[Audit]) -> list[Plot]:
         return []
     caption = (
         "Each rank of multi-rank records against the median over the record's ranks: samples/s, and "
-        "median compute time (forward + backward, which shows a straggler: synchronous ranks wait for "
-        "each other, so their samples/s hardly differ); spread = (max − min) / median"
+        "median compute time: each rank's computation alone where its backend can time it (forward and "
+        "backward without waiting for the others: under DDP every rank's backward waits for the slowest, "
+        "so phase times even out), else forward + backward; spread = (max − min) / median. The table "
+        "names each record's slowest rank and its host."
     )
-    return [Plot("per-rank.png", caption, partial(figures.per_rank, groups=groups))]
+    return [Plot("per-rank.png", caption, partial(figures.per_rank, groups=groups), straggler_table(multi))]
+
+
+def straggler_table(records: Sequence[Audit]) -> str:
+    """The slowest-computing rank of each multi-rank record, with its host, or why none is named."""
+    rows = []
+    for a in records:
+        s = a.result.metrics.straggler
+        if s is None:
+            continue
+        if s.rank is None or s.compute_only_s is None or s.median_compute_only_s is None:
+            rows.append([label(a), "", "", "", "", "", s.method])
+            continue
+        rows.append(
+            [
+                label(a),
+                str(s.rank),
+                s.host or "",
+                f"{s.compute_only_s * 1e3:.3g}",
+                f"{s.median_compute_only_s * 1e3:.3g}",
+                f"{s.excess:+.1%}" if s.excess is not None else "",
+                s.method,
+            ]
+        )
+    head = ["record", "slowest rank", "host", "its compute ms", "median rank ms", "excess", "how timed"]
+    return html_table(head, rows, "stragglers") if rows else ""
 
 
 def power_traces(records: Sequence[Audit]) -> list[figures.PowerTrace]:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcdl.errors import SpecError
+from hpcdl.workloads import moe
 from hpcdl.workloads.counting import Count, Tally
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
@@ -104,6 +105,15 @@ class AttentionSpec(Spec):
         doc="dropout on the embeddings, the attention probabilities and both residual branches "
         "(BERT and GPT-2: 0.1); on a CPU attention dropout leaves the fused kernel",
     )
+    # mixture of experts (hpcdl.workloads.moe): each block's feed-forward network becomes experts
+    experts: int = knob(0, lo=0, hi=1 << 16, doc="experts per feed-forward layer (0 = one dense network)")
+    top_k: int = knob(2, lo=1, hi=1 << 16, doc="experts each token is routed to (<= experts)")
+    capacity_factor: float = knob(
+        1.25, lo=0.01, hi=1024, doc="slots per expert and sequence: ceil(this x seq_len x top_k / experts)"
+    )
+    expert_parallel: bool = knob(
+        True, doc="shard the experts across ranks (experts a multiple of the ranks); tokens go by all-to-all"
+    )
 
     @classmethod
     def from_drawn(cls, drawn: dict[str, Any], ranges: Ranges, rng: random.Random) -> dict[str, Any]:
@@ -120,6 +130,10 @@ class AttentionSpec(Spec):
             raise SpecError(
                 f"{self.family}.positions", self.positions, f"must be 0 or >= seq_len={self.seq_len}"
             )
+        moe.check(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return moe.without_dense_defaults(super().to_dict())
 
     @property
     def num_classes(self) -> int:
@@ -179,7 +193,8 @@ def _layer_norm(t: Tally, tokens: int, width: int) -> None:
 
 def _block(t: Tally, spec: AttentionSpec, tokens: int, width: int) -> None:
     """One transformer block (the norm placement does not change what is counted; dropout and
-    the activation are element-wise: they change what is kept, not the FLOPs)."""
+    the activation are element-wise: they change what is kept, not the FLOPs); its feed-forward
+    network is a mixture of experts when the spec has experts."""
     heads, hidden = spec.heads, spec.ffn_hidden
     d_head = width // heads
     _layer_norm(t, tokens, width)
@@ -197,6 +212,9 @@ def _block(t: Tally, spec: AttentionSpec, tokens: int, width: int) -> None:
         t.keep(2 * _mask(tokens * width))  # the two residual dropouts
     t.linear(tokens, width, width)  # output projection
     _layer_norm(t, tokens, width)
+    if spec.experts:
+        moe.count(t, spec)
+        return
     t.linear(tokens, width, hidden)
     t.keep(tokens * hidden)  # activation output
     if spec.activation == "gelu_tanh_composed":
@@ -223,11 +241,15 @@ class Block(nn.Module):
         self.proj = nn.Linear(spec.width, spec.width)
         self.norm2 = nn.LayerNorm(spec.width)
         self.proj_drop = _dropout(spec)
-        self.ffn = nn.Sequential(
-            nn.Linear(spec.width, spec.ffn_hidden),
-            ACTIVATIONS[spec.activation](),
-            nn.Linear(spec.ffn_hidden, spec.width),
-            _dropout(spec),
+        self.ffn = (
+            nn.Sequential(moe.MoE(spec, ACTIVATIONS[spec.activation]()), _dropout(spec))
+            if spec.experts
+            else nn.Sequential(
+                nn.Linear(spec.width, spec.ffn_hidden),
+                ACTIVATIONS[spec.activation](),
+                nn.Linear(spec.ffn_hidden, spec.width),
+                _dropout(spec),
+            )
         )
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:

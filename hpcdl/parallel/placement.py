@@ -1,0 +1,124 @@
+"""Where a model's parameters live across the ranks of a run, and the blocking collectives
+called inside a training step.
+
+A parameter is *replicated* (every rank holds the same tensor: data parallelism), *sharded*
+(each rank holds 1/N of it: FSDP's DTensors) or *rank-local* (one rank alone holds it:
+experts sharded across ranks, ``hpcdl.workloads.moe``). Layers that hold rank-local
+parameters follow :class:`SpreadsAcrossRanks`; :func:`spread` places them before a backend
+wraps the model, and backends leave the parameters :func:`rank_local` names alone.
+:func:`full_parameters` gathers all three kinds back into whole tensors (for the checks).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from hpcdl.measure.device import synchronize
+
+if TYPE_CHECKING:
+    from hpcdl.parallel.backends import Backend
+
+AllToAll = Callable[[torch.Tensor], torch.Tensor]
+"""an all-to-all of equal chunks along dimension 0 (``Backend.all_to_all``); layers make it
+differentiable themselves"""
+
+
+@runtime_checkable
+class SpreadsAcrossRanks(Protocol):
+    """A layer whose parameters may be divided among the ranks (mixture-of-experts layers)."""
+
+    def spread(self, rank: int, ranks: int, all_to_all: AllToAll | None) -> None:
+        """Keep only this rank's part of the parameters and exchange data with ``all_to_all``
+        (None: place only, as on the meta device for the scaling model)."""
+        ...
+
+    def rank_local_parameters(self) -> list[nn.Parameter]:
+        """The parameters only this rank holds (empty until spread, or when it keeps all)."""
+        ...
+
+
+@dataclass
+class InStepCollectives:
+    """The blocking collectives that layers call inside a training step (the experts'
+    all-to-all), timed as they run: seconds, bytes (nccl-tests' size: one rank's send
+    buffer) and calls so far. The training loop reads it between phases."""
+
+    device: torch.device
+    seconds: float = 0.0
+    bytes: int = 0
+    calls: int = 0
+
+    def timed(self, op: AllToAll) -> AllToAll:
+        """``op`` with its wall time (device synchronised around it) and size counted here."""
+
+        def run(tensor: torch.Tensor) -> torch.Tensor:
+            synchronize(self.device)
+            t0 = time.perf_counter()
+            out = op(tensor)
+            synchronize(self.device)
+            self.seconds += time.perf_counter() - t0
+            self.bytes += tensor.numel() * tensor.element_size()
+            self.calls += 1
+            return out
+
+        return run
+
+
+def _spreading(model: nn.Module) -> Iterator[SpreadsAcrossRanks]:
+    return (m for m in model.modules() if isinstance(m, SpreadsAcrossRanks))
+
+
+def spread(
+    model: nn.Module, rank: int, ranks: int, backend: Backend | None, device: torch.device
+) -> InStepCollectives:
+    """Place every layer that can divide its parameters among ``ranks`` ranks, with its
+    collectives going through ``backend`` (None: place only) and timed in what it returns."""
+    clock = InStepCollectives(device)
+    op = clock.timed(backend.all_to_all) if backend is not None and ranks > 1 else None
+    for layer in _spreading(model):
+        layer.spread(rank, ranks, op)
+    return clock
+
+
+def rank_local(model: nn.Module) -> set[int]:
+    """``id()`` of every parameter only this rank holds: backends neither broadcast nor reduce
+    them (their layers scale the gradients themselves)."""
+    return {id(p) for layer in _spreading(model) for p in layer.rank_local_parameters()}
+
+
+def shared_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The named parameters every rank holds a copy or a shard of: all but the rank-local ones."""
+    local = rank_local(model)
+    return [(n, p) for n, p in model.named_parameters() if id(p) not in local]
+
+
+def shared_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state (parameters and buffers) but its rank-local parameters: what every
+    rank takes from rank 0 before training."""
+    local = rank_local(model)
+    local_names = {n for n, p in model.named_parameters() if id(p) in local}
+    return {k: v for k, v in model.state_dict().items() if k not in local_names}
+
+
+def full_parameters(model: nn.Module, backend: Backend) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter of ``model`` whole, by name, on every rank: shards gathered (FSDP's
+    DTensors), rank-local parameters gathered along dimension 0 in rank order through the
+    backend, replicated ones as they are. Collective: every rank must call it."""
+    from torch.distributed.tensor import DTensor  # only FSDP makes them
+
+    local = rank_local(model)
+    out = []
+    for name, p in model.named_parameters():
+        t = p.detach()
+        if isinstance(t, DTensor):
+            t = t.full_tensor()
+        elif id(p) in local:
+            t = backend.all_gather(t.contiguous()).reshape(-1, *t.shape[1:])
+        out.append((name, t))
+    return out
