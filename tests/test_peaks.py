@@ -21,7 +21,7 @@ from hpcdl.measure.peaks import (
     gemm_ceiling,
     theoretical_peak,
 )
-from hpcdl.records.build import implausible, job_peak
+from hpcdl.records.build import energy_of, implausible, job_peak
 
 ZEN5 = CpuInfo(
     "AuthenticAMD", 0x1A, 2, frozenset({"avx2", "fma", "avx512f", "avx512_bf16"}), 2, 2.6e9, "test"
@@ -141,6 +141,33 @@ def test_job_peak_counts_each_host_s_cores_and_each_gpu_once() -> None:
     assert user is not None and user.flops == 20e12 and user.kind == "user"
     # one part without a known peak: no peak at all (a partial sum would overstate MFU)
     assert job_peak(torch.device("cuda"), 0.0, [*gpus[:3], replace(gpus[3], peak=None)]) is None
+
+
+def test_job_peak_tells_gpus_apart_by_uuid() -> None:
+    # CUDA_VISIBLE_DEVICES set per rank (Slurm's --gpus-per-task, capacity mode): all cuda:0
+    own = [
+        replace(rank(i, "a", [0], Peak(1e12, "datasheet"), device_index=0), device_uuid=f"u{i}")
+        for i in range(4)
+    ]
+    assert job_peak(torch.device("cuda"), 0.0, own).flops == 4e12  # type: ignore[union-attr]
+    on_b = replace(own[3], host="b", device_uuid="u0")  # the same UUID on another host: another GPU
+    assert job_peak(torch.device("cuda"), 0.0, [own[0], on_b]).flops == 2e12  # type: ignore[union-attr]
+
+
+def test_energy_counts_each_gpu_once() -> None:
+    def with_energy(r: int, uuid: str | None, joules: float, local_rank: int) -> RankMeasurement:
+        gpu = {"device_uuid": uuid, "energy_j": joules}
+        cpu = {"energy_j": 10.0}
+        return replace(rank(r, "a", [r], None), local_rank=local_rank, energy={"gpu": gpu, "cpu_rapl": cpu})
+
+    # two MIG devices of one GPU read the parent's counter: its energy once, and RAPL once per node
+    mig = [with_energy(0, "GPU-p", 100.0, 0), with_energy(1, "GPU-p", 101.0, 1)]
+    e = energy_of(mig, train_flops=1, samples=1, window_s=1.0)
+    assert e.gpu_energy_j == 100.0 and e.cpu_energy_j == 10.0 and e.energy_to_solution_j == 110.0
+    two = [with_energy(0, "GPU-p", 100.0, 0), with_energy(1, "GPU-q", 50.0, 1)]
+    assert energy_of(two, 1, 1, 1.0).gpu_energy_j == 150.0
+    unknown = [with_energy(0, None, 100.0, 0), with_energy(1, None, 50.0, 1)]  # no UUID: per rank
+    assert energy_of(unknown, 1, 1, 1.0).gpu_energy_j == 150.0
 
 
 def test_figures_that_cannot_be_true_are_flagged_with_a_cause() -> None:

@@ -11,6 +11,7 @@ import torch
 from hpcdl.errors import SpecError
 from hpcdl.workloads.crosscheck import counted_flops, saved_activation_elements
 from hpcdl.workloads.families.rnn import CELLS, RNNSpec
+from hpcdl.workloads.precision import needs_loss_scaling, precision
 from hpcdl.workloads.recipes import presets
 from hpcdl.workloads.registry import spec_from_dict
 
@@ -116,3 +117,17 @@ def test_lstm_lm_preset_matches_zaremba() -> None:
     with torch.device("meta"):  # the real module, without allocating or initialising it
         model = spec.build_module()
     assert spec.count().params == sum(p.numel() for p in model.parameters())
+
+
+def test_recurrent_layers_get_a_loss_scaler_under_bf16_on_cuda() -> None:
+    # cuDNN runs recurrent layers in fp16 under any autocast; decided from the model, no GPU needed
+    rnn = spec_from_dict(
+        {**presets()["lstm_lm"], "layers": 1, "hidden": 8, "embedding": 8, "vocab": 16, "classes": 16}
+    ).build()
+    mlp = spec_from_dict({"family": "mlp", "layers": 1, "width": 8, "input_size": 4}).build()
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert needs_loss_scaling(precision("bf16"), cuda, rnn)
+    assert not needs_loss_scaling(precision("bf16"), cpu, rnn)  # CPU autocast keeps bf16
+    assert not needs_loss_scaling(precision("bf16"), cuda, mlp)
+    assert not needs_loss_scaling(precision("fp32"), cuda, rnn)
+    assert needs_loss_scaling(precision("fp16"), cpu, mlp)

@@ -242,6 +242,9 @@ class FakeNvml:
     def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: str) -> str:
         return "parent-of-" + handle
 
+    def nvmlDeviceGetUUID(self, handle: str) -> str:
+        return "GPU-of-" + handle
+
     def nvmlDeviceGetPowerUsage(self, handle: str) -> int:
         t = time.perf_counter() - self.t0
         self.power_reads.append(t)
@@ -288,6 +291,7 @@ def test_integrated_power_without_energy_counter(monkeypatch: pytest.MonkeyPatch
     assert gpu["avg_power_w"] == pytest.approx(100.0, rel=0.02) and gpu["max_power_w"] == 100.0
     assert gpu["avg_util_pct"] == 75 and gpu["avg_sm_clock_mhz"] == 1410
     assert gpu["max_mem_used_bytes"] == 2**30
+    assert gpu["device_uuid"] == "GPU-of-gpu0"  # what the record counts each GPU's energy once by
     assert gpu["samples"] >= 5  # 0.5 s at 0.05 s on a busy machine, plus both ends
     trace = s.trace()
     assert set(trace) == set(TRACE_KEYS) and all(len(v) == gpu["samples"] for v in trace.values())

@@ -50,10 +50,10 @@ def collectives_arg(text: str) -> list[str]:
 def cmd_comm(args: argparse.Namespace) -> int:
     """Collective sweeps through the backend and raw mpi4py, side by side."""
     from hpcdl.parallel.backends import make_backend, resolve_backend_name
-    from hpcdl.parallel.commbench import DEFAULT_SIZES, sweep
+    from hpcdl.parallel.commbench import default_sizes, sweep
 
     collectives = collectives_arg(args.collective)
-    sizes = buffer_sizes(args.sizes) if args.sizes else DEFAULT_SIZES  # checked before any rank starts
+    sizes = buffer_sizes(args.sizes) if args.sizes else None  # checked before any rank starts
     if args.reps < 1:
         raise InputError("reps", args.reps, "timed repetitions per size: an integer >= 1")
     if args.np > 1 and not under_mpi():
@@ -69,6 +69,7 @@ def cmd_comm(args: argparse.Namespace) -> int:
     if world.size < 2:
         raise InputError("np", world.size, "a collective benchmark needs at least 2 ranks (--np 2)")
     device = rank_device(cfg, world)
+    sizes = sizes or default_sizes(device)
     backend = make_backend(name, world, device)
     try:
         rows = [r for c in collectives for r in sweep(world, backend, device, c, sizes, args.reps) or []]

@@ -43,6 +43,17 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def cuda_uuid(index: int) -> str | None:
+    """CUDA device ``index``'s UUID without its ``GPU-``/``MIG-`` prefix: the identity of a GPU
+    or MIG device across processes (CUDA_VISIBLE_DEVICES renumbers devices per process, so two
+    ranks' ``cuda:0`` may be different GPUs). None without CUDA or without the field."""
+    try:
+        text = str(torch.cuda.get_device_properties(index).uuid)
+    except Exception:  # a CPU-only torch, no driver, or a torch without the field
+        return None
+    return text.removeprefix("GPU-").removeprefix("MIG-") or None
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

@@ -17,6 +17,7 @@ from hpcdl.measure.device import synchronize
 from hpcdl.parallel.backends import Backend
 from hpcdl.parallel.backends.single import SingleProcess
 from hpcdl.parallel.placement import InStepCollectives
+from hpcdl.workloads.precision import needs_loss_scaling
 from hpcdl.workloads.precision import precision as precision_of
 
 PHASES = ("data", "forward", "backward", "allreduce", "optimizer")
@@ -74,7 +75,9 @@ class Trainer:
         self.in_step = in_step or InStepCollectives(device)
         self.delay_s = delay_s
         self.precision = precision_of(precision)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision.loss_scaling)
+        self.scaler = torch.amp.GradScaler(
+            device.type, enabled=needs_loss_scaling(self.precision, device, model)
+        )
         self.phase_sync = phase_sync
         self.on_step: Callable[[], None] | None = None
         """called after every step (the stall watchdog's heartbeat)"""

@@ -52,6 +52,9 @@ class RankMeasurement:
     """seconds slept before each forward pass on purpose (``HPCDL_TEST_SLOW_RANK``)"""
     digest: str = ""
     """SHA-256 of the parameters after training (several ranks)"""
+    device_uuid: str | None = None
+    """the UUID of the GPU or MIG device this rank drives (``device.cuda_uuid``): what tells
+    GPUs apart across ranks, whose ``cuda:0`` may each be another GPU; None on CPUs"""
     collective_s: dict[str, float] = field(default_factory=dict)
     """per collective of ``traffic``: median blocking call of its bytes per step, after
     training (several ranks)"""

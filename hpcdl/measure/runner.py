@@ -24,6 +24,7 @@ from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import device_pool
 from hpcdl.measure.device import (
+    cuda_uuid,
     device_name,
     ieee_fp32,
     peak_memory,
@@ -134,12 +135,19 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
     return device
 
 
+def gpu_identity(device: torch.device) -> str | None:
+    """The UUID of the GPU (or MIG device) ``device`` is, or None on CPUs."""
+    if device.type != "cuda":
+        return None
+    return cuda_uuid(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def distinct_gpus(device: torch.device, world: World) -> None:
     """Refuse two ranks on one GPU (NCCL cannot run them; figures would halve), compared by the
     GPUs' UUIDs, which hold also where each rank sees only its own GPU as cuda:0."""
     if device.type != "cuda" or world.size == 1:
         return
-    mine = (world.hostname, str(torch.cuda.get_device_properties(device).uuid))
+    mine = (world.hostname, gpu_identity(device))
     taken = world.allgather(mine)
     if len(set(taken)) < len(taken):
         raise InputError("run.device", str(device), "one GPU per rank: several ranks of this run share a GPU")
@@ -243,6 +251,7 @@ def measure_rank(
         local_rank=world.local_rank,
         log=log,
         device_index=device.index if device.type == "cuda" else None,
+        device_uuid=gpu_identity(device),
         cpus=sorted(os.sched_getaffinity(0)),
         peak=theoretical_peak(device, device_name(device), spec.precision),
         gemm_ceiling_flops=ceiling,

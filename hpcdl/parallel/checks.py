@@ -28,18 +28,32 @@ def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 
 
+def _for_check(model: nn.Module) -> nn.Module:
+    """Eval mode but for recurrent layers: cuDNN's RNN backward runs only in training mode
+    ("cudnn RNN backward can only be called in training mode"), and without dropout an RNN's
+    training mode computes what its eval mode does."""
+    model.eval()
+    for m in model.modules():
+        if isinstance(m, nn.RNNBase):
+            m.train()
+    return model
+
+
 def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: torch.device) -> Check:
     """One SGD step of N ranks, each on its own shard, against one process stepping on the
     whole global batch (all N shards) from the same weights: the parameters must agree.
 
-    Models run in eval mode (batch norm uses its running statistics, dropout is off) so that
-    the per-shard losses are independent; the check is about the reduction of gradients, and
-    compares the whole parameters by name, however the backend and the layers placed them.
+    Models run in eval mode (batch norm uses its running statistics) and without dropout so
+    that the per-shard losses are independent and deterministic; the check is about the
+    reduction of gradients, and compares the whole parameters by name, however the backend and
+    the layers placed them.
     """
     small = spec.replace(batch_size=min(spec.batch_size, 4), precision="fp32")
+    if getattr(small, "dropout", 0):
+        small = small.replace(dropout=0.0)
     shards = [make_batch(small, device=device, stream=CHECK_STREAM + r) for r in range(world.size)]
 
-    model = small.build().to(device).eval()
+    model = _for_check(small.build().to(device))
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     spread(model, world.rank, world.size, backend, device)
     wrapped, opt = backend.wrap(model, lambda params: torch.optim.SGD(params, lr=0.1))
@@ -48,7 +62,7 @@ def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: tor
     backend.step(opt, torch.amp.GradScaler(device.type, enabled=False))
     stepped = dict(full_parameters(model, backend))
 
-    ref = small.build().to(device).eval()
+    ref = _for_check(small.build().to(device))
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     _loss(ref, torch.cat([x for x, _ in shards]), torch.cat([y for _, y in shards])).backward()
     ref_opt.step()

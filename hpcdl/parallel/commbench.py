@@ -23,6 +23,12 @@ from hpcdl.parallel.backends import Backend
 from hpcdl.parallel.world import World
 
 DEFAULT_SIZES = [2**k for k in range(10, 27, 2)]  # 1 KiB .. 64 MiB
+GPU_SIZES = [2**k for k in range(10, 31, 2)]
+"""1 KiB .. 1 GiB: NVLink and InfiniBand reach their bandwidth only past tens of MiB"""
+
+
+def default_sizes(device: torch.device) -> list[int]:
+    return GPU_SIZES if device.type == "cuda" else DEFAULT_SIZES
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,8 @@ class Op:
     receive, and the call through a backend and through mpi4py."""
 
     name: str
+    in_place: bool
+    """the call overwrites its input (allreduce): refilled before each timed call, untimed"""
     send: Callable[[int, int, int], np.ndarray]
     """(rank, ranks, n) -> this rank's input"""
     expect: Callable[[int, int, int], np.ndarray]
@@ -47,17 +55,15 @@ def _chunks(ranks: int, n: int, value: Callable[[int], float]) -> np.ndarray:
 
 
 def _allreduce(backend: Backend, t: torch.Tensor) -> torch.Tensor:
-    out = t.clone()  # in place, like the backends' allreduce, on a fresh copy each time
-    backend.allreduce(out)
-    return out
+    backend.allreduce(t)  # in place, like the backends' gradient allreduce
+    return t
 
 
 def _mpi_allreduce(comm: Any, buf: np.ndarray) -> np.ndarray:
     from mpi4py import MPI
 
-    out = buf.copy()
-    comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
-    return out
+    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    return buf
 
 
 def _mpi_allgather(comm: Any, buf: np.ndarray) -> np.ndarray:
@@ -83,6 +89,7 @@ OPS = {  # one per name of backends.COLLECTIVES
     for op in (
         Op(
             "allreduce",
+            in_place=True,
             send=lambda r, k, n: np.ones(n, np.float32),
             expect=lambda r, k, n: np.full(n, k, np.float32),
             backend=_allreduce,
@@ -90,6 +97,7 @@ OPS = {  # one per name of backends.COLLECTIVES
         ),
         Op(
             "all_gather",
+            in_place=False,
             send=lambda r, k, n: np.full(n // k, r + 1, np.float32),
             expect=lambda r, k, n: _chunks(k, n, lambda j: j + 1),
             backend=lambda b, t: b.all_gather(t),
@@ -97,6 +105,7 @@ OPS = {  # one per name of backends.COLLECTIVES
         ),
         Op(
             "reduce_scatter",
+            in_place=False,
             send=lambda r, k, n: np.full(n, r + 1, np.float32),
             expect=lambda r, k, n: np.full(n // k, k * (k + 1) / 2, np.float32),
             backend=lambda b, t: b.reduce_scatter(t),
@@ -104,6 +113,7 @@ OPS = {  # one per name of backends.COLLECTIVES
         ),
         Op(
             "all_to_all",
+            in_place=False,
             send=lambda r, k, n: _chunks(k, n, lambda j: r * k + j),
             expect=lambda r, k, n: _chunks(k, n, lambda i: i * k + r),
             backend=lambda b, t: b.all_to_all(t),
@@ -118,11 +128,17 @@ def elements(nbytes: int, ranks: int) -> int:
     return max(ranks, nbytes // 4 // ranks * ranks)
 
 
-def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> tuple[float, Any]:
-    """Median seconds of ``reps`` timed calls after one warm-up, and the last call's result."""
+def _median_time(
+    fn: Callable[[], Any], reps: int, sync: Callable[[], None], refill: Callable[[], None] | None
+) -> tuple[float, Any]:
+    """Median seconds of ``reps`` timed calls after one warm-up, and the last call's result;
+    ``refill`` restores an in-place call's input before each call, outside the timing (a copy
+    of a GiB buffer inside it would cost a tenth of an NVLink allreduce)."""
     out = fn()  # warm-up
     times = []
     for _ in range(reps):
+        if refill is not None:
+            refill()
         sync()
         t0 = time.perf_counter()
         out = fn()
@@ -137,8 +153,15 @@ def backend_time(
     """This rank's median seconds of ``collective`` of ``nbytes`` through the backend, and the
     elements it got wrong."""
     op, n = OPS[collective], elements(nbytes, world.size)
-    t = torch.from_numpy(op.send(world.rank, world.size, n)).to(device)
-    seconds, out = _median_time(lambda: op.backend(backend, t), reps, lambda: synchronize(device))
+    src = torch.from_numpy(op.send(world.rank, world.size, n)).to(device)
+    t = src.clone()
+
+    def refill() -> None:
+        t.copy_(src)
+
+    seconds, out = _median_time(
+        lambda: op.backend(backend, t), reps, lambda: synchronize(device), refill if op.in_place else None
+    )
     return seconds, int((out.cpu().numpy() != op.expect(world.rank, world.size, n)).sum())
 
 
@@ -147,8 +170,10 @@ def mpi_time(world: World, collective: str, nbytes: int, reps: int) -> tuple[flo
     if world.comm is None:
         return float("nan"), 0
     op, n = OPS[collective], elements(nbytes, world.size)
-    buf = op.send(world.rank, world.size, n)
-    seconds, out = _median_time(lambda: op.mpi(world.comm, buf), reps, world.barrier)
+    src = op.send(world.rank, world.size, n)
+    buf = src.copy()
+    refill = (lambda: np.copyto(buf, src)) if op.in_place else None
+    seconds, out = _median_time(lambda: op.mpi(world.comm, buf), reps, world.barrier, refill)
     return seconds, int((out != op.expect(world.rank, world.size, n)).sum())
 
 

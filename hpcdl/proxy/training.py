@@ -19,7 +19,7 @@ from torch import nn
 from hpcdl.errors import InputError
 from hpcdl.measure.data import make_batch
 from hpcdl.measure.device import synchronize
-from hpcdl.workloads.precision import PRECISIONS
+from hpcdl.workloads.precision import PRECISIONS, needs_loss_scaling
 from hpcdl.workloads.precision import precision as precision_of
 from hpcdl.workloads.spec import Spec
 
@@ -112,7 +112,9 @@ class Trainee:
         self.loss_fn: LossFn = loss_fn or CrossEntropy()
         self.precision = precision_of(precision)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=LR)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
+        self.scaler = torch.amp.GradScaler(
+            self.device.type, enabled=needs_loss_scaling(self.precision, self.device, self.model)
+        )
 
     def loss(self) -> torch.Tensor:
         """Forward pass and loss (in the precision's autocast; the loss itself in fp32)."""

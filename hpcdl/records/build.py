@@ -49,13 +49,14 @@ def stats(values: Sequence[float]) -> Stats:
 def job_peak(device: torch.device, override: float, ranks: Sequence[RankMeasurement]) -> Peak | None:
     """The theoretical peak FLOP/s of the hardware the whole job ran on (MFU's denominator).
 
-    GPUs: each device the ranks drive, counted once. CPUs: each host's cores the ranks may run
-    on (the union of their affinities), at the peak per core of that host's estimate. The
-    user's figure is per device (per GPU, or per node on CPUs). None where any part has no
-    known peak: a partial sum would overstate MFU.
+    GPUs: each device the ranks drive, counted once (told apart by UUID: with
+    CUDA_VISIBLE_DEVICES set per rank, every rank's device is ``cuda:0``). CPUs: each host's
+    cores the ranks may run on (the union of their affinities), at the peak per core of that
+    host's estimate. The user's figure is per device (per GPU, or per node on CPUs). None where
+    any part has no known peak: a partial sum would overstate MFU.
     """
     gpu = device.type == "cuda"
-    units = {(r.host, r.device_index if gpu else None): r for r in ranks}
+    units = {(r.host, (r.device_uuid or r.device_index) if gpu else None): r for r in ranks}
     per = "GPU" if gpu else "node"
     if override > 0:
         source = f"user: {override:.4g} FLOP/s per {per} x {len(units)}"
@@ -222,10 +223,15 @@ def communication(backend: str, ranks: Sequence[RankMeasurement], phases: dict[s
 
 
 def energy_of(ranks: Sequence[RankMeasurement], train_flops: int, samples: int, window_s: float) -> Energy:
-    """Energy of the whole job: every rank's GPU, and each node's CPU packages once (RAPL is
-    per node, so only local rank 0's reading counts). A part that any rank could not measure
-    is None, never 0."""
-    gpus = [r.energy["gpu"] for r in ranks]
+    """Energy of the whole job: each GPU once, and each node's CPU packages once (RAPL is per
+    node, so only local rank 0's reading counts). Ranks on MIG devices of one GPU all read the
+    parent GPU's energy: readings are told apart by the GPU's UUID, counted once. A part that
+    any rank could not measure is None, never 0."""
+    by_gpu: dict[tuple[str, str | int], dict[str, Any]] = {}
+    for r in ranks:
+        reading = r.energy["gpu"]
+        by_gpu.setdefault((r.host, reading.get("device_uuid") or r.rank), reading)
+    gpus = list(by_gpu.values())
     cpus = [r.energy["cpu_rapl"] for r in ranks if r.local_rank == 0]
 
     def total(parts: list[dict[str, Any]]) -> float | None:

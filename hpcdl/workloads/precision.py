@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -41,3 +42,13 @@ fp32 master weights, so the bytes reduced across ranks are 4 per parameter"""
 
 def precision(name: str) -> Precision:
     return TABLE[name]
+
+
+def needs_loss_scaling(p: Precision, device: torch.device, model: nn.Module) -> bool:
+    """Whether training needs a gradient scaler: in fp16; and in bf16 on CUDA where the model
+    has recurrent layers, which autocast runs through cuDNN in fp16 whatever its dtype
+    (ATen's AutocastRNN casts their inputs and weights to half)."""
+    if p.loss_scaling:
+        return True
+    cudnn_rnn = any(isinstance(m, nn.RNNBase) for m in model.modules())
+    return p.autocast and device.type == "cuda" and cudnn_rnn

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from hpcdl import metrics
+from hpcdl.measure.device import cuda_uuid
 
 TRACE_KEYS = ("time_s", "power_w", "util_pct", "mem_used_bytes", "sm_clock_mhz")
 MIG_NOTE = "MIG instance: power, energy and utilisation are those of the whole parent GPU"
@@ -39,15 +40,6 @@ def _visible_index(index: int) -> int:
     return index
 
 
-def _cuda_uuid(index: int) -> str | None:
-    """The device's UUID as CUDA reports it, without a ``GPU-``/``MIG-`` prefix."""
-    try:
-        text = str(torch.cuda.get_device_properties(index).uuid)
-    except Exception:  # a CPU-only torch, no driver, or a torch without the field
-        return None
-    return text.removeprefix("GPU-").removeprefix("MIG-") or None
-
-
 def nvml_handle(nvml: Any, device: torch.device) -> tuple[Any, str | None]:
     """(NVML handle, note) of a CUDA device: by UUID, which is immune to CUDA_VISIBLE_DEVICES and
     to device order, else by index. A MIG instance has no power reading: its parent GPU's."""
@@ -57,7 +49,7 @@ def nvml_handle(nvml: Any, device: torch.device) -> tuple[Any, str | None]:
             index = torch.cuda.current_device()
         except Exception:
             index = 0
-    uuid = _cuda_uuid(index)
+    uuid = cuda_uuid(index)
     if uuid:
         for prefix in ("GPU-", "MIG-"):
             try:
@@ -68,6 +60,15 @@ def nvml_handle(nvml: Any, device: torch.device) -> tuple[Any, str | None]:
                 return nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle), MIG_NOTE
             return handle, None
     return nvml.nvmlDeviceGetHandleByIndex(_visible_index(index)), None
+
+
+def _uuid(nvml: Any, handle: Any) -> str | None:
+    """The GPU's UUID as NVML gives it (``GPU-...``), or None where the query fails."""
+    try:
+        value = nvml.nvmlDeviceGetUUID(handle)
+    except Exception:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _reading(get: Callable[[], float]) -> float:
@@ -85,6 +86,9 @@ class NvmlGpu:
         self.device = device
         self.reason: str | None = "not started"
         self.note: str | None = None
+        self.uuid: str | None = None
+        """the UUID of the GPU whose power is read (a MIG instance's parent): ranks that share
+        one GPU read the same energy, which the record counts once"""
         self._nvml: Any = None
         self._handle: Any = None
         self._start_mj: int | None = None
@@ -117,6 +121,7 @@ class NvmlGpu:
         self._nvml = pynvml
         try:
             self._handle, self.note = nvml_handle(pynvml, self.device)
+            self.uuid = _uuid(pynvml, self._handle)
         except Exception as exc:
             self.reason = f"no NVML handle for {self.device}: {exc}"
             self.close()
@@ -175,6 +180,7 @@ class NvmlGpu:
             "available": self.available,
             "reason": self.reason,
             "note": self.note,
+            "device_uuid": self.uuid,
             "energy_j": energy,
             "energy_source": source,
             "integrated_energy_j": integrated,

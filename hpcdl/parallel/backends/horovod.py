@@ -38,6 +38,13 @@ class HorovodBackend:
                 f"horovod sees rank {hvd.rank()} of {hvd.size()}, MPI rank {world.rank} of {world.size}"
             )
         if device.type == "cuda":
+            if not hvd.nccl_built():
+                # without NCCL Horovod would stage every GPU tensor through host memory (or fail
+                # where MPI is not CUDA-aware): a figure of that path is not Horovod on GPUs
+                raise HpcdlError(
+                    "horovod was built without NCCL: rebuild it on a GPU node with "
+                    "HPCDL_HOROVOD_GPU=1 bash scripts/install_horovod.sh"
+                )
             torch.cuda.set_device(device)
 
     @staticmethod
@@ -73,17 +80,19 @@ class HorovodBackend:
         with optimizer.skip_synchronize():  # type: ignore[attr-defined]
             scaler.step(optimizer)
 
+    # Blocking collectives, named: Horovod matches a tensor across ranks by its name, and an
+    # unnamed call gets a per-process counter that diverges once ranks' call sequences differ.
     def allreduce(self, tensor: torch.Tensor) -> None:
-        self.hvd.allreduce_(tensor, op=self.hvd.Sum)
+        self.hvd.allreduce_(tensor, op=self.hvd.Sum, name="hpcdl.allreduce")
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self.hvd.allgather(tensor)  # type: ignore[no-any-return]
+        return self.hvd.allgather(tensor, name="hpcdl.all_gather")  # type: ignore[no-any-return]
 
     def reduce_scatter(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self.hvd.reducescatter(tensor, op=self.hvd.Sum)  # type: ignore[no-any-return]
+        return self.hvd.reducescatter(tensor, op=self.hvd.Sum, name="hpcdl.reduce_scatter")  # type: ignore[no-any-return]
 
     def all_to_all(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self.hvd.alltoall(tensor)  # type: ignore[no-any-return]
+        return self.hvd.alltoall(tensor, name="hpcdl.all_to_all")  # type: ignore[no-any-return]
 
     @staticmethod
     def traffic(model: nn.Module) -> list[Traffic]:

@@ -20,6 +20,29 @@ from hpcdl.parallel.placement import rank_local
 from hpcdl.parallel.world import World
 
 
+def _routable_address() -> str | None:
+    """This host's address on its default route (a UDP connect sends nothing; it only picks
+    the interface), or None without one."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            return str(s.getsockname()[0])
+    except OSError:
+        return None
+
+
+def rendezvous_host(nodes: int) -> str:
+    """Rank 0's address for the rendezvous: MASTER_ADDR when set, else its host name resolved;
+    but a host name that resolves to loopback (stock Debian maps it to 127.0.1.1) is no address
+    for ranks on other nodes, which then use the address of the default route's interface."""
+    if os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"]
+    host = socket.gethostbyname(socket.gethostname())
+    if nodes > 1 and host.startswith("127."):
+        return _routable_address() or host
+    return host
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -33,10 +56,7 @@ class DistGroup:
     def __init__(self, world: World, device: torch.device, timeout_s: float = 120.0) -> None:
         self.device = device
         self.ranks = world.size
-        # Rank 0's address for the rendezvous: MASTER_ADDR when set (e.g. where the host name
-        # resolves to 127.0.1.1, as on stock Debian), else rank 0's host name resolved.
-        host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
-        addr = world.bcast((host, _free_port()) if world.rank == 0 else None)
+        addr = world.bcast((rendezvous_host(world.nodes), _free_port()) if world.rank == 0 else None)
         self.pg_backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -95,7 +115,9 @@ class TorchBackend(DistGroup):
         names = [n for n, p in model.named_parameters() if id(p) in local]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
         ids = [self.device.index] if self.device.type == "cuda" else None
-        ddp = DistributedDataParallel(model, device_ids=ids)
+        # buffers (batch norm's running statistics) stay each rank's own, as under Horovod: DDP's
+        # default would broadcast them before every forward, a collective no traffic rule counts
+        ddp = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
         return ddp, make_optimizer(ddp.parameters())
 
     def no_reduction(self, model: nn.Module) -> AbstractContextManager[object] | None:
