@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # reference.sh DIR [NP]: measure one machine's reference results into DIR (about 8 minutes
-# on a 2-core CPU): the default suite on 1 and NP ranks (the score and its efficiency),
-# weak-scaling sweeps of two workloads per backend with one core per rank, allreduce sweeps
+# on a 2-core CPU): its peaks and GEMM ceilings, the default suite on 1 and NP ranks (the score
+# and its efficiency), weak-scaling sweeps of two workloads per backend with one core per rank, allreduce sweeps
 # (the inputs of hpcdl predict), memory at four batch sizes, then the ranking, the predictions
 # and the report of DIR.
 # Run it on a quiet machine: everything it prints is a measurement.
@@ -14,6 +14,8 @@ PY="${HPCDL_VENV:-.venv}/bin/python"
 mkdir -p "$DIR"
 log() { echo "[reference $(date +%H:%M:%S)] $*" >&2; }
 
+log "theoretical peaks and the measured GEMM ceilings"
+"$HPCDL" info --probe | tee "$DIR/info-probe.txt"
 log "default suite, 1 rank"
 "$HPCDL" run -o "$DIR/suite-np1" | tee "$DIR/suite-np1.txt"
 log "default suite, $NP ranks"
