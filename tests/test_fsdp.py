@@ -97,9 +97,10 @@ def test_sharded_run_checks_itself_and_records_its_collectives(np: int, tmp_path
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_sharding_lowers_the_peak_memory_of_a_rank(tmp_path: Path) -> None:
-    """A model whose weights and AdamW state dominate (~25 M parameters, batch 2): every
-    rank's peak below DDP's (the 0.6x target is measured by benchmarks/bench_parallel.py)."""
-    big = ["--workload", "mlp", "layers=6", "width=2048", "input_size=2048", "output_size=10", "batch_size=2"]
+    """A model whose weights and AdamW state dominate (67 M parameters, batch 2; at 25 M, FSDP's
+    own buffers outweighed what sharding saved): every rank's peak below DDP's (0.60x measured
+    here; the 0.6x target is benchmarks/bench_parallel.py's, at 134 M)."""
+    big = ["--workload", "mlp", "layers=4", "width=4096", "input_size=4096", "output_size=10", "batch_size=2"]
     peaks = {}
     for backend in ("torch", "fsdp"):
         out = tmp_path / backend

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import platform
 import re
 import resource
@@ -92,16 +95,30 @@ _rss_peak_reset = False
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak: the CUDA allocator's, or on the CPU the process's peak RSS (Linux
     resets VmHWM when "5" is written to /proc/self/clear_refs), so that each run of a suite
-    in one process gets its own peak instead of the process's high-water mark so far."""
+    in one process gets its own peak instead of the process's high-water mark so far.
+
+    What is garbage by then is freed first, and on the CPU given back to the system: models
+    made before (the correctness check's, the weights FSDP replaced) sit in reference cycles
+    (module hooks), and memory glibc keeps after a free still counts in the RSS. Without
+    this, FSDP's peak per rank on a 67 M-parameter MLP read 1.25 GiB instead of 1.0."""
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
+    _malloc_trim()
     global _rss_peak_reset
     try:
         Path("/proc/self/clear_refs").write_text("5")
         _rss_peak_reset = True
     except OSError:
         _rss_peak_reset = False  # peak_memory then reports the process-wide peak, and says so
+
+
+def _malloc_trim() -> None:
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its freed memory stays counted
+        pass
 
 
 def _vm_hwm_bytes() -> int | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import os
 import shutil
 import tempfile
@@ -221,9 +220,6 @@ def measure_rank(
     )
     trainer.target = (cfg.target_loss_fraction, cfg.pool_batches) if cfg.target_loss_fraction else None
     trainer.before_window = before_window
-    # The check's models and the weights FSDP replaced are garbage in reference cycles (module
-    # hooks): freed only now, they would count in the peak (FSDP's per rank: 2.0 -> 1.5 GiB)
-    gc.collect()
     reset_peak_memory(device)
     report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
     local_backward = trainer.local_backward_s(CALIBRATION_STEPS)
