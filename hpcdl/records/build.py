@@ -103,7 +103,8 @@ def implausible(mfu: float, fraction: float, ceiling: float, peak: Peak | None) 
     if fraction > 1:
         flags.append(
             f"the achieved rate is {fraction:.0%} of the measured GEMM ceiling: the ceiling was "
-            "likely measured under load"
+            "measured under load, or this workload's kernels (oneDNN convolutions, fused ops) run "
+            "faster than the probe's matrix products or do fewer FLOPs than counted"
         )
     return flags
 
