@@ -361,3 +361,15 @@ def test_hdf5_data_path_with_ranks_reading_disjoint_batches(tmp_path: Path) -> N
     assert rec["metrics"]["io"]["write"]["samples"] == 2 * 4 * 16  # pool_batches x ranks batches
     assert rec["metrics"]["io"]["read"]["samples"] == 3 * 16  # this rank's 4 batches, first untimed
     assert rec["validity"]["passed"], rec["validity"]
+
+
+def test_rendezvous_address_is_never_loopback_across_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpcdl.parallel.backends import torch_ddp
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setattr(torch_ddp.socket, "gethostbyname", lambda name: "127.0.1.1")  # stock Debian
+    monkeypatch.setattr(torch_ddp, "_routable_address", lambda: "10.1.2.3")
+    assert torch_ddp.rendezvous_host(nodes=1) == "127.0.1.1"  # one node: loopback reaches every rank
+    assert torch_ddp.rendezvous_host(nodes=4) == "10.1.2.3"
+    monkeypatch.setenv("MASTER_ADDR", "192.168.0.7")
+    assert torch_ddp.rendezvous_host(nodes=4) == "192.168.0.7"  # the user's choice wins
