@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcdl.cli.common import add_workload_options, err, workload_specs
-from hpcdl.cli.run import add_run_options, run_config
+from hpcdl.cli.run_options import add_run_options, run_config
 from hpcdl.errors import InputError
 from hpcdl.measure import caps
 from hpcdl.measure.runner import preflight

@@ -1,9 +1,9 @@
-"""``hpcdl run`` and ``hpcdl sweep``: measure workloads on this machine or as MPI ranks."""
+"""``hpcdl run``: measure the default suite, a size class, one workload or a preset, here or as
+MPI ranks (with repeats, a time to target and MLPerf-style logs)."""
 
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -12,8 +12,8 @@ import torch
 
 from hpcdl.cli.common import add_workload_options, err, suite_class, workload_specs
 from hpcdl.cli.progress import LiveLine
+from hpcdl.cli.run_options import add_run_options, run_config
 from hpcdl.errors import InputError
-from hpcdl.measure import caps
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.device import resolve_device
 from hpcdl.measure.peaks import has_bf16
@@ -24,44 +24,8 @@ from hpcdl.records import mllog, repeats, schema
 from hpcdl.records.store import read_steps, write_record
 from hpcdl.records.views import Target
 from hpcdl.results.text import mfu_text, si, table
-from hpcdl.scaling import capsweep
-from hpcdl.scaling import sweep as sweep_mod
 from hpcdl.workloads import recipes
 from hpcdl.workloads.spec import Spec
-
-RUN_FLAGS = {
-    "warmup": "warmup_steps",
-    "steps": "steps",
-    "duration": "duration_s",
-    "min_duration": "min_duration_s",
-    "data": "data",
-    "data_dir": "data_dir",
-    "workers": "data_workers",
-    "optimizer": "optimizer",
-    "lr": "lr",
-    "device": "device",
-    "peak_flops": "peak_flops",
-    "backend": "backend",
-    "fit": "fit_fraction",
-    "stall": "stall_s",
-    "target_loss_fraction": "target_loss_fraction",
-}
-
-
-def run_config(args: argparse.Namespace) -> RunConfig:
-    values = {
-        knob: RunConfig.parse_knob(knob, str(getattr(args, flag)))
-        for flag, knob in RUN_FLAGS.items()
-        if getattr(args, flag) is not None
-    }
-    if args.fit is not None and not 0 < values["fit_fraction"] <= 1:
-        raise InputError("fit", args.fit, "a fraction of the device's memory in (0, 1], e.g. 0.8")
-    target = args.target_loss_fraction
-    if target is not None and not 0 < values["target_loss_fraction"] < 1:
-        raise InputError("target-loss-fraction", target, "a fraction of the first loss in (0, 1), e.g. 0.5")
-    if target is not None and args.min_duration is None:
-        values["min_duration_s"] = 0.0  # a time to target is as short as the target makes it
-    return RunConfig.from_dict(values)
 
 
 def gpus_for(local: World, cfg: RunConfig) -> None:
@@ -226,192 +190,6 @@ def repeat_table(specs: dict[str, Spec], results: dict[str, RunResult], n: int, 
     return table(head, rows)
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    specs = workload_specs(args)
-    if len(specs) != 1:
-        raise InputError(
-            "sweep", "default suite", "a sweep takes one workload: --workload FAMILY or --preset NAME"
-        )
-    try:
-        nps = [int(x) for x in args.np.split(",") if x]
-    except ValueError:
-        raise InputError("sweep.np", args.np, "expected rank counts like 1,2,4") from None
-    if not nps or min(nps) < 1:
-        raise InputError("sweep.np", args.np, "expected rank counts >= 1, like 1,2,4")
-    cfg = run_config(args)
-    cap = cap_values(args, nps)
-    (spec,) = specs.values()
-    for np in nps:
-        preflight(
-            sweep_mod.point_spec(spec, args.mode, np) if args.mode in sweep_mod.MODES else spec,
-            cfg,
-            World(size=np),
-        )
-    run_args = [
-        f"--{flag.replace('_', '-')}={getattr(args, flag)}"
-        for flag in RUN_FLAGS
-        if getattr(args, flag) is not None
-    ]
-    if cap is not None:
-        return cmd_cap_sweep(args, spec, cfg, nps[0], run_args, *cap)
-    summary, stopped = sweep_mod.sweep(
-        spec,
-        nps,
-        args.mode,
-        Path(args.output),
-        run_args,
-        prefix=args.prefix,
-        redo=args.redo,
-        timeout_s=args.timeout,
-        say=err,
-    )
-    rows = [
-        [
-            str(p["np"]),
-            f"{p['samples_per_s']:.1f}" if p["record"] else "failed",
-            f"{p['speedup']:.2f}" if p["record"] else "",
-            f"{p['efficiency'] * 100:.1f}%" if p["record"] else "",
-        ]
-        for p in summary["points"]
-    ]
-    print(table(["ranks", "samples/s", "speed-up", f"{args.mode} efficiency"], rows))
-    if stopped is not None:
-        return stopped
-    return 0 if all(p["record"] for p in summary["points"]) else 1
-
-
-def cap_values(args: argparse.Namespace, nps: list[int]) -> tuple[str, list[float]] | None:
-    """``--power-limit`` or ``--clock-limit`` as (kind, caps), or None; one line for bad input
-    (a cap sweep runs the same work, ``--steps``, at one rank count)."""
-    given = [(kind, text) for kind in caps.KINDS if (text := getattr(args, f"{kind}_limit")) is not None]
-    if not given:
-        return None
-    if len(given) > 1:
-        raise InputError("power-limit", args.power_limit, "one of --power-limit and --clock-limit per sweep")
-    (kind, text), unit = given[0], caps.KINDS[given[0][0]]
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or not all(math.isfinite(v) and v > 0 for v in values):
-        raise InputError(f"{kind}-limit", text, f"caps in {unit} > 0, like 200,250,300")
-    if len(nps) != 1:
-        raise InputError("sweep.np", args.np, "a cap sweep runs at one rank count, like --np 1")
-    if args.steps is None:
-        raise InputError("steps", None, "a cap sweep compares the same work at every cap: give --steps N")
-    return kind, values
-
-
-def cmd_cap_sweep(
-    args: argparse.Namespace,
-    spec: Spec,
-    cfg: RunConfig,
-    np: int,
-    run_args: list[str],
-    kind: str,
-    values: list[float],
-) -> int:
-    """``hpcdl sweep --power-limit/--clock-limit``: the same work at every cap (capsweep.py)."""
-    limits = capsweep.limits_for(kind, resolve_device(cfg.device), np)
-    summary, stopped = capsweep.cap_sweep(
-        spec,
-        kind,
-        values,
-        np,
-        Path(args.output),
-        run_args,
-        limits,
-        prefix=args.prefix,
-        redo=args.redo,
-        timeout_s=args.timeout,
-        say=err,
-    )
-    print(cap_table(summary))
-    if stopped is not None:
-        return stopped
-    return 0 if all(p["record"] for p in summary["points"]) else 1
-
-
-def cap_table(summary: dict[str, Any]) -> str:
-    """The summary of a cap sweep as a table; the cap of the lowest EDP marked."""
-
-    def num(value: float | None, unit: str = "") -> str:
-        return "n/a" if value is None else si(value, unit)
-
-    rows = []
-    for p in summary["points"]:
-        if not p["record"]:
-            rows.append([f"{p['cap']:g}", "failed", "", "", "", "", "", ""])
-            continue
-        best = " (best EDP)" if p["cap"] == summary["best_edp_cap"] else ""
-        rows.append(
-            [
-                f"{p['cap']:g}{best}",
-                f"{p['time_s']:.3g}",
-                f"{p['time_per_step_s'] * 1e3:.3g}",
-                f"{p['samples_per_s']:.1f}",
-                num(p["energy_to_solution_j"], "J"),
-                num(p["avg_power_w"], "W"),
-                num(p["energy_delay_product_js"], "J·s"),
-                num(p["samples_per_joule"]),
-            ]
-        )
-    head = [
-        f"cap {summary['unit']}",
-        "time s",
-        "step ms",
-        "samples/s",
-        "ETS",
-        "avg power",
-        "EDP",
-        "samples/J",
-    ]
-    return table(head, rows)
-
-
-def add_run_options(r: argparse.ArgumentParser) -> None:
-    """Options shared by ``run`` and ``sweep``."""
-    r.add_argument("-o", "--output", default="results", help="directory for records (default: results)")
-    r.add_argument("--warmup", help="untimed warm-up steps (default 3)")
-    r.add_argument("--steps", help="timed steps (default: as many as fit in --duration)")
-    r.add_argument(
-        "--duration", help="timed window in seconds when --steps is not given (default 10; suite 12)"
-    )
-    r.add_argument(
-        "--min-duration", dest="min_duration", help="validity: shortest valid timed window (default 1)"
-    )
-    r.add_argument("--data", help="random | learnable (default) | hdf5")
-    r.add_argument("--data-dir", dest="data_dir", help="HDF5 shard directory for --data hdf5")
-    r.add_argument("--workers", help="DataLoader workers for --data hdf5 (default 2)")
-    r.add_argument("--optimizer", help="adamw (default) | sgd")
-    r.add_argument("--lr", help="learning rate (default 1e-3)")
-    r.add_argument("--device", help="auto (default) | cpu | cuda | cuda:N")
-    r.add_argument(
-        "--peak-flops", dest="peak_flops", help="peak FLOP/s for MFU (default: datasheet, else probe)"
-    )
-    r.add_argument("--backend", help="gradient reduction: auto (default) | horovod | torch")
-    r.add_argument(
-        "--stall",
-        metavar="S",
-        help="end a multi-rank run when a rank makes no step for max(S, 20 x median step) s (default 120)",
-    )
-    r.add_argument(
-        "--fit",
-        nargs="?",
-        const="0.8",
-        metavar="FRACTION",
-        help="size each workload's batch per rank to fill this fraction of the device memory (default 0.8)",
-    )
-    r.add_argument("--timeout", type=float, help="end a multi-rank run that takes longer than this (seconds)")
-    r.add_argument(
-        "--target-loss-fraction",
-        dest="target_loss_fraction",
-        metavar="Q",
-        help="time to target: end the timed window once the loss has fallen to Q of the first timed step's "
-        "(learnable data; --steps or --duration stay the limit)",
-    )
-
-
 def add_parsers(sub: Any) -> None:
     r = sub.add_parser("run", help="measure the default suite, one workload, or a preset")
     add_workload_options(r)
@@ -427,26 +205,3 @@ def add_parsers(sub: Any) -> None:
     )
     r.add_argument("--mllog", metavar="FILE", help="append MLPerf-style :::MLLOG lines of every run to FILE")
     r.set_defaults(func=cmd_run)
-
-    sw = sub.add_parser("sweep", help="weak or strong scaling over rank counts, one record per point")
-    add_workload_options(sw)
-    add_run_options(sw)
-    sw.add_argument("--np", required=True, help="rank counts, e.g. 1,2,4")
-    sw.add_argument(
-        "--mode", default="weak", help="weak (batch per rank fixed) | strong (global batch fixed)"
-    )
-    sw.add_argument("--prefix", default="sweep", help="record name prefix (default: sweep)")
-    sw.add_argument("--redo", action="store_true", help="rerun points that already have a valid record")
-    sw.add_argument(
-        "--power-limit",
-        dest="power_limit",
-        metavar="W,...",
-        help="one record per power cap: GPUs through NVML, else the CPU packages' RAPL limit (needs --steps)",
-    )
-    sw.add_argument(
-        "--clock-limit",
-        dest="clock_limit",
-        metavar="MHz,...",
-        help="one record per clock cap: GPU locked clocks, else the CPUs' scaling_max_freq (needs --steps)",
-    )
-    sw.set_defaults(func=cmd_sweep)
