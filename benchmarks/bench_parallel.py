@@ -32,6 +32,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench_dist import hpcdl  # the CLI in a subprocess, exiting on failure
+
 from hpcdl.parallel.launch import mpi_env
 from hpcdl.results.text import si, table
 
@@ -55,15 +57,6 @@ PREDICTED = {
     ),
 }
 COMM_SIZES = ",".join(str(4096 << (2 * k)) for k in range(7))  # 4 KiB .. 16 MiB
-
-
-def hpcdl(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, env={**mpi_env(), **env}
-    )
-    if p.returncode != 0:
-        sys.exit(f"hpcdl {' '.join(args)} failed:\n{p.stderr[-2000:]}")
-    return p
 
 
 def record(out: Path) -> dict[str, Any]:
