@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,6 +36,15 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
 def throughput(samples: int, seconds: float) -> float:
     """Samples per second over a timed window."""
     return samples / seconds if seconds > 0 else 0.0
+
+
+def overlap_fraction(comm_s: float, exposed_s: float) -> float | None:
+    """Of a step's communication, the share hidden behind computation: ``1 − exposed / comm``
+    (the scaling model's prediction, or a record's ``exposed_s`` against its collectives'
+    seconds); None where there is no communication."""
+    if not comm_s > 0 or not math.isfinite(exposed_s):
+        return None
+    return min(1.0, max(0.0, 1 - exposed_s / comm_s))
 
 
 def ai_ops_per_s(train_flops_per_sample: float, samples_per_s: float) -> float:

@@ -1,26 +1,27 @@
 """Analytical scaling model in the spirit of the HPE Deep Learning Cookbook: predicted step
 time, throughput and efficiency of distributed training at rank counts never measured.
 
-    t(p) = t_compute(p) + t_comm(p)                   (no overlap; ``overlap="full"``: max)
-    t_compute(p) = train_flops_per_sample · b(p) / γ   b(p) = b (weak) or B / p (strong)
-    t_comm(p) = Σ over the step's collectives c of  calls_c · s_c(p)·α_c + f_c(p) · bytes_c / β_c
+    t(p) = t_compute(p) + t_exposed(p)      (``overlap="none"``: + t_comm; ``"full"``: max)
+    t_compute(p) = N · (F · b / γ − o) · b(p)/b + o · (1 − s + s/p)
+    t_comm(p) = Σ over the step's collectives c of  (N or 1) · cost_c(bytes_c, p, calls_c)
 
-with ``f_c`` the collective's bus factor (``hpcdl.metrics.bus_factor``: 2(p−1)/p for an
-allreduce, (p−1)/p for an all-gather, a reduce-scatter and an all-to-all) and ``s_c = p·f_c``
-its ring steps. The collectives of a step are the backend's rule (``Backend.traffic``: one
-allreduce of the gradients for data parallelism; all-gathers and reduce-scatters for FSDP) and
-the experts' all-to-alls of a mixture-of-experts workload (``hpcdl.workloads.moe``).
+``N`` micro-batches (gradient accumulation) make one optimizer step: the gradients are reduced
+once, the other collectives (FSDP's all-gathers, experts' all-to-alls) run in each. A
+collective's cost is one flat ring (``Comm``: α per ring step, β of the bus) or two levels
+(``Hierarchy``: a node's link and the fabric between nodes, the cheapest of ring, tree and
+hierarchical allreduce; ``hpcdl.scaling.collectives``). ``bucketed`` overlap (the default)
+reduces the gradients bucket by bucket while backward runs (``bucket_tail``).
 
-γ is one rank's sustained training FLOP/s, calibrated from a measured 1-rank run; α (latency
-per ring step) and β (bus bandwidth) of each collective are fitted to its measured sweep
-(``hpcdl comm -o``). The assumptions are stated in METRICS.md ("Scaling model").
+γ is one rank's sustained training FLOP/s, calibrated from a measured 1-rank run (or given);
+α and β are fitted to measured sweeps (``hpcdl comm -o``) or read from a system file
+(``hpcdl.scaling.system``). The assumptions are stated in METRICS.md ("Scaling model").
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -29,33 +30,31 @@ from torch import nn
 
 from hpcdl import metrics
 from hpcdl.errors import HpcdlError, InputError
-from hpcdl.parallel.backends import BACKENDS, SINGLE, Traffic
+from hpcdl.parallel.backends import BACKENDS, COLLECTIVES, SINGLE, Traffic
 from hpcdl.parallel.placement import rank_local, spread
 from hpcdl.records.loader import CommRow, CommSweep, SweepSummary
 from hpcdl.records.views import Result
+from hpcdl.scaling.collectives import Comm, Cost, Hierarchy
 from hpcdl.scaling.table import scaling_table
 from hpcdl.workloads import moe
 from hpcdl.workloads.registry import spec_from_dict
 
+__all__ = ["Comm", "Cost", "Hierarchy", "Model", "fit_comm", "model_for", "model_from_records"]
+
 MODES = ("weak", "strong")
-OVERLAPS = ("none", "full")
+OVERLAPS = ("none", "bucketed", "full")
 DEFAULT_NODES = tuple(2**k for k in range(13))  # 1 ... 4096
-
-
-@dataclass(frozen=True, kw_only=True)
-class Comm:
-    """Ring cost of one collective: ``messages · s(p)·alpha_s + f(p) · bytes / beta_bytes_per_s``
-    (``s(p) = p·f(p)`` ring steps; ``f`` its bus factor)."""
-
-    alpha_s: float
-    beta_bytes_per_s: float
-    collective: str = "allreduce"
-
-    def time(self, nbytes: float, p: int, messages: int = 1) -> float:
-        if p <= 1:
-            return 0.0
-        factor = metrics.bus_factor(self.collective, p)
-        return messages * p * factor * self.alpha_s + factor * nbytes / self.beta_bytes_per_s
+MAX_NODES = 4096
+PER_STEP = ("allreduce", "reduce_scatter")
+"""the gradients' reductions: once per optimizer step, started bucket by bucket during the
+last micro-batch's backward; the other collectives (FSDP's all-gathers, the experts'
+all-to-alls) run in every micro-batch's forward and backward and are counted whole"""
+BACKWARD_FRACTION = 2 / 3
+"""backward's share of forward + backward where no record measured it: backward computes two
+products for each of forward's one (METRICS.md, training FLOPs = 3 x forward)"""
+HOROVOD_CYCLE_S = 5e-3
+"""Horovod's ``HOROVOD_CYCLE_TIME`` default (``SetCycleTimeMs(5)`` in horovod/common/
+operations.cc; some releases use 1 ms): a bucket ready waits half of it on average"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,16 +63,16 @@ class Model:
 
     train_flops_per_sample: float
     batch: int
-    """per rank (weak scaling) or global (strong scaling)"""
+    """per rank (weak scaling) or global (strong scaling), of one micro-batch"""
     gamma_flops_per_s: float
     """one rank's sustained training FLOP/s"""
-    comms: Mapping[str, Comm]
-    """the fitted cost of each collective, by name"""
+    comms: Mapping[str, Cost]
+    """the cost of each collective, by name: one level (``Comm``) or two (``Hierarchy``)"""
     traffic: tuple[Traffic, ...]
     """what a step moves per rank at p > 1 with ``b(1)`` samples per rank; all-to-all bytes
-    grow with the samples per rank, the others do not"""
+    grow with the samples per rank, the others do not. A reduction's calls are its buckets."""
     mode: str = "weak"
-    overlap: str = "none"
+    overlap: str = "bucketed"
     expert_ranks: tuple[int, ...] = field(default=())
     """the rank counts the experts can be sharded across (empty: any)"""
     optimizer_s: float = 0.0
@@ -82,85 +81,184 @@ class Model:
     sharded_fraction: float = 0.0
     """of the parameters, the fraction each rank holds only 1/p of (FSDP: all of them; experts
     across ranks: the experts'); the optimizer's time shrinks with it"""
+    accumulation_steps: int = 1
+    """micro-batches of compute per optimizer step and gradient reduction"""
+    backward_fraction: float = BACKWARD_FRACTION
+    """backward's share of a micro-batch's compute (the base record's phases, when measured)"""
+    cycle_s: float = 0.0
+    """the backend's polling period (Horovod's cycle time): a ready bucket waits half of it"""
+    gamma_rse: float = 0.0
+    """relative standard error of γ (0: given, not measured)"""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise InputError("predict.mode", self.mode, "allowed: weak, strong")
         if self.overlap not in OVERLAPS:
-            raise InputError("predict.overlap", self.overlap, "allowed: none, full")
+            raise InputError("predict.overlap", self.overlap, f"allowed: {', '.join(OVERLAPS)}")
         for name in ("train_flops_per_sample", "gamma_flops_per_s"):
             if not 0 < getattr(self, name) < math.inf:
                 raise InputError(f"predict.{name}", getattr(self, name), "must be > 0 and finite")
         if not self.batch >= 1:
             raise InputError("predict.batch", self.batch, "must be >= 1")
+        if isinstance(self.accumulation_steps, bool) or not (
+            isinstance(self.accumulation_steps, int) and 1 <= self.accumulation_steps <= 1 << 20
+        ):
+            raise InputError(
+                "predict.accumulation_steps", self.accumulation_steps, "an integer in 1..1048576"
+            )
         if not 0 <= self.optimizer_s < self.step_s(1):
             raise InputError(
                 "predict.optimizer_s", self.optimizer_s, "must be >= 0 and below the 1-rank step"
             )
         if not 0 <= self.sharded_fraction <= 1:
             raise InputError("predict.sharded_fraction", self.sharded_fraction, "must be in [0, 1]")
+        if not 0 <= self.backward_fraction <= 1:
+            raise InputError("predict.backward_fraction", self.backward_fraction, "must be in [0, 1]")
+        if not (0 <= self.cycle_s < math.inf and 0 <= self.gamma_rse < math.inf):
+            raise InputError("predict.cycle_s", self.cycle_s, "cycle and gamma_rse must be >= 0 and finite")
         for t in self.traffic:
-            comm = self.comms.get(t.collective)
-            if comm is None:
+            cost = self.comms.get(t.collective)
+            if cost is None:
                 raise InputError(
                     "predict.comm", t.collective, "no fit for it: sweep it (hpcdl comm --collective all)"
                 )
-            if not 0 < comm.beta_bytes_per_s < math.inf:
-                raise InputError("predict.beta", comm.beta_bytes_per_s, "must be > 0 and finite")
-            if not 0 <= comm.alpha_s < math.inf:
-                raise InputError("predict.alpha", comm.alpha_s, "must be >= 0 and finite")
+            for level in (cost.intra, cost.inter) if isinstance(cost, Hierarchy) else (cost,):
+                if not isinstance(level, Comm):
+                    raise InputError("predict.comm", type(level).__name__, "a Comm or a Hierarchy")
+                if not 0 < level.beta_bytes_per_s < math.inf:
+                    raise InputError("predict.beta", level.beta_bytes_per_s, "must be > 0 and finite")
+                if not 0 <= level.alpha_s < math.inf:
+                    raise InputError("predict.alpha", level.alpha_s, "must be >= 0 and finite")
 
     def batch_per_rank(self, p: int) -> float:
+        """One micro-batch's samples on each rank."""
         return self.batch if self.mode == "weak" else self.batch / p
 
     def predictable(self, p: int) -> bool:
         """False where the experts cannot be sharded across ``p`` ranks (hpcdl refuses the run)."""
         return p == 1 or not self.expert_ranks or p in self.expert_ranks
 
-    def comm_s(self, p: int) -> float:
-        """Seconds per step of every collective at ``p`` ranks."""
+    def _bytes(self, t: Traffic, p: int) -> float:
         scale = self.batch_per_rank(p) / self.batch_per_rank(1)
+        return t.bytes * (scale if t.collective == "all_to_all" else 1)
+
+    def comm_s(self, p: int) -> float:
+        """Seconds per optimizer step of every collective at ``p`` ranks, none hidden."""
+        n = self.accumulation_steps
         return sum(
-            self.comms[t.collective].time(
-                t.bytes * (scale if t.collective == "all_to_all" else 1), p, t.calls
-            )
+            (1 if t.collective in PER_STEP else n)
+            * self.comms[t.collective].time(self._bytes(t, p), p, t.calls)
             for t in self.traffic
         )
 
     def step_s(self, p: int) -> float:
-        """Seconds of one rank's step without communication: ``F · b(p) / γ``."""
+        """Seconds of one rank's micro-batch without communication: ``F · b(p) / γ``."""
         return self.train_flops_per_sample * self.batch_per_rank(p) / self.gamma_flops_per_s
 
+    def micro_s(self, p: int) -> float:
+        """One micro-batch's forward and backward at ``p`` ranks (the optimizer's part out)."""
+        return (self.step_s(1) - self.optimizer_s) * self.batch_per_rank(p) / self.batch_per_rank(1)
+
     def compute_s(self, p: int) -> float:
-        """``step_s(p)`` with the optimizer's part done for the parameters a rank holds:
-        ``(step_s(1) − o) · b(p)/b(1) + o · (1 − s + s/p)``."""
+        """``N`` micro-batches and one optimizer step done for the parameters a rank holds:
+        ``N · (step_s(1) − o) · b(p)/b(1) + o · (1 − s + s/p)``."""
         o, s = self.optimizer_s, self.sharded_fraction
-        return (self.step_s(1) - o) * self.batch_per_rank(p) / self.batch_per_rank(1) + o * (1 - s + s / p)
+        return self.accumulation_steps * self.micro_s(p) + o * (1 - s + s / p)
+
+    def exposed_s(self, p: int) -> float:
+        """Communication not hidden behind computation (``bucketed``): the collectives of every
+        micro-batch whole, and what of the reductions' buckets ends after the last backward."""
+        n = self.accumulation_steps
+        exposed = sum(
+            n * self.comms[t.collective].time(self._bytes(t, p), p, t.calls)
+            for t in self.traffic
+            if t.collective not in PER_STEP
+        )
+        backward = self.backward_fraction * self.micro_s(p)
+        return exposed + bucket_tail(
+            [
+                (self.comms[t.collective], self._bytes(t, p), t.calls)
+                for t in self.traffic
+                if t.collective in PER_STEP
+            ],
+            p,
+            backward,
+            self.cycle_s,
+        )
 
     def parts(self, p: int) -> tuple[float, float, float]:
-        """(compute, communication, step) seconds of one step at ``p`` ranks."""
+        """(compute, communication, step) seconds of one optimizer step at ``p`` ranks."""
         compute = self.compute_s(p)
         comm = self.comm_s(p)
-        return compute, comm, compute + comm if self.overlap == "none" else max(compute, comm)
+        if self.overlap == "none":
+            return compute, comm, compute + comm
+        if self.overlap == "full":
+            return compute, comm, max(compute, comm)
+        return compute, comm, compute + (self.exposed_s(p) if p > 1 else 0.0)
+
+    def samples_per_step(self, p: int) -> float:
+        return p * self.batch_per_rank(p) * self.accumulation_steps
 
     def samples_per_s(self, p: int) -> float:
-        return p * self.batch_per_rank(p) / self.parts(p)[2]
+        return self.samples_per_step(p) / self.parts(p)[2]
 
-    def point(self, p: int) -> dict[str, float]:
+    def step_rse(self, p: int) -> float:
+        """Relative standard error of the step time: each fitted parameter (γ, every α, every
+        β) moved by its standard error, the step's relative changes added in quadrature."""
+        step = self.parts(p)[2]
+        moved = [replace(self, gamma_flops_per_s=self.gamma_flops_per_s / (1 + self.gamma_rse))]
+        for parameter in ("alpha", "beta"):
+            moved.append(replace(self, comms={k: c.shifted(parameter) for k, c in self.comms.items()}))
+        return math.sqrt(sum(((m.parts(p)[2] - step) / step) ** 2 for m in moved))
+
+    def algorithm(self, p: int) -> str:
+        """The algorithm of the step's largest collective at ``p`` ranks (for the table)."""
+        if p <= 1 or not self.traffic:
+            return "-"
+        t = max(self.traffic, key=lambda t: t.bytes)
+        return self.comms[t.collective].algorithm(self._bytes(t, p) / t.calls, p)
+
+    def point(self, p: int) -> dict[str, Any]:
         """Predicted step time, its parts, samples/s, speed-up and efficiency at ``p`` ranks."""
         compute, comm, step = self.parts(p)
-        samples = p * self.batch_per_rank(p) / step
+        samples = self.samples_per_step(p) / step
         (row,) = scaling_table([(p, samples)], base=(1, self.samples_per_s(1)))
+        exposed = step - compute if self.overlap != "full" else max(0.0, comm - compute)
         return {
             "np": p,
+            "ranks": p,
             "step_s": step,
             "compute_s": compute,
             "comm_s": comm,
+            "exposed_comm_s": exposed,
+            "overlap": metrics.overlap_fraction(comm, exposed),
+            "algorithm": self.algorithm(p),
             "samples_per_s": samples,
             "ai_ops_per_s": metrics.ai_ops_per_s(self.train_flops_per_sample, samples),
             "speedup": row.speedup,
             "efficiency": row.efficiency,
+            "step_rse": self.step_rse(p),
         }
+
+
+def bucket_tail(
+    reductions: Sequence[tuple[Cost, float, int]], p: int, backward_s: float, cycle_s: float
+) -> float:
+    """Seconds of gradient reduction after backward ends: each reduction of ``nbytes`` in
+    ``calls`` buckets, the buckets ready evenly through backward (bucket i of k at
+    ``(i+1)/k · backward_s``, plus half a cycle), reduced one after another on one stream; what
+    ends before backward is hidden, the last bucket never is (DDP, Horovod)."""
+    if p <= 1:
+        return 0.0
+    buckets = sorted(
+        ((i + 1) / calls * backward_s + cycle_s / 2, cost.time(nbytes / calls, p))
+        for cost, nbytes, calls in reductions
+        for i in range(calls)
+    )
+    end = 0.0
+    for ready, seconds in buckets:
+        end = max(end, ready) + seconds
+    return max(0.0, end - backward_s) if buckets else 0.0
 
 
 def fit_comm(
@@ -186,12 +284,12 @@ def fit_comm(
         raise HpcdlError(
             f"the {collective} sweep needs at least two buffer sizes to fit latency and bandwidth"
         )
+    alpha_se, beta_rse = _standard_errors(sizes, times)
     local = message_bytes is not None and sizes[0] < message_bytes <= sizes[-1]
     if message_bytes is not None and local:
         upper = int(np.searchsorted(sizes, message_bytes))
         sizes, times = sizes[upper - 1 : upper + 1], times[upper - 1 : upper + 1]
-    design = np.stack([np.ones_like(sizes), sizes], axis=1) / times[:, None]
-    (a, c), *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
+    (a, c) = _line(sizes, times)
     if local and (a < 0 or c <= 0):  # bandwidth falls with the size here, or noise: bound it
         a, c = 0.0, times[-1] / sizes[-1]
     a = max(float(a), 0.0)  # a negative intercept over all sizes is noise in the latency: none
@@ -199,8 +297,37 @@ def fit_comm(
         raise HpcdlError(f"the {collective} sweep does not grow with the buffer size; cannot fit a bandwidth")
     factor = metrics.bus_factor(collective, ranks)
     return Comm(
-        alpha_s=float(a) / (ranks * factor), beta_bytes_per_s=factor / float(c), collective=collective
+        alpha_s=float(a) / (ranks * factor),
+        beta_bytes_per_s=factor / float(c),
+        collective=collective,
+        alpha_se_s=alpha_se / (ranks * factor),
+        beta_rse=beta_rse,
     )
+
+
+def _line(sizes: np.ndarray, times: np.ndarray) -> tuple[float, float]:
+    """Least squares of ``t = a + c·S`` in relative error."""
+    design = np.stack([np.ones_like(sizes), sizes], axis=1) / times[:, None]
+    (a, c), *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
+    return float(a), float(c)
+
+
+def _standard_errors(sizes: np.ndarray, times: np.ndarray) -> tuple[float, float]:
+    """Standard error of the intercept ``a`` (seconds) and relative standard error of the slope
+    ``c`` of the line over every size, from its residuals (``σ² (XᵀX)⁻¹``, σ² the residuals'
+    sum of squares over n − 2); 0 where two sizes leave no residual to judge by."""
+    if len(sizes) < 3:
+        return 0.0, 0.0
+    design = np.stack([np.ones_like(sizes), sizes], axis=1) / times[:, None]
+    theta, *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
+    residual = np.ones_like(times) - design @ theta
+    sigma2 = float(residual @ residual) / (len(sizes) - 2)
+    try:
+        cov = sigma2 * np.linalg.inv(design.T @ design)
+    except np.linalg.LinAlgError:
+        return 0.0, 0.0
+    c = float(theta[1])
+    return math.sqrt(max(cov[0, 0], 0.0)), (math.sqrt(max(cov[1, 1], 0.0)) / c if c > 0 else 0.0)
 
 
 def comm_from_record(comm: CommSweep) -> Comm:
@@ -208,7 +335,7 @@ def comm_from_record(comm: CommSweep) -> Comm:
     return fit_comm(comm.rows, comm.ranks)
 
 
-def comms_for(sweep: CommSweep, traffic: Sequence[Traffic]) -> dict[str, Comm]:
+def comms_for(sweep: CommSweep, traffic: Sequence[Traffic]) -> dict[str, Cost]:
     """α, β of each collective of a step, fitted to the sweep around its message size."""
     return {t.collective: fit_comm(sweep.rows, sweep.ranks, t.collective, t.bytes / t.calls) for t in traffic}
 
@@ -249,25 +376,32 @@ def model_for(
     spec: Mapping[str, Any],
     batch: int,
     gamma_flops_per_s: float,
-    comm: Comm | Mapping[str, Comm] | CommSweep,
+    comm: Comm | Mapping[str, Cost] | CommSweep,
     *,
     backend: str = "horovod",
     mode: str = "weak",
-    overlap: str = "none",
+    overlap: str = "bucketed",
     optimizer_s: float = 0.0,
+    accumulation_steps: int | None = None,
+    backward_fraction: float = BACKWARD_FRACTION,
+    gamma_rse: float = 0.0,
 ) -> Model:
-    """The model of a workload (a spec dict, counted analytically) on a system (γ; α, β of each
-    collective: one ``Comm`` is an allreduce's, a sweep is fitted around the step's message
-    sizes; the optimizer's seconds per step at one rank, when known)."""
+    """The model of a workload (a spec dict, counted analytically) on a system (γ; the cost of
+    each collective: one ``Comm`` is an allreduce's, a sweep is fitted around the step's
+    message sizes; the optimizer's seconds per step at one rank, when known).
+    ``accumulation_steps`` None: the spec's own (1 where it has none)."""
     reducing = [n for n in BACKENDS.names() if n != SINGLE]
     if backend not in reducing:
         raise InputError("predict.backend", backend, f"allowed: {', '.join(reducing)}")
-    workload = spec_from_dict(dict(spec))
+    known = hasattr_knob("accumulation_steps")  # a knob of every spec once the run side has it
+    workload = spec_from_dict({k: v for k, v in spec.items() if known or k != "accumulation_steps"})
+    if accumulation_steps is None:
+        accumulation_steps = int(spec.get("accumulation_steps", 1))
     experts = workload.experts if isinstance(workload, moe.MoEKnobs) and workload.expert_parallel else 0
     sharded_at = experts if experts > 1 else 2  # the traffic per rank is the same at every such p
     traffic = step_traffic(workload, backend, sharded_at, batch)
     if isinstance(comm, CommSweep):
-        comms = comms_for(comm, traffic)
+        comms: Mapping[str, Cost] = comms_for(comm, traffic)
     else:
         comms = {comm.collective: comm} if isinstance(comm, Comm) else dict(comm)
     return Model(
@@ -281,29 +415,85 @@ def model_for(
         expert_ranks=tuple(p for p in range(1, experts + 1) if experts % p == 0),
         optimizer_s=optimizer_s,
         sharded_fraction=sharded_fraction(workload, backend, sharded_at),
+        accumulation_steps=accumulation_steps,
+        backward_fraction=backward_fraction,
+        cycle_s=HOROVOD_CYCLE_S if backend == "horovod" else 0.0,
+        gamma_rse=gamma_rse,
     )
+
+
+def hasattr_knob(name: str) -> bool:
+    """Whether the workload specs know the knob ``name`` (``accumulation_steps`` is new)."""
+    from hpcdl.workloads.spec import Spec
+
+    return name in Spec.knobs()
+
+
+def hierarchy_comms(
+    intra: CommSweep, inter: CommSweep, traffic: Sequence[Traffic], ranks_per_node: int
+) -> dict[str, Cost]:
+    """Two levels fitted to two sweeps: ``intra`` taken inside one node, ``inter`` across two
+    nodes (one rank on each: its β is the node's fabric, its α the latency across it)."""
+    return {
+        t.collective: Hierarchy(
+            intra=fit_comm(intra.rows, intra.ranks, t.collective, t.bytes / t.calls),
+            inter=fit_comm(inter.rows, inter.ranks, t.collective, t.bytes / t.calls),
+            ranks_per_node=ranks_per_node,
+            collective=t.collective,
+        )
+        for t in traffic
+    }
+
+
+def system_comms(system: Any, ranks_per_node: int) -> dict[str, Cost]:
+    """Every collective's cost on a ``hpcdl.scaling.system.System``."""
+    return {c: system.cost(c, ranks_per_node) for c in COLLECTIVES}
 
 
 def model_from_records(
     base: Result,
-    comm: Comm | Mapping[str, Comm] | CommSweep,
+    comm: Comm | Mapping[str, Cost] | CommSweep,
     *,
     backend: str = "horovod",
     mode: str = "weak",
-    overlap: str = "none",
+    overlap: str = "bucketed",
+    accumulation_steps: int | None = None,
 ) -> Model:
-    """The model of ``base``'s workload on ``base``'s system: γ from its AI-ops/s and the
-    optimizer's time from its optimizer phase (it must be a 1-rank record), α and β given or
-    fitted to a collective sweep."""
+    """The model of ``base``'s workload on ``base``'s system: γ from its AI-ops/s, the
+    optimizer's time and backward's share from its phases (it must be a 1-rank record), γ's
+    standard error from the spread of its step times; α and β given or fitted to a sweep."""
     if base.world_size != 1:
         raise InputError("predict.base", base.name, "a 1-rank result record calibrates gamma")
     gamma = base.metrics.ai_ops_per_s
     batch = base.settings.batch_per_rank
-    optimizer = base.metrics.phases_s.get("optimizer")
+    phases = base.metrics.phases_s
+    optimizer = phases.get("optimizer")
     optimizer_s = optimizer.median if optimizer is not None and math.isfinite(optimizer.median) else 0.0
+    forward, backward = phases.get("forward"), phases.get("backward")
+    fraction = BACKWARD_FRACTION
+    if forward is not None and backward is not None and forward.median + backward.median > 0:
+        fraction = backward.median / (forward.median + backward.median)
     return model_for(
-        base.spec, batch, gamma, comm, backend=backend, mode=mode, overlap=overlap, optimizer_s=optimizer_s
+        base.spec,
+        batch,
+        gamma,
+        comm,
+        backend=backend,
+        mode=mode,
+        overlap=overlap,
+        optimizer_s=optimizer_s,
+        accumulation_steps=accumulation_steps,
+        backward_fraction=fraction if math.isfinite(fraction) else BACKWARD_FRACTION,
+        gamma_rse=median_rse(base.metrics.step_time_s),
     )
+
+
+def median_rse(stats: Any) -> float:
+    """Relative standard error of a median of ``n`` steps: ``1.2533 · σ / √n / median`` with
+    ``σ ≈ (p90 − p10) / 2.563`` (a normal sample's 10th-90th percentile span)."""
+    if not (stats.n > 1 and stats.median > 0 and math.isfinite(stats.p90 - stats.p10)):
+        return 0.0
+    return 1.2533 * (stats.p90 - stats.p10) / 2.563 / math.sqrt(stats.n) / stats.median
 
 
 def sweep_predictor(fits: Mapping[str, Comm]) -> Callable[[SweepSummary], dict[int, float] | None]:

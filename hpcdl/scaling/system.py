@@ -1,0 +1,173 @@
+"""A system to predict on: nodes of devices, a link inside a node, a fabric between nodes.
+
+A system file is TOML (the catalogue: ``hpcdl/recipes/systems/*.toml``)::
+
+    name = "dgx-a100"
+    description = "NVIDIA DGX A100: 8 x A100 SXM4 on NVSwitch, 8 x HDR 200 Gb/s InfiniBand"
+    devices_per_node = 8
+
+    [intra]                       # one device's link inside the node, one direction
+    kind = "NVLink 3 / NVSwitch"
+    bandwidth_GB_s = 300.0        # datasheet figure
+    efficiency = 0.8              # achievable fraction of it (assumed, with its source)
+    latency_us = 2.0
+    source = "..."
+
+    [inter]                       # the node's fabric
+    kind = "InfiniBand HDR"
+    nics = 8
+    nic_Gbit_s = 200.0
+    efficiency = 0.9
+    latency_us = 5.0
+    source = "..."
+
+Every figure must be there, finite and in range; the reader names the first one that is not.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from hpcdl.errors import InputError
+from hpcdl.records.loader import Unreadable, open_regular
+from hpcdl.scaling.collectives import Comm, Hierarchy
+
+MAX_TOML_BYTES = 1 << 20
+"""a system file is a page of figures; anything larger is not one"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """One level's achievable latency and bandwidth (the datasheet's times ``efficiency``)."""
+
+    kind: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class System:
+    """Nodes of ``devices_per_node`` devices: ``intra`` is one device's link inside a node,
+    ``inter`` the node's fabric (all ``nics`` together)."""
+
+    name: str
+    description: str
+    devices_per_node: int
+    intra: Link
+    inter: Link
+    nics: int
+
+    def cost(self, collective: str, ranks_per_node: int) -> Hierarchy:
+        """The two-level cost of ``collective`` with ``ranks_per_node`` ranks on each node."""
+        if not 1 <= ranks_per_node <= self.devices_per_node:
+            raise InputError(
+                "predict.ranks_per_node",
+                ranks_per_node,
+                f"1..{self.devices_per_node}, the devices per node of {self.name}",
+            )
+        return Hierarchy(
+            intra=Comm(alpha_s=self.intra.latency_s, beta_bytes_per_s=self.intra.bandwidth_bytes_per_s),
+            inter=Comm(alpha_s=self.inter.latency_s, beta_bytes_per_s=self.inter.bandwidth_bytes_per_s),
+            ranks_per_node=ranks_per_node,
+            collective=collective,
+        )
+
+
+def catalogue_dir() -> Path:
+    """The installed catalogue: ``generators/systems`` (``hpcdl/recipes/systems``)."""
+    return Path(str(files("hpcdl") / "recipes" / "systems"))
+
+
+def catalogue() -> list[str]:
+    """The names of the catalogue's systems."""
+    return sorted(p.stem for p in catalogue_dir().glob("*.toml"))
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML document read like every document hpcdl reads: a regular file, bounded in size."""
+    try:
+        with open_regular(path, MAX_TOML_BYTES, "a system file may hold") as f:
+            data = f.read(MAX_TOML_BYTES + 1)
+        if len(data) > MAX_TOML_BYTES:
+            raise Unreadable("more than the 1 MiB a system file may hold")
+        return tomllib.loads(data.decode("utf-8"))
+    except Unreadable as e:
+        raise InputError("predict.system", str(path), f"a readable system file ({e})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise InputError("predict.system", str(path), f"a TOML system file ({e})") from None
+
+
+def load_system(name: str) -> System:
+    """A catalogue system by name, or a system file by path."""
+    path = Path(name)
+    if not (name.endswith(".toml") or path.exists()):
+        if name not in catalogue():
+            raise InputError(
+                "predict.system", name, f"a catalogue system ({', '.join(catalogue())}) or a .toml file"
+            )
+        path = catalogue_dir() / f"{name}.toml"
+    return parse_system(read_toml(path), str(path))
+
+
+def _number(doc: dict[str, Any], key: str, where: str, low: float, high: float = math.inf) -> float:
+    value = doc.get(key)
+    field = f"system.{where}{key}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(field, value, f"a number in [{low:g}, {high:g}]")
+    if not (math.isfinite(value) and low <= value <= high):
+        raise InputError(field, value, f"a finite number in [{low:g}, {high:g}]")
+    return float(value)
+
+
+def _count(doc: dict[str, Any], key: str, where: str, high: int) -> int:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise InputError(f"system.{where}{key}", value, f"an integer in 1..{high}")
+    return value
+
+
+def _text(doc: dict[str, Any], key: str, where: str) -> str:
+    value = doc.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"system.{where}{key}", value, "a non-empty string")
+    return value
+
+
+def _section(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    value = doc.get(key)
+    if not isinstance(value, dict):
+        raise InputError(f"system.{key}", value, f"a [{key}] table")
+    return value
+
+
+def parse_system(doc: dict[str, Any], where: str = "") -> System:
+    """A :class:`System` from a system file's document; :class:`InputError` names the field."""
+    intra, inter = _section(doc, "intra"), _section(doc, "inter")
+    nics = _count(inter, "nics", "inter.", 64)
+    # a link of zero bandwidth is refused here: a bandwidth must be > 0 (1e-9 GB/s at least)
+    intra_bw = _number(intra, "bandwidth_GB_s", "intra.", 1e-9) * 1e9
+    nic_bw = _number(inter, "nic_Gbit_s", "inter.", 1e-9) * 1e9 / 8
+    return System(
+        name=_text(doc, "name", ""),
+        description=_text(doc, "description", ""),
+        devices_per_node=_count(doc, "devices_per_node", "", 4096),
+        intra=Link(
+            kind=_text(intra, "kind", "intra."),
+            bandwidth_bytes_per_s=intra_bw * _number(intra, "efficiency", "intra.", 1e-3, 1.0),
+            latency_s=_number(intra, "latency_us", "intra.", 0.0, 1e6) * 1e-6,
+            source=_text(intra, "source", "intra."),
+        ),
+        inter=Link(
+            kind=_text(inter, "kind", "inter."),
+            bandwidth_bytes_per_s=nics * nic_bw * _number(inter, "efficiency", "inter.", 1e-3, 1.0),
+            latency_s=_number(inter, "latency_us", "inter.", 0.0, 1e6) * 1e-6,
+            source=_text(inter, "source", "inter."),
+        ),
+        nics=nics,
+    )
