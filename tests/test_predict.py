@@ -4,10 +4,12 @@ real reference records, and ``hpcdl predict``."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,7 +17,9 @@ from hpcdl.errors import InputError
 from hpcdl.parallel.backends import Traffic
 from hpcdl.records.loader import CommRow, read_comm, read_record
 from hpcdl.records.store import load_record
+from hpcdl.scaling.collectives import Hierarchy
 from hpcdl.scaling.model import Comm, Model, comm_from_record, fit_comm, model_from_records
+from hpcdl.scaling.system import catalogue, catalogue_dir, load_system, parse_system, read_toml
 
 REF = Path(__file__).resolve().parent.parent / "reference_results" / "cpu-epyc-2core-2026-11-22" / "scaling"
 
@@ -103,7 +107,9 @@ def test_predict_cli_against_measured_points(tmp_path: Path) -> None:
     p = hpcdl(*args, "--compare", str(REF))
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
-    assert lines[0].startswith("model: gamma") and any(line.startswith("4096 ") for line in lines)
+    assert lines[0].startswith("model [comm-torch]: gamma") and any(
+        line.startswith("4096 ") for line in lines
+    )
     p = hpcdl(*args, "--compare", str(REF), "--nodes", "1,2", "--json", "-o", str(tmp_path / "p.json"))
     doc = json.loads(p.stdout)
     assert doc["schema"] == "hpcdl.prediction" and json.loads((tmp_path / "p.json").read_text()) == doc
@@ -126,17 +132,17 @@ def test_predict_cli_against_measured_points(tmp_path: Path) -> None:
         ["--base", str(REF / "mlp-torch-weak-np1.json"), "--comm", str(REF / "mlp-torch-weak-np1.json")],
     ],
 )
-def test_predict_bad_input_is_one_line_and_exit_2(bad: list[str]) -> None:
-    p = hpcdl("predict", *bad)
-    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    assert "Traceback" not in p.stderr
+def test_predict_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], bad: list[str]) -> None:
+    code, _, err = predict(capsys, *bad)  # in-process: the CLI's own exit-code policy, no start-up
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
 
 
-def test_predict_refuses_a_fifo_at_once(tmp_path: Path) -> None:
+def test_predict_refuses_a_fifo_at_once(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "base.json")  # opening it for reading would wait for a writer
-    p = hpcdl("predict", "--base", str(tmp_path / "base.json"), "--beta", "1e9")
-    assert p.returncode == 2 and "a FIFO, not a regular file" in p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    code, _, err = predict(capsys, "--base", str(tmp_path / "base.json"), "--beta", "1e9")
+    assert code == 2 and "a FIFO, not a regular file" in err
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_the_optimizer_updates_what_a_rank_holds() -> None:
@@ -179,3 +185,207 @@ def test_a_step_s_message_size_fits_the_sweep_around_it() -> None:
     steep = fit_comm(rows, 2, "all_gather", message_bytes=8 << 20)
     assert steep.alpha_s == 0 and steep.time(16 << 20, 2) == pytest.approx(2e-2)
     assert fit_comm(rows, 2, "all_gather", message_bytes=1 << 30) == fit_comm(rows, 2, "all_gather")
+
+
+# --- two levels, overlap, accumulation, uncertainty, systems (issue 17) ----------------------
+
+INTRA = Comm(alpha_s=1e-6, beta_bytes_per_s=100e9)
+INTER = Comm(alpha_s=5e-6, beta_bytes_per_s=10e9)
+
+
+def hierarchy(r: int = 8, **kw: object) -> Hierarchy:
+    return Hierarchy(intra=INTRA, inter=INTER, ranks_per_node=r, **kw)  # type: ignore[arg-type]
+
+
+def test_one_node_is_the_intra_ring_and_one_level_is_the_flat_ring() -> None:
+    h = hierarchy()
+    assert h.time(1e8, 8, 2) == pytest.approx(INTRA.time(1e8, 8, 2))
+    flat = Hierarchy(intra=INTER, inter=INTER, ranks_per_node=1, algorithms=("ring",))
+    for p in (2, 16, 512):  # the one-level special case: what --alpha/--beta give
+        assert flat.time(1e8, p, 3) == pytest.approx(INTER.time(1e8, p, 3))
+
+
+def test_tree_latency_grows_with_log_p_and_the_cheapest_algorithm_is_taken() -> None:
+    h = hierarchy()
+    tiny, nodes = 1e3, 1024
+    costs = h.candidates(tiny, 8 * nodes)
+    tree_latency = 2 * (math.log2(nodes) * INTER.alpha_s + 7 * INTRA.alpha_s)
+    assert costs["tree"] == pytest.approx(tree_latency + 2 * tiny / INTER.beta_bytes_per_s)
+    assert costs["ring"] > 2 * (8 * nodes - 1) * INTER.alpha_s  # p·α: hundreds of times the tree's
+    assert h.algorithm(tiny, 8 * nodes) in ("tree", "hierarchical") and h.time(tiny, 8 * nodes) == min(
+        costs.values()
+    )
+    big = hierarchy(r=1)  # at 2 nodes of 1 rank a large message goes round the ring: (p−1)/p of it
+    assert big.algorithm(1e9, 2) == "ring" and big.time(1e9, 2) == pytest.approx(
+        min(big.candidates(1e9, 2).values())
+    )
+
+
+def test_bucketed_overlap_hides_all_but_the_last_bucket() -> None:
+    """Four buckets, backward long enough to reduce the first three behind it: the last
+    bucket's reduction is what remains, between the bounds none and full."""
+    bucket = Comm(alpha_s=0.0, beta_bytes_per_s=1e9)
+    common = {"comms": {"allreduce": bucket}, "traffic": (Traffic("allreduce", int(400e6), 4),)}
+    m = model(**common, overlap="bucketed")  # compute 9.6 ms, backward 2/3 of it; 4 x 75 ms of comm
+    last = bucket.time(100e6, 4)
+    comm = m.comm_s(4)
+    step = m.point(4)["step_s"]
+    assert (
+        model(**common, overlap="none").point(4)["step_s"]
+        >= step
+        >= model(**common, overlap="full").point(4)["step_s"]
+    )
+    long = model(**common, gamma_flops_per_s=1e10, backward_fraction=1.0)  # backward 9.6 s
+    assert long.point(4)["exposed_comm_s"] == pytest.approx(last)
+    assert long.point(4)["overlap"] == pytest.approx(1 - last / comm)
+    assert m.point(4)["exposed_comm_s"] > last  # a short backward hides less
+
+
+def test_accumulation_reduces_once_per_n_micro_batches() -> None:
+    one, four = model(overlap="none"), model(overlap="none", accumulation_steps=4)
+    assert four.compute_s(4) == pytest.approx(4 * one.compute_s(4))
+    assert four.comm_s(4) == pytest.approx(one.comm_s(4))  # one reduction per optimizer step
+    assert four.point(4)["samples_per_s"] == pytest.approx(4 * 4 * 32 / (four.compute_s(4) + four.comm_s(4)))
+    assert four.point(4)["efficiency"] > one.point(4)["efficiency"]
+    with pytest.raises(InputError, match="predict.accumulation_steps"):
+        model(accumulation_steps=0)
+
+
+def test_uncertainty_comes_from_the_fit_residuals() -> None:
+    truth = Comm(alpha_s=7e-6, beta_bytes_per_s=3e9)
+    sizes = (1 << 10, 1 << 14, 1 << 18, 1 << 22, 1 << 26)
+    noisy = [
+        CommRow(bytes=s, backend_s=truth.time(s, 4) * (1 + 0.1 * (-1) ** i)) for i, s in enumerate(sizes)
+    ]
+    fitted = fit_comm(noisy, 4)
+    assert fitted.beta_rse > 0 and fitted.alpha_se_s > 0
+    exact = fit_comm([CommRow(bytes=s, backend_s=truth.time(s, 4)) for s in sizes], 4)
+    assert exact.beta_rse == pytest.approx(0, abs=1e-9)
+    assert model().point(4)["step_rse"] == 0  # given figures: nothing fitted, no spread to show
+    m = model(comms={"allreduce": fitted}, gamma_rse=0.02, overlap="none")
+    rse = m.point(4)["step_rse"]
+    share = m.compute_s(4) / m.point(4)["step_s"]
+    assert rse > share * 0.02 * 0.9  # γ's share at least; α's and β's add to it
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d["intra"].pop("bandwidth_GB_s"), "system.intra.bandwidth_GB_s"),
+        (lambda d: d["inter"].update(nic_Gbit_s=0.0), "system.inter.nic_Gbit_s"),
+        (lambda d: d["inter"].update(latency_us=float("nan")), "system.inter.latency_us"),
+        (lambda d: d["intra"].update(efficiency=1.5), "system.intra.efficiency"),
+        (lambda d: d.update(devices_per_node=True), "system.devices_per_node"),
+        (lambda d: d.pop("inter"), "system.inter"),
+    ],
+)
+def test_a_bad_system_names_the_field(edit: Any, field: str) -> None:
+    doc = read_toml(catalogue_dir() / "dgx-a100.toml")
+    edit(doc)
+    with pytest.raises(InputError, match=field.replace(".", r"\.")):
+        parse_system(doc)
+
+
+def test_every_catalogue_system_reads_and_cites_its_sources() -> None:
+    names = catalogue()
+    assert {"dgx1-v100", "dgx-a100", "dgx-h100", "gb200-nvl72", "mi300x-roce", "cpu-100gbe"} <= set(names)
+    for name in names:
+        s = load_system(name)
+        assert s.intra.source and s.inter.source and s.inter.bandwidth_bytes_per_s > 0
+    h100 = load_system("dgx-h100")
+    assert h100.inter.bandwidth_bytes_per_s == pytest.approx(8 * 400e9 / 8 * 0.9)
+    with pytest.raises(InputError, match="predict.ranks_per_node"):
+        h100.cost("allreduce", 9)
+
+
+def predict(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    from hpcdl.cli import main
+
+    code = main(["predict", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+RESNET = ["--preset", "resnet50", "batch_size=64", "--throughput", "400"]
+
+
+def test_two_systems_side_by_side_in_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = predict(
+        capsys,
+        *RESNET,
+        "accumulation_steps=2",
+        "--system",
+        "dgx-a100",
+        "--system",
+        "cpu-100gbe",
+        "--nodes",
+        "1,4",
+        "--json",
+    )
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["schema"] == "hpcdl.prediction" and len(doc["points"]) == 4
+    for row in doc["points"]:
+        assert {
+            "system",
+            "nodes",
+            "ranks",
+            "samples_per_s",
+            "efficiency",
+            "step_s",
+            "comm_s",
+            "step_rse",
+        } <= set(row)
+    a100, cpu = doc["points"][1], doc["points"][3]
+    assert (a100["system"], a100["ranks"], cpu["ranks"]) == ("dgx-a100", 32, 8)
+    assert a100["comm_s"] < cpu["comm_s"]  # NVSwitch and 8 x HDR against shared memory and one 100 GbE
+    assert doc["models"][0]["accumulation_steps"] == 2
+    assert a100["samples_per_s"] == pytest.approx(32 * 64 * 2 / a100["step_s"])
+
+
+def test_two_sweeps_fit_two_levels(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = predict(
+        capsys,
+        "--base", str(REF / "mlp-torch-weak-np1.json"),
+        "--comm", str(REF / "comm-torch.json"),
+        "--comm-inter", str(REF / "comm-horovod.json"),
+        "--ranks-per-node", "2", "--nodes", "1,2", "--json",
+    )  # fmt: skip
+    assert code == 0
+    doc = json.loads(out)
+    assert set(doc["model"]["comms"]["allreduce"]) >= {"intra", "inter", "ranks_per_node"}
+    assert doc["points"][1]["ranks"] == 4 and doc["points"][1]["step_rse"] > 0  # γ, α, β fitted
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [*RESNET, "--system", "dgx-a100", "--nodes", "1" + "0" * 400],
+        [*RESNET, "--system", "dgx-a100", "--nodes", "4097"],
+        [*RESNET, "--system", "no-such-system"],
+        [*RESNET, "--system", "dgx-a100", "--ranks-per-node", "9"],
+        [*RESNET, "accumulation_steps=0", "--system", "dgx-a100"],
+        [*RESNET, "--system", "dgx-a100", "--gamma", "1e12"],
+        ["--preset", "resnet50", "--throughput", "nan", "--system", "dgx-a100"],
+    ],
+)
+def test_predict_system_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], bad: list[str]) -> None:
+    code, out, err = predict(capsys, *bad)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert len(err) < 300
+
+
+def test_a_system_file_of_zero_bandwidth_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    text = (
+        (catalogue_dir() / "cpu-100gbe.toml")
+        .read_text()
+        .replace("bandwidth_GB_s = 20.0", "bandwidth_GB_s = 0")
+    )
+    (tmp_path / "zero.toml").write_text(text)
+    code, _, err = predict(capsys, *RESNET, "--system", str(tmp_path / "zero.toml"))
+    assert code == 2 and "system.intra.bandwidth_GB_s=0" in err
+    os.mkfifo(tmp_path / "fifo.toml")
+    code, _, err = predict(capsys, *RESNET, "--system", str(tmp_path / "fifo.toml"))
+    assert code == 2 and "a FIFO, not a regular file" in err

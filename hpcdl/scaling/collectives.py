@@ -68,6 +68,8 @@ class Hierarchy:
     inter: Comm
     ranks_per_node: int
     collective: str = "allreduce"
+    algorithms: tuple[str, ...] = ("ring", "tree", "hierarchical")
+    """the allreduce algorithms the library has (NCCL before 2.4: ring only)"""
 
     def candidates(self, nbytes: float, p: int, messages: int = 1) -> dict[str, float]:
         """Seconds of each algorithm a library could run at ``p`` ranks."""
@@ -95,7 +97,8 @@ class Hierarchy:
             messages * 2 * log_n * a_out + 2 * nbytes / b_node,
         )
         inside = messages * 2 * (r - 1) * a_in + 2 * (r - 1) / r * nbytes / b_in
-        return {"ring": ring, "tree": tree, "hierarchical": inside + across}
+        costs = {"ring": ring, "tree": tree, "hierarchical": inside + across}
+        return {k: v for k, v in costs.items() if k in self.algorithms} or costs
 
     def time(self, nbytes: float, p: int, messages: int = 1) -> float:
         """The cheapest candidate (the stated rule: a tuned library picks the fastest)."""

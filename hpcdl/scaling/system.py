@@ -149,7 +149,7 @@ def _section(doc: dict[str, Any], key: str) -> dict[str, Any]:
 def parse_system(doc: dict[str, Any], where: str = "") -> System:
     """A :class:`System` from a system file's document; :class:`InputError` names the field."""
     intra, inter = _section(doc, "intra"), _section(doc, "inter")
-    nics = _count(inter, "nics", "inter.", 64)
+    nics = _count(inter, "nics", "inter.", 4096)
     # a link of zero bandwidth is refused here: a bandwidth must be > 0 (1e-9 GB/s at least)
     intra_bw = _number(intra, "bandwidth_GB_s", "intra.", 1e-9) * 1e9
     nic_bw = _number(inter, "nic_Gbit_s", "inter.", 1e-9) * 1e9 / 8
