@@ -117,6 +117,9 @@ def test_predict_cli_against_measured_points(tmp_path: Path) -> None:
     measured = load_record(REF / "mlp-torch-weak-np2.json")["metrics"]["samples_per_s"]
     assert two["measured_samples_per_s"] == measured
     assert two["error"] == pytest.approx((two["samples_per_s"] - measured) / measured)
+    c = load_record(REF / "mlp-torch-weak-np2.json")["metrics"]["communication"]
+    assert two["measured_overlap"] == pytest.approx(max(0.0, 1 - c["exposed_s"] / c["allreduce_s"]))
+    assert 0 <= two["overlap"] <= 1 and two["exposed_comm_s"] <= two["comm_s"]
 
 
 @pytest.mark.parametrize(

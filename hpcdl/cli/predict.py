@@ -173,11 +173,12 @@ def models_from_args(
 
 
 def measured_points(
-    folder: Path, spec: dict[str, Any], mode: str, backend: str
+    folder: Path, spec: dict[str, Any], mode: str, backend: str, accumulation: int = 1
 ) -> dict[int, tuple[float, float | None]]:
     """Measured samples/s and overlap by rank count: the best valid record under ``folder`` of
-    the same workload and backend at each count. Weak scaling keeps the batch per rank; strong
-    scaling the global batch. Overlap is ``1 − exposed_s / allreduce_s`` where both were timed."""
+    the same workload, backend and accumulation steps at each count. Weak scaling keeps the
+    batch per rank; strong scaling the global batch. Overlap is ``1 − exposed_s / allreduce_s``
+    where both were timed."""
 
     def same(r: Result) -> bool:
         s = r.settings
@@ -186,6 +187,7 @@ def measured_points(
             r.validity.passed
             and _but_batch(canonical(r.spec) or {}) == _but_batch(canonical(spec) or spec)
             and batch == spec["batch_size"]
+            and int(r.spec.get(ACCUMULATION, 1)) == accumulation
             and (s.world_size == 1 or s.backend == backend)
         )
 
@@ -210,7 +212,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.ranks_per_node is not None and not 1 <= args.ranks_per_node <= 4096:
         raise InputError("predict.ranks_per_node", args.ranks_per_node, "an integer in 1..4096")
     models, cal, backend = models_from_args(args)
-    measured = measured_points(Path(args.compare), cal.spec, args.mode, backend) if args.compare else {}
+    accumulation = models[0][1].accumulation_steps
+    measured = {}
+    if args.compare:
+        measured = measured_points(Path(args.compare), cal.spec, args.mode, backend, accumulation)
     points: list[dict[str, Any]] = []
     skipped: dict[str, list[int]] = {}
     for label, model, rpn in models:
