@@ -38,6 +38,7 @@ from hpcdl.scaling.collectives import Comm, Cost, Hierarchy
 from hpcdl.scaling.table import scaling_table
 from hpcdl.workloads import moe
 from hpcdl.workloads.registry import spec_from_dict
+from hpcdl.workloads.spec import Spec
 
 __all__ = ["Comm", "Cost", "Hierarchy", "Model", "fit_comm", "model_for", "model_from_records"]
 
@@ -114,8 +115,9 @@ class Model:
             raise InputError("predict.sharded_fraction", self.sharded_fraction, "must be in [0, 1]")
         if not 0 <= self.backward_fraction <= 1:
             raise InputError("predict.backward_fraction", self.backward_fraction, "must be in [0, 1]")
-        if not (0 <= self.cycle_s < math.inf and 0 <= self.gamma_rse < math.inf):
-            raise InputError("predict.cycle_s", self.cycle_s, "cycle and gamma_rse must be >= 0 and finite")
+        for name in ("cycle_s", "gamma_rse"):
+            if not 0 <= getattr(self, name) < math.inf:
+                raise InputError(f"predict.{name}", getattr(self, name), "must be >= 0 and finite")
         for t in self.traffic:
             cost = self.comms.get(t.collective)
             if cost is None:
@@ -393,7 +395,7 @@ def model_for(
     reducing = [n for n in BACKENDS.names() if n != SINGLE]
     if backend not in reducing:
         raise InputError("predict.backend", backend, f"allowed: {', '.join(reducing)}")
-    known = hasattr_knob("accumulation_steps")  # a knob of every spec once the run side has it
+    known = _spec_knows("accumulation_steps")  # a knob of every spec once the run side has it
     workload = spec_from_dict({k: v for k, v in spec.items() if known or k != "accumulation_steps"})
     if accumulation_steps is None:
         accumulation_steps = int(spec.get("accumulation_steps", 1))
@@ -422,10 +424,8 @@ def model_for(
     )
 
 
-def hasattr_knob(name: str) -> bool:
+def _spec_knows(name: str) -> bool:
     """Whether the workload specs know the knob ``name`` (``accumulation_steps`` is new)."""
-    from hpcdl.workloads.spec import Spec
-
     return name in Spec.knobs()
 
 
