@@ -115,34 +115,40 @@ def load_system(name: str) -> System:
     return parse_system(read_toml(path), str(path))
 
 
+def _shown(value: Any) -> Any:
+    """A value short enough for a one-line error (a TOML integer may have 400 digits)."""
+    text = repr(value)
+    return value if len(text) <= 40 else text[:37] + "..."
+
+
 def _number(doc: dict[str, Any], key: str, where: str, low: float, high: float = math.inf) -> float:
     value = doc.get(key)
     field = f"system.{where}{key}"
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(field, value, f"a number in [{low:g}, {high:g}]")
+        raise InputError(field, _shown(value), f"a number in [{low:g}, {high:g}]")
     if not (math.isfinite(value) and low <= value <= high):
-        raise InputError(field, value, f"a finite number in [{low:g}, {high:g}]")
+        raise InputError(field, _shown(value), f"a finite number in [{low:g}, {high:g}]")
     return float(value)
 
 
 def _count(doc: dict[str, Any], key: str, where: str, high: int) -> int:
     value = doc.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-        raise InputError(f"system.{where}{key}", value, f"an integer in 1..{high}")
+        raise InputError(f"system.{where}{key}", _shown(value), f"an integer in 1..{high}")
     return value
 
 
 def _text(doc: dict[str, Any], key: str, where: str) -> str:
     value = doc.get(key)
     if not isinstance(value, str) or not value.strip():
-        raise InputError(f"system.{where}{key}", value, "a non-empty string")
+        raise InputError(f"system.{where}{key}", _shown(value), "a non-empty string")
     return value
 
 
 def _section(doc: dict[str, Any], key: str) -> dict[str, Any]:
     value = doc.get(key)
     if not isinstance(value, dict):
-        raise InputError(f"system.{key}", value, f"a [{key}] table")
+        raise InputError(f"system.{key}", _shown(value), f"a [{key}] table")
     return value
 
 
