@@ -1,0 +1,79 @@
+"""CLI commands of submissions and lists: ``hpcdl system init|check``, ``hpcdl package``,
+``hpcdl check`` and ``hpcdl list-site`` (SUBMITTING.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from hpcdl.cli.common import Parser, err
+from hpcdl.errors import InputError
+from hpcdl.records.loader import Unreadable, load_tree
+from hpcdl.submission import system as system_mod
+from hpcdl.submission.describe import from_records
+
+
+def read_description(field: str, path: Path) -> dict[str, Any]:
+    """A description file's object; :class:`InputError` (exit 2) when it does not read."""
+    try:
+        return system_mod.read(path)
+    except Unreadable as e:
+        raise InputError(field, str(path), f"a readable .toml or .json system description ({e})") from None
+
+
+def cmd_system_init(args: argparse.Namespace) -> int:
+    out = Path(args.output)
+    if out.exists() and not args.force:
+        raise InputError("system.output", str(out), "a file that does not exist yet (or --force)")
+    tree = load_tree([Path(args.results)])
+    if not tree.records:
+        raise InputError("system.results", args.results, "a results tree with at least one record")
+    data = from_records([r.result for r in tree.records])
+    text = system_mod.to_toml(data) if out.suffix != ".json" else _json(data)
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise InputError(
+            "system.output", str(out), f"a file that can be written ({e.strerror or e})"
+        ) from None
+    left = [p for p in system_mod.problems(data) if "placeholder (TODO)" in p]
+    print(f"wrote {out} from {len(tree.records)} records; {len(left)} fields to fill in (TODO):")
+    for line in left:
+        print(f"  {line}")
+    return 0
+
+
+def _json(data: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(data, indent=1) + "\n"
+
+
+def cmd_system_check(args: argparse.Namespace) -> int:
+    data = read_description("system.file", Path(args.file))
+    found = system_mod.problems(data)
+    for line in found:
+        print(line)
+    if found:
+        err(f"system check: {args.file}: {len(found)} problems")
+        return 2
+    d = system_mod.parse(data)
+    s = d.system
+    print(f"{args.file}: sound: {s.name}, {s.nodes} nodes, class {d.submission.size_class}")
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    sy = sub.add_parser("system", help="a submission's system description: init from records, check")
+    ss = sy.add_subparsers(dest="system_command", required=True, parser_class=Parser)
+    init = ss.add_parser("init", help="write a description filled from the records, TODO where only you know")
+    init.add_argument("results", help="the results tree (hpcdl run -o DIR)")
+    init.add_argument(
+        "-o", "--output", default="system.toml", help="the file (.toml or .json; default system.toml)"
+    )
+    init.add_argument("--force", action="store_true", help="overwrite the file")
+    init.set_defaults(func=cmd_system_init)
+    ck = ss.add_parser("check", help="check a description: one line per problem, exit 2 on any")
+    ck.add_argument("file", help="the description (.toml or .json)")
+    ck.set_defaults(func=cmd_system_check)
