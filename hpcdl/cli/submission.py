@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +14,10 @@ from hpcdl.cli.common import Parser, err
 from hpcdl.errors import InputError
 from hpcdl.records.loader import Unreadable, load_tree
 from hpcdl.submission import system as system_mod
+from hpcdl.submission.check import check, summary
 from hpcdl.submission.describe import from_records
+from hpcdl.submission.layout import MANIFEST
+from hpcdl.submission.package import NotVerified, package
 
 
 def read_description(field: str, path: Path) -> dict[str, Any]:
@@ -45,8 +51,6 @@ def cmd_system_init(args: argparse.Namespace) -> int:
 
 
 def _json(data: dict[str, Any]) -> str:
-    import json
-
     return json.dumps(data, indent=1) + "\n"
 
 
@@ -64,6 +68,35 @@ def cmd_system_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_package(args: argparse.Namespace) -> int:
+    try:
+        done = package(Path(args.results), Path(args.system), Path(args.output))
+    except NotVerified as e:
+        for line in e.report.problems:
+            print(line)
+        raise
+    kinds = Counter(Path(n).suffix or Path(n).name for n in done.left_out)
+    if kinds:
+        left = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        err(f"package: left out {left} files (figures and pages are made again from the records)")
+    if done.report is not None:
+        print(summary(done.report))
+    print(f"wrote {done.path}: {len(done.files)} files and {MANIFEST}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    path = Path(args.submission)
+    if not path.exists():
+        raise InputError("check.submission", str(path), "an existing NAME.tar.gz or submission folder")
+    with tempfile.TemporaryDirectory(prefix="hpcdl-check-") as tmp:
+        report = check(path, Path(tmp))
+        for line in report.problems:
+            print(f"{report.shown}: {line}")
+        print(summary(report))
+    return 0 if report.ok else 1
+
+
 def add_parsers(sub: Any) -> None:
     sy = sub.add_parser("system", help="a submission's system description: init from records, check")
     ss = sy.add_subparsers(dest="system_command", required=True, parser_class=Parser)
@@ -77,3 +110,13 @@ def add_parsers(sub: Any) -> None:
     ck = ss.add_parser("check", help="check a description: one line per problem, exit 2 on any")
     ck.add_argument("file", help="the description (.toml or .json)")
     ck.set_defaults(func=cmd_system_check)
+
+    pk = sub.add_parser("package", help="bundle results and a system description into NAME.tar.gz")
+    pk.add_argument("results", help="the results tree (hpcdl run -o DIR)")
+    pk.add_argument("--system", required=True, help="the system description (hpcdl system init)")
+    pk.add_argument("-o", "--output", required=True, help="NAME.tar.gz; its folder is NAME/")
+    pk.set_defaults(func=cmd_package)
+
+    ch = sub.add_parser("check", help="verify a submission as a list maintainer: exit 1 on any problem")
+    ch.add_argument("submission", help="NAME.tar.gz or its folder")
+    ch.set_defaults(func=cmd_check)

@@ -38,3 +38,5 @@ PROFILE_VERSION = 1
 FIT = "hpcdl.fit"
 """a fitted proxy: the spec, each figure's error, its verifications (``hpcdl fit``)"""
 FIT_VERSION = 1
+MANIFEST = "hpcdl.manifest"
+"""the SHA-256 of every file of a submission (``hpcdl package``; SUBMITTING.md)"""

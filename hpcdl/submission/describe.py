@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpcdl.records.views import Result
-from hpcdl.results.score import record_class, suite_workload
+from hpcdl.results.score import record_class
 from hpcdl.submission.system import PLACEHOLDER
+from hpcdl.submission.verify import class_runs
 
 
 def todo(what: str) -> str:
@@ -22,16 +23,6 @@ def most_common(values: Sequence[Any]) -> Any:
     return Counter(values).most_common(1)[0][0]
 
 
-def repeats_of(results: Sequence[Result], size_class: str, version: int) -> dict[tuple[str, int], int]:
-    """(suite workload, world size) -> how many records of the class ran it there."""
-    found: Counter[tuple[str, int]] = Counter()
-    for r in results:
-        name = suite_workload(r.spec, size_class) if record_class(r) == (size_class, version) else None
-        if name is not None and r.metrics.target is None:  # time-to-target runs score apart
-            found[(name, r.world_size)] += 1
-    return dict(found)
-
-
 def from_records(results: Sequence[Result]) -> dict[str, Any]:
     """A description object from records (at least one): every fact the records hold, and
     placeholders for the rest."""
@@ -40,7 +31,8 @@ def from_records(results: Sequence[Result]) -> dict[str, Any]:
     env = [r.environment for r in results]
     classes = [c for c in map(record_class, results) if c is not None]
     size_class, version = most_common(classes) if classes else (todo("size class, e.g. S"), 1)
-    counts = repeats_of(results, size_class, version) if classes else {}
+    runs = class_runs(results, lambda r: r, size_class, version) if classes else {}
+    counts = {key: len(found) for key, found in runs.items()}
     nodes = max(r.settings.nodes for r in results)
     accelerators: dict[str, int] = {}
     for e in env:

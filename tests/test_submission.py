@@ -1,0 +1,265 @@
+"""Submissions end to end on the reference results: a description filled from the records,
+two packages that pass ``hpcdl check``, and copies tampered with the ways a careless or hostile
+submitter would (an edited record, a member escaping the root, links, a device file, a
+duplicate, a manifest mismatch, a missing workload), each named in one line; nothing is ever
+written outside the folder an archive is extracted into."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcdl.cli import main
+from hpcdl.records.loader import load_tree
+from hpcdl.submission import system
+from hpcdl.submission.check import check, check_folder, summary
+from hpcdl.submission.describe import from_records
+from hpcdl.submission.package import NotVerified, package
+
+REFERENCE = Path(__file__).resolve().parent.parent / "reference_results"
+SYSTEMS = {
+    "epyc-a": REFERENCE / "cpu-epyc-2core-2026-11-22",
+    "epyc-b": REFERENCE / "cpu-epyc-2core-2026-11-23",
+}
+FILLED = {
+    "submitter": "hpcdl tests",
+    "vendor": "a cloud",
+    "availability": "available",
+    "count": 1,
+    "memory_per_node_gib": 24,
+    "storage": "local disk",
+    "os": "Debian 12",
+    "mpi": "Open MPI 4.1.4",
+    "horovod": "0.28.1",
+}
+
+
+def filled(data: dict[str, Any], name: str) -> dict[str, Any]:
+    """A description from ``system init`` with every TODO answered as a submitter would."""
+    out = json.loads(json.dumps(data))
+    for table in out.values():
+        for key, value in table.items():
+            if isinstance(value, str) and value.startswith(system.PLACEHOLDER):
+                table[key] = FILLED[key]
+    out["system"]["processor"]["count"] = FILLED["count"]
+    out["system"]["name"] = name
+    return out
+
+
+def describe(folder: Path, name: str, dest: Path) -> Path:
+    data = from_records([r.result for r in load_tree([folder]).records])
+    path = dest / f"{name}.toml"
+    path.write_text(system.to_toml(filled(data, name)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Both reference folders packaged (the list site's test builds on these too)."""
+    out = tmp_path_factory.mktemp("submissions")
+    return {
+        name: package(folder, describe(folder, name, out), out / f"{name}-2026-11.tar.gz").path
+        for name, folder in SYSTEMS.items()
+    }
+
+
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def hpcdl_cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., Ran]:
+    """The hpcdl command, in this process (an interpreter with torch takes seconds to start)."""
+
+    def run(*args: str) -> Ran:
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return Ran(code, out, err)
+
+    return run
+
+
+# --- the description --------------------------------------------------------------------------
+
+
+def test_init_fills_what_the_records_know_and_marks_the_rest(
+    tmp_path: Path, hpcdl_cli: Callable[..., Ran]
+) -> None:
+    out = tmp_path / "system.toml"
+    p = hpcdl_cli("system", "init", str(SYSTEMS["epyc-b"]), "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    data = system.read(out)
+    assert data["system"]["processor"]["model"] == "AMD EPYC" and data["system"]["cpus_per_node"] == 2
+    assert data["software"]["torch"] == "2.13.0+cpu" and data["software"]["python"] == "3.11.7"
+    assert (data["submission"]["size_class"], data["submission"]["class_version"]) == ("S", 1)
+    todo = [k for t in data.values() for k, v in t.items() if isinstance(v, str) and v.startswith("TODO")]
+    assert set(todo) == set(FILLED) - {"count"}
+    p = hpcdl_cli("system", "check", str(out))
+    assert p.returncode == 2 and len(p.stdout.splitlines()) == len(todo) + 1  # + processor.count
+    assert all("placeholder (TODO)" in line for line in p.stdout.splitlines())
+
+
+def test_a_bad_description_gets_one_line_per_problem(tmp_path: Path, hpcdl_cli: Callable[..., Ran]) -> None:
+    good = filled(from_records([r.result for r in load_tree([SYSTEMS["epyc-b"]]).records]), "x")
+    assert system.problems(good) == []
+    bad = json.loads(json.dumps(good))
+    del bad["system"]["vendor"]
+    bad["system"]["nodes"] = "two"
+    bad["system"]["availability"] = "soon"
+    bad["system"]["accelerators"] = [{"model": "H100", "count": 0}]
+    bad["software"]["torchh"] = "2.13"
+    bad["submission"]["edition"] = "November"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    p = hpcdl_cli("system", "check", str(path))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 6, lines
+    for field in (
+        "system.vendor is missing",
+        "system.nodes='two'",
+        "system.availability='soon'",
+        "system.accelerators[0].count=0",
+        "software.torchh=",
+        "submission.edition='November'",
+    ):
+        assert sum(line.startswith(field) for line in lines) == 1, (field, lines)
+    (tmp_path / "broken.toml").write_text("[system\n")
+    p = hpcdl_cli("system", "check", str(tmp_path / "broken.toml"))
+    assert p.returncode == 2 and "not TOML" in p.stderr and len(p.stderr.splitlines()) == 1
+
+
+def test_every_field_is_documented_in_submitting_md() -> None:
+    text = (Path(__file__).resolve().parent.parent / "SUBMITTING.md").read_text()
+    # the accelerators' two keys are documented in the row of their list
+    names = {
+        re.sub(r"^system\.accelerators\..*", "system.accelerators", f) for f in system.fields_documented()
+    }
+    assert [f for f in sorted(names) if f"| `{f}` |" not in text] == []
+
+
+# --- packages and checks ----------------------------------------------------------------------
+
+
+def test_both_reference_submissions_pass(
+    packages: dict[str, Path], tmp_path: Path, hpcdl_cli: Callable[..., Ran]
+) -> None:
+    for name, archive in packages.items():
+        work = tmp_path / name
+        work.mkdir()
+        report = check(archive, work)
+        assert report.problems == [], report.problems
+        assert report.verified.score is not None and report.verified.score.score
+        text = summary(report)
+        assert "verdict: PASS" in text and "score" in text and f"system {name}" in text
+    p = hpcdl_cli("check", str(packages["epyc-a"]))
+    assert p.returncode == 0 and "verdict: PASS" in p.stdout, p.stdout + p.stderr
+
+
+def unpacked(archive: Path, dest: Path) -> Path:
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest, filter="data")
+    (root,) = dest.iterdir()
+    return root
+
+
+def add(
+    tar: tarfile.TarFile, name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"x", link: str = ""
+) -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    info.size = len(data) if kind == tarfile.REGTYPE else 0
+    tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+
+
+def test_a_tampered_submission_fails_with_one_line_per_problem(
+    packages: dict[str, Path], tmp_path: Path, hpcdl_cli: Callable[..., Ran]
+) -> None:
+    root = unpacked(packages["epyc-b"], tmp_path / "src")
+    name = root.name
+    suite2 = root / "results" / "suite-np2"
+    record = next(suite2.glob("*-cnn-resnet-small.json"))  # an edited figure
+    doc = json.loads(record.read_text())
+    doc["metrics"]["samples_per_s"] *= 1.5
+    record.write_text(json.dumps(doc))
+    for f in suite2.glob("*-mlp-wide*"):  # a missing workload
+        f.unlink()
+    log = root / "results" / "suite-np1.txt"  # a log changed after packaging
+    log.write_text(log.read_text() + "one more line\n")
+    archive = tmp_path / "tampered.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(root, arcname=name)
+        add(tar, "../escaped.txt")
+        add(tar, "/tmp/absolute.txt")
+        add(tar, f"{name}/results/link.json", tarfile.SYMTYPE, link="/etc/passwd")
+        add(tar, f"{name}/results/hard.json", tarfile.LNKTYPE, link=f"{name}/manifest.json")
+        add(tar, f"{name}/results/dev", tarfile.CHRTYPE)
+        add(tar, f"{name}/results/suite-np1.txt")  # a second member of one name
+    work = tmp_path / "work"
+    work.mkdir()
+    report = check(archive, work)
+    lines = report.problems
+    expect = {
+        "'../escaped.txt': a path that escapes": 1,
+        "'/tmp/absolute.txt': an absolute path": 1,
+        "link.json': a symbolic link": 1,
+        "hard.json': a hard link": 1,
+        "results/dev': a device file": 1,
+        "suite-np1.txt': appears twice": 1,
+        "results/suite-np1.txt: its SHA-256 or size differs from the manifest": 1,
+        "cnn-resnet-small.json: its SHA-256 or size differs": 1,
+        "cnn-resnet-small.json: digest mismatch": 1,
+        "-mlp-wide.json: in the manifest but missing": 1,
+        "at 2 ranks: workload mlp-wide missing": 1,
+        "at 2 ranks: workload cnn-resnet-small missing": 1,  # its only record is refused
+    }
+    for text, n in expect.items():
+        assert sum(text in line for line in lines) == n, (text, lines)
+    assert len(lines) == len(expect) + 1, "\n".join(lines)  # + the mlp-wide steps file missing
+    assert not (tmp_path / "escaped.txt").exists() and not Path("/tmp/absolute.txt").exists()
+    assert sorted(p.name for p in work.iterdir()) == [name]  # nothing beside the submission's folder
+    p = hpcdl_cli("check", str(archive))
+    assert p.returncode == 1 and "verdict: FAIL, 13 problems" in p.stdout and "Traceback" not in p.stderr
+
+
+def test_a_folder_with_a_link_or_an_added_record_fails(packages: dict[str, Path], tmp_path: Path) -> None:
+    root = unpacked(packages["epyc-a"], tmp_path / "src")
+    (root / "results" / "passwd.json").symlink_to("/etc/passwd")
+    first = next((root / "results" / "suite-np1").glob("*-mlp-wide.json"))
+    steps = first.parent / json.loads(first.read_text())["steps_file"]
+    shutil.copy(first, root / "results" / "again.json")  # the same record twice
+    shutil.copy(steps, root / "results" / steps.name)
+    link = check_folder(root, "folder").problems
+    assert sum("passwd.json: a symbolic link, not a regular file" in x for x in link) == 1, link
+    assert sum("not verified while 1 links" in x for x in link) == 1, link
+    (root / "results" / "passwd.json").unlink()
+    lines = check_folder(root, "folder").problems
+    assert sum("again.json: not in the manifest" in x for x in lines) == 1, lines
+    assert sum(": duplicate of" in x for x in lines) == 1, lines
+
+
+def test_package_refuses_results_that_do_not_verify(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    shutil.copytree(SYSTEMS["epyc-b"] / "suite-np1", results / "suite-np1")
+    record = next(results.glob("suite-np1/*-rnn-lstm-lm.json"))
+    doc = json.loads(record.read_text())
+    doc["metrics"]["ai_ops_per_s"] *= 2
+    record.write_text(json.dumps(doc))
+    desc = describe(SYSTEMS["epyc-b"], "epyc-b", tmp_path)
+    with pytest.raises(NotVerified) as e:
+        package(results, desc, tmp_path / "x.tar.gz")
+    assert any("rnn-lstm-lm.json: digest mismatch" in x for x in e.value.report.problems)
+    assert not list(tmp_path.glob("*.tar.gz")) and not list(tmp_path.glob(".*tmp*"))
