@@ -18,6 +18,7 @@ from hpcdl.submission.check import check, summary
 from hpcdl.submission.describe import from_records
 from hpcdl.submission.layout import MANIFEST
 from hpcdl.submission.package import NotVerified, package
+from hpcdl.submission.site import build
 
 
 def read_description(field: str, path: Path) -> dict[str, Any]:
@@ -97,6 +98,24 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_list_site(args: argparse.Namespace) -> int:
+    paths = [Path(p) for p in args.submissions]
+    for p in paths:
+        if not p.exists():
+            raise InputError("list-site.submission", str(p), "an existing NAME.tar.gz or submission folder")
+    out = Path(args.output)
+    site = build(paths, out, say=err)
+    for r in site.refused:
+        for line in r.problems:
+            print(f"{r.shown}: {line}")
+    lists = site.lists()
+    print(
+        f"wrote {out / 'index.html'}: {len(lists)} lists, {len(site.systems)} systems, "
+        f"{len(site.refused)} submissions not listed"
+    )
+    return 0 if not site.refused else 1
+
+
 def add_parsers(sub: Any) -> None:
     sy = sub.add_parser("system", help="a submission's system description: init from records, check")
     ss = sy.add_subparsers(dest="system_command", required=True, parser_class=Parser)
@@ -120,3 +139,8 @@ def add_parsers(sub: Any) -> None:
     ch = sub.add_parser("check", help="verify a submission as a list maintainer: exit 1 on any problem")
     ch.add_argument("submission", help="NAME.tar.gz or its folder")
     ch.set_defaults(func=cmd_check)
+
+    ls = sub.add_parser("list-site", help="publish checked submissions as a static list site")
+    ls.add_argument("submissions", nargs="+", help="NAME.tar.gz files or submission folders")
+    ls.add_argument("-o", "--output", default="site", help="the site's folder (default: site)")
+    ls.set_defaults(func=cmd_list_site)
