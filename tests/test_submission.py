@@ -6,13 +6,14 @@ written outside the folder an archive is extracted into."""
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import re
 import shutil
 import tarfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,13 @@ import pytest
 
 from hpcdl.cli import main
 from hpcdl.records.loader import load_tree
+from hpcdl.results import ranking as rank_mod
 from hpcdl.submission import system
 from hpcdl.submission.check import check, check_folder, summary
 from hpcdl.submission.describe import from_records
+from hpcdl.submission.manifest import sum_file
 from hpcdl.submission.package import NotVerified, package
+from hpcdl.submission.site import Site, build
 
 REFERENCE = Path(__file__).resolve().parent.parent / "reference_results"
 SYSTEMS = {
@@ -62,14 +66,23 @@ def describe(folder: Path, name: str, dest: Path) -> Path:
     return path
 
 
+def suites(folder: Path, dest: Path) -> Path:
+    """A reference folder's suite at 1 and 2 ranks, with its logs: a complete class S."""
+    for part in ("suite-np1", "suite-np2"):
+        shutil.copytree(folder / part, dest / part)
+        shutil.copy(folder / f"{part}.txt", dest)
+    return dest
+
+
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Both reference folders packaged (the list site's test builds on these too)."""
+    """The suites of both reference folders packaged (the list site's tests build on these)."""
     out = tmp_path_factory.mktemp("submissions")
-    return {
-        name: package(folder, describe(folder, name, out), out / f"{name}-2026-11.tar.gz").path
-        for name, folder in SYSTEMS.items()
-    }
+    made = {}
+    for name, folder in SYSTEMS.items():
+        results = suites(folder, out / f"{name}-results")
+        made[name] = package(results, describe(results, name, out), out / f"{name}-2026-11.tar.gz").path
+    return made
 
 
 @dataclass
@@ -263,3 +276,108 @@ def test_package_refuses_results_that_do_not_verify(tmp_path: Path) -> None:
         package(results, desc, tmp_path / "x.tar.gz")
     assert any("rnn-lstm-lm.json: digest mismatch" in x for x in e.value.report.problems)
     assert not list(tmp_path.glob("*.tar.gz")) and not list(tmp_path.glob(".*tmp*"))
+
+
+# --- the list site ----------------------------------------------------------------------------
+
+# Loads every page of the site in a frame and writes, once every image of every page has loaded
+# or failed, how many pages and images there are and which did not load, where --dump-dom
+# prints it (the approach of test_report_browser.py, for several pages at once).
+HARNESS = """<!doctype html><html><body>%s<pre id="verdict">pending</pre>
+<script>
+const frames = Array.from(document.querySelectorAll("iframe"));
+const loaded = frames.map(f => new Promise(r => f.addEventListener("load", () => r(f))));
+Promise.all(loaded).then(fs => {
+  const images = fs.flatMap(f => Array.from(f.contentDocument.images));
+  const settled = images.map(i => i.complete ? null : new Promise(r => { i.onload = r; i.onerror = r; }));
+  Promise.all(settled).then(() => {
+    const broken = images.filter(i => i.naturalWidth === 0).map(i => i.getAttribute("src"));
+    const titles = fs.map(f => f.contentDocument.title);
+    document.getElementById("verdict").textContent = JSON.stringify({images: images.length, broken, titles});
+  });
+});
+</script></body></html>
+"""
+
+
+@pytest.fixture(scope="module")
+def site(packages: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Site]:
+    """The site of both submissions, a later edition of epyc-a (the same records submitted
+    again) and a submission of class S version 2, which this hpcdl cannot verify."""
+    work = tmp_path_factory.mktemp("site-inputs")
+    later = unpacked(packages["epyc-a"], work / "later")
+    text = (later / "system.toml").read_text().replace('edition = "2026-11-22"', 'edition = "2026-12"')
+    (later / "system.toml").write_text(text)
+    _reseal(later)
+    other = unpacked(packages["epyc-b"], work / "v2")
+    (other / "system.toml").write_text(
+        (other / "system.toml").read_text().replace("class_version = 1", "class_version = 2")
+    )
+    _reseal(other)
+    out = tmp_path_factory.mktemp("site") / "site"
+    built = build([packages["epyc-a"], packages["epyc-b"], later, other], out, say=lambda _m: None)
+    return out, built
+
+
+def _reseal(root: Path) -> None:
+    """The manifest made again after the description was edited, as a submitter would repackage."""
+    doc = json.loads((root / "manifest.json").read_text())
+    doc["files"]["system.toml"] = asdict(sum_file(root / "system.toml", "system.toml"))
+    (root / "manifest.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.slow  # the site's fixture draws two reports (about 15 s on a loaded 2-core machine)
+def test_the_site_lists_each_class_version_with_exports(
+    site: tuple[Path, Site], packages: dict[str, Path]
+) -> None:
+    out, built = site
+    (refused,) = built.refused
+    assert refused.problems == [
+        "submission.class_version=2 is invalid: this hpcdl has class S version 1 only; "
+        "check it with an hpcdl of that version"
+    ]
+    rows = list(csv.DictReader(open(out / "class-S-v1.csv")))
+    assert [(r["rank"], r["system"], r["edition"]) for r in rows] == [
+        ("1", "epyc-b", "2026-11-23"),
+        ("2", "epyc-a", "2026-12"),  # its latest edition
+    ]
+    for r in rows:  # the score is results.score's, the same that hpcdl rank gives these records
+        folder = suites(SYSTEMS[r["system"]], out.parent / f"ranked-{r['system']}")
+        (scored,) = rank_mod.rank([(r["system"], folder)]).systems
+        assert float(r["score_ai_ops_per_s"]) == scored.score and float(r["efficiency"]) == scored.efficiency
+    doc = json.loads((out / "class-S-v1.json").read_text())
+    assert (doc["class"], doc["class_version"], len(doc["systems"])) == ("S", 1, 2)
+    index = (out / "index.html").read_text()
+    assert "class-S-v1.html" in index and "submission.class_version=2" in index
+    history = (out / "systems" / "epyc-a.html").read_text()
+    assert history.count(">report</a>") == 2 and ">2026-11-22<" in history and ">2026-12<" in history
+    assert len(list((out / "reports").iterdir())) == 2  # the same results submitted twice: one report
+    assert "<script" not in index + history and "http" not in index + history  # nothing external
+
+
+@pytest.mark.slow
+def test_the_site_opens_in_chromium(site: tuple[Path, Site], tmp_path: Path) -> None:
+    """Every page (the index, the class list, each system) loads with every figure and a quiet
+    console; screenshots of the index and a system page are pages, not blanks."""
+    from test_report_browser import PNG_SIGNATURE, browse
+
+    out, _ = site
+    pages = ["index.html", "class-S-v1.html", "systems/epyc-a.html", "systems/epyc-b.html"]
+    frames = "".join(f'<iframe src="{p}" width="1280" height="2000"></iframe>' for p in pages)
+    (out / "check.html").write_text(HARNESS % frames)
+    p = browse(out, "--allow-file-access-from-files", "--dump-dom", (out / "check.html").as_uri())
+    found = re.search(r'<pre id="verdict">([^<]*)</pre>', p.stdout)
+    assert found, p.stdout[-2000:] + p.stderr[-2000:]
+    verdict = json.loads(found.group(1))
+    console = [line for line in p.stderr.splitlines() if ":CONSOLE" in line]
+    assert verdict["broken"] == [] and console == [], (verdict, console)
+    assert verdict["images"] >= 2 * 5 and verdict["titles"] == [
+        "hpcdl lists",
+        "hpcdl list: Class S, suite version 1: smoke test: CPU minutes; the default of hpcdl run",
+        "hpcdl system epyc-a",
+        "hpcdl system epyc-b",
+    ]
+    for page, least in (("index.html", 20_000), ("systems/epyc-b.html", 100_000)):
+        shot = tmp_path / "shot.png"
+        p = browse(out, "--window-size=1280,2400", f"--screenshot={shot}", (out / page).as_uri())
+        assert p.returncode == 0 and shot.read_bytes()[:8] == PNG_SIGNATURE and shot.stat().st_size > least

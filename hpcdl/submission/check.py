@@ -30,6 +30,7 @@ class Report:
     problems: list[str] = field(default_factory=list)
     files: int = 0
     bytes: int = 0
+    manifest: manifest.Manifest | None = None
 
     @property
     def ok(self) -> bool:
@@ -59,7 +60,8 @@ def check_folder(root: Path, shown: str) -> Report:
     report.files, report.bytes = len(entries), sum(e.size for e in entries)
     odd = [e for e in entries if e.kind != "file"]  # each named by the manifest's check
     try:
-        problems += manifest.verify(root, manifest.read(root))
+        report.manifest = manifest.read(root)
+        problems += manifest.verify(root, report.manifest)
     except Unreadable as e:
         problems.append(f"{manifest.MANIFEST}: {e}")
     report.description = _description(root, problems)

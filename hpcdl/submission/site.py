@@ -8,6 +8,7 @@ apart with their problems, never ranked."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import tempfile
@@ -79,6 +80,7 @@ def build(paths: Sequence[Path], out: Path, say: Callable[[str], None] = print) 
     site = Site()
     with tempfile.TemporaryDirectory(prefix="hpcdl-list-") as tmp, output_dir("list.output", out):
         owners: dict[str, str] = {}  # record digest -> the system whose submission holds it
+        made: set[str] = set()
         for i, path in enumerate(paths):
             work = Path(tmp) / str(i)
             work.mkdir()
@@ -86,14 +88,25 @@ def build(paths: Sequence[Path], out: Path, say: Callable[[str], None] = print) 
             say(f"list-site: {path}: {'verified' if report.ok else f'{len(report.problems)} problems'}")
             _admit(site, report, owners)
         for e in site.entries:
-            e.report_dir = f"systems/{e.name}/{e.edition}-{e.list_key[0]}{e.list_key[1]}"
+            e.report_dir = f"reports/{results_id(e.report)}"
+            if e.report_dir in made:
+                continue  # the same results submitted again (another edition): one report
             assert e.report.root is not None
             try:
                 write_report([e.report.root / RESULTS], out / e.report_dir, say=lambda _m: None)
             except HpcdlError as err:  # a report needs records; a verified submission has them
                 say(f"list-site: no report for {e.name} {e.edition}: {err}")
+            made.add(e.report_dir)
         write_site(site, out)
     return site
+
+
+def results_id(report: Report) -> str:
+    """The results' identity: a hash of their manifest entries (names and checksums), so that
+    the same results submitted twice share one report."""
+    files = report.manifest.files if report.manifest else {}
+    text = "\n".join(f"{n} {s.sha256}" for n, s in sorted(files.items()) if n.startswith(f"{RESULTS}/"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _admit(site: Site, report: Report, owners: dict[str, str]) -> None:
