@@ -21,6 +21,7 @@ import pytest
 
 from hpcdl.cli import main
 from hpcdl.records.loader import load_tree
+from hpcdl.records.store import seal
 from hpcdl.results import ranking as rank_mod
 from hpcdl.submission import system
 from hpcdl.submission.check import check, check_folder, summary
@@ -262,6 +263,44 @@ def test_a_folder_with_a_link_or_an_added_record_fails(packages: dict[str, Path]
     lines = check_folder(root, "folder").problems
     assert sum("again.json: not in the manifest" in x for x in lines) == 1, lines
     assert sum(": duplicate of" in x for x in lines) == 1, lines
+
+
+def test_a_description_that_disagrees_with_the_records_fails(
+    packages: dict[str, Path], tmp_path: Path
+) -> None:
+    root = unpacked(packages["epyc-b"], tmp_path / "src")
+    text = (root / "system.toml").read_text()
+    for old, new in (
+        ('model = "AMD EPYC"', 'model = "Intel Xeon"'),
+        ('torch = "2.13.0+cpu"', 'torch = "2.12.0"'),
+        ("cpus_per_node = 2", "cpus_per_node = 64"),
+    ):
+        assert old in text
+        text = text.replace(old, new)
+    (root / "system.toml").write_text(text)
+    record = next((root / "results" / "suite-np2").glob("*-mlp-wide.json"))
+    doc = json.loads(record.read_text())  # rank counts that disagree, under a digest made again
+    doc["settings"]["global_batch"] += 1
+    doc["settings"]["nodes"] = 2
+    record.write_text(json.dumps(seal(doc)))
+    _reseal(root)
+    lines = check_folder(root, "folder").problems
+    assert lines == [
+        "results/suite-np2/20261123-060445-mlp-wide.json: its SHA-256 or size differs from the manifest's "
+        "(changed after packaging)",
+        "results/suite-np2/20261123-060445-mlp-wide.json: settings.global_batch=257 is not batch_per_rank x "
+        "world_size (128 x 2)",
+        "results/suite-np2/20261123-060445-mlp-wide.json: settings.nodes=2, settings.hosts=['vm']: its ranks "
+        "ran on 1 hosts (vm)",
+        "system.toml: software.torch='2.12.0' is invalid: 10 records say '2.13.0+cpu' "
+        "(first: results/suite-np1/20261123-060325-attention-gpt-mini.json)",
+        "system.toml: system.cpus_per_node='64' is invalid: 10 records say '2' "
+        "(first: results/suite-np1/20261123-060325-attention-gpt-mini.json)",
+        "system.toml: system.processor.model='Intel Xeon' is invalid: 10 records say 'AMD EPYC' "
+        "(first: results/suite-np1/20261123-060325-attention-gpt-mini.json)",
+        "system.toml: system.nodes='1' is invalid: 1 records say '2 nodes used' "
+        "(first: results/suite-np2/20261123-060445-mlp-wide.json)",
+    ], "\n".join(lines)
 
 
 def test_package_refuses_results_that_do_not_verify(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from hpcdl.cli.common import Parser, err
 from hpcdl.errors import InputError
 from hpcdl.records.loader import Unreadable, load_tree
 from hpcdl.submission import system as system_mod
-from hpcdl.submission.check import check, summary
+from hpcdl.submission.check import check, is_archive, summary
 from hpcdl.submission.describe import from_records
 from hpcdl.submission.layout import MANIFEST
 from hpcdl.submission.package import NotVerified, package
@@ -86,10 +86,16 @@ def cmd_package(args: argparse.Namespace) -> int:
     return 0
 
 
+def submission_path(field: str, text: str) -> Path:
+    """A submission named on the command line: an archive or a folder that exists."""
+    path = Path(text)
+    if not (path.is_dir() or (path.is_file() and is_archive(path))):
+        raise InputError(field, text, "an existing NAME.tar.gz (.tgz, .tar) or submission folder")
+    return path
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    path = Path(args.submission)
-    if not path.exists():
-        raise InputError("check.submission", str(path), "an existing NAME.tar.gz or submission folder")
+    path = submission_path("check.submission", args.submission)
     with tempfile.TemporaryDirectory(prefix="hpcdl-check-") as tmp:
         report = check(path, Path(tmp))
         for line in report.problems:
@@ -99,10 +105,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_list_site(args: argparse.Namespace) -> int:
-    paths = [Path(p) for p in args.submissions]
-    for p in paths:
-        if not p.exists():
-            raise InputError("list-site.submission", str(p), "an existing NAME.tar.gz or submission folder")
+    paths = [submission_path("list-site.submission", p) for p in args.submissions]
     out = Path(args.output)
     site = build(paths, out, say=err)
     for r in site.refused:

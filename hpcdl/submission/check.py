@@ -56,6 +56,9 @@ def check_folder(root: Path, shown: str) -> Report:
     """Check a submission's folder (see ``layout``)."""
     report = Report(shown, root)
     problems = report.problems
+    if root.is_symlink() or not root.is_dir():
+        problems.append(f"{shown}: not a submission folder or a .tar.gz, .tgz or .tar archive")
+        return report
     entries = [e for e in walk(root) if e.kind != "dir"]
     report.files, report.bytes = len(entries), sum(e.size for e in entries)
     odd = [e for e in entries if e.kind != "file"]  # each named by the manifest's check
@@ -64,31 +67,32 @@ def check_folder(root: Path, shown: str) -> Report:
         problems += manifest.verify(root, report.manifest)
     except Unreadable as e:
         problems.append(f"{manifest.MANIFEST}: {e}")
-    report.description = _description(root, problems)
+    report.description, described = _description(root, problems)
     results = root / RESULTS
     if results.is_symlink() or not results.is_dir():
         problems.append(f"{RESULTS}/: missing (a submission's records live there)")
     elif odd:  # records are read only from a folder of regular files: a link is never followed
         problems.append(f"{RESULTS}/: not verified while {len(odd)} links or special files are present")
     elif report.description is not None:
-        report.verified = verify(root, results, report.description)
+        report.verified = verify(root, results, report.description, described)
         problems += report.verified.problems
     return report
 
 
-def _description(root: Path, problems: list[str]) -> Description | None:
+def _description(root: Path, problems: list[str]) -> tuple[Description | None, str]:
+    """The submission's description and its file's name (None, with the problems, if unsound)."""
     present = [n for n in DESCRIPTIONS if (root / n).exists() or (root / n).is_symlink()]
     if len(present) != 1:
         problems.append(f"the submission holds {len(present)} of {' or '.join(DESCRIPTIONS)}, not one")
-        return None
+        return None, ""
     try:
         data = system.read(root / present[0])
     except Unreadable as e:
         problems.append(f"{present[0]}: {e}")
-        return None
+        return None, present[0]
     found = system.problems(data)
     problems += [f"{present[0]}: {line}" for line in found]
-    return None if found else system.parse(data)
+    return (None if found else system.parse(data)), present[0]
 
 
 def summary(r: Report) -> str:

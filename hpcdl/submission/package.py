@@ -83,7 +83,10 @@ def package(results: Path, description: Path, out: Path) -> Packaged:
 
 def _stage(results: Path, description: Path, stage: Path, done: Packaged) -> None:
     """Copy what a submission holds into ``stage`` (links and special files refused)."""
-    entries = list(walk(results))
+    try:
+        entries = list(walk(results))
+    except OSError as e:
+        raise InputError("package.results", str(results), f"a directory that can be read ({e})") from None
     refused = [f"{e.name}: {e.kind}, not a regular file" for e in entries if e.kind not in ("file", "dir")]
     if refused:
         raise InputError("package.results", str(results), "regular files only: " + "; ".join(refused[:5]))

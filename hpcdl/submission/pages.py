@@ -141,8 +141,14 @@ def index_page(
     parts += [f"<li>{link(f'systems/{s}.html', s)}</li>" for s in systems]
     parts.append("</ul>")
     parts.append(f"<h2>Submissions not listed ({len(refused)})</h2>")
-    parts.append(table(["submission", "problems"], [[r.shown, "; ".join(r.problems)] for r in refused]))
+    parts.append(table(["submission", "problems"], [[r.shown, _problems(r.problems)] for r in refused]))
     return document("hpcdl lists", "".join(parts), up=None)
+
+
+def _problems(lines: Sequence[str], most: int = 10) -> str:
+    """A submission's problems, the first ``most`` of them (``hpcdl check`` prints them all)."""
+    more = f"; and {len(lines) - most} more (hpcdl check prints every one)" if len(lines) > most else ""
+    return "; ".join(lines[:most]) + more
 
 
 def _description_rows(e: Entry) -> list[list[str]]:

@@ -51,16 +51,16 @@ class Verified:
     score: SystemScore | None = None
 
 
-def verify(root: Path, results: Path, d: Description) -> Verified:
-    """Verify the results tree ``results`` of the submission folder ``root`` against ``d``;
-    paths in the lines are relative to ``root``."""
+def verify(root: Path, results: Path, d: Description, described: str = "system.toml") -> Verified:
+    """Verify the results tree ``results`` of the submission folder ``root`` against ``d`` (read
+    from the file ``described``); paths in the lines are relative to ``root``."""
     out = Verified()
     accepted, rejected, _ = collect([(d.system.name, results)])
     out.accepted = accepted[d.system.name]
     out.problems += [f"{_rel(x.path, root)}: {x.reason}" for x in rejected]
     for a in out.accepted:
         out.problems += [f"{_rel(str(a.path), root)}: {p}" for p in rank_counts(a.result)]
-    out.problems += consistency(d, out.accepted, root)
+    out.problems += consistency(d, out.accepted, root, described)
     out.problems += completeness(d, out)
     return out
 
@@ -79,7 +79,8 @@ def rank_counts(r: Result) -> list[str]:
             f"({s.batch_per_rank} x {s.world_size})"
         )
     if s.nodes != len(hosts) or sorted(set(s.hosts)) != sorted(hosts):
-        problems.append(f"settings.nodes={s.nodes} (hosts {s.hosts}), but its ranks ran on {sorted(hosts)}")
+        ran = f"{len(hosts)} hosts ({', '.join(sorted(hosts))})"
+        problems.append(f"settings.nodes={s.nodes}, settings.hosts={s.hosts}: its ranks ran on {ran}")
     return problems
 
 
@@ -118,9 +119,9 @@ def completeness(d: Description, out: Verified) -> list[str]:
     return problems
 
 
-def consistency(d: Description, accepted: Sequence[Audit], root: Path) -> list[str]:
-    """The description against every record's environment and settings: one line per field
-    and value that disagrees, with how many records and the first of them."""
+def consistency(d: Description, accepted: Sequence[Audit], root: Path, described: str) -> list[str]:
+    """The description (the file ``described``) against every record's environment and
+    settings: one line per field and value that disagrees, with how many records and the first."""
     found: dict[tuple[str, str, str], list[str]] = {}
     sw, sy = d.software, d.system
     accelerators = {a.model: a.count for a in sy.accelerators}
@@ -150,8 +151,8 @@ def consistency(d: Description, accepted: Sequence[Audit], root: Path) -> list[s
             if stated != recorded:
                 found.setdefault((name, stated, recorded), []).append(_rel(str(a.path), root))
     return [
-        f"{name}={stated!r} is invalid: {len(paths)} records say {recorded!r} (first: {paths[0]})"
-        for (name, stated, recorded), paths in found.items()
+        f"{described}: {name}={stated!r} is invalid: {len(where)} records say {said!r} (first: {where[0]})"
+        for (name, stated, said), where in found.items()
     ]
 
 
