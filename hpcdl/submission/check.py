@@ -106,7 +106,7 @@ def summary(r: Report) -> str:
         lines += [
             f"system {s.name} ({s.vendor}, {s.availability}) by {d.submission.submitter}, "
             f"edition {d.submission.edition}",
-            f"  {s.nodes} nodes of {s.processor.count} x {s.processor.model} ({s.cpus_per_node} CPUs), "
+            f"  nodes: {s.nodes}, each {s.processor.count} x {s.processor.model} ({s.cpus_per_node} CPUs), "
             f"{s.memory_per_node_gib:g} GiB, {accel}; interconnect {s.interconnect}; storage {s.storage}",
             f"  {sw.os}; Python {sw.python}, torch {sw.torch}, hpcdl {sw.hpcdl}, MPI {sw.mpi}, "
             f"Horovod {sw.horovod}" + (f", CUDA {sw.cuda}, driver {sw.driver}" if sw.cuda else ""),
@@ -116,7 +116,7 @@ def summary(r: Report) -> str:
         if v.runs:
             lines.append(
                 f"class {d.submission.size_class} version {d.submission.class_version}, "
-                f"{d.submission.repeats} repeats stated (samples/s: olympic mean of the repeats):"
+                f"repeats stated: {d.submission.repeats} (samples/s: the olympic mean of the repeats):"
             )
             head = ["workload", "ranks", "records", "samples/s", "spread"]
             lines += ["  " + x for x in table(head, summary_rows(v)).splitlines()]

@@ -131,7 +131,7 @@ def _line(path: str, value: Any, allowed: str) -> str:
 
 def _check(cls: type, data: Any, where: str, found: list[str]) -> None:
     if not isinstance(data, Mapping):
-        found.append(_line(where or "description", data, "a table (object) of fields"))
+        found.append(_line(where.rstrip(".") or "description", data, "a table (object) of fields"))
         return
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
@@ -269,5 +269,5 @@ def to_toml(data: Mapping[str, Any], comments: bool = True) -> str:
 
 
 def _toml_line(key: str, value: Any, text: str | None, comments: bool) -> str:
-    line = f"{key} = {json.dumps(value)}"  # a JSON string or number is a TOML one too
+    line = f"{key} = {json.dumps(value, ensure_ascii=False)}"  # a JSON string or number is a TOML one too
     return f"{line}  # {text}" if comments and text else line

@@ -173,4 +173,5 @@ def score_line(s: SystemScore | None) -> str:
         f", efficiency {s.efficiency:.1%} from {s.efficiency_base} ranks" if s.efficiency is not None else ""
     )
     energy = si(s.ai_ops_per_watt, "FLOP/J") if s.ai_ops_per_watt else "not measured"
-    return f"score {si(s.score, 'FLOP/s')} at {s.world_size} ranks on {s.nodes} nodes{eff}; energy: {energy}"
+    where = f"{s.world_size} ranks on {s.nodes} node" + ("s" if s.nodes != 1 else "")
+    return f"score {si(s.score, 'FLOP/s')} at {where}{eff}; energy: {energy}"
