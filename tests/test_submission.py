@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from hpcdl.cli import main
-from hpcdl.records.loader import load_tree
+from hpcdl.records.loader import MAX_JSON_BYTES, load_tree
 from hpcdl.records.store import seal
 from hpcdl.results import ranking as rank_mod
 from hpcdl.submission import system
@@ -36,7 +36,7 @@ SYSTEMS = {
     "epyc-b": REFERENCE / "cpu-epyc-2core-2026-11-23",
 }
 FILLED = {
-    "submitter": "hpcdl tests",
+    "submitter": "hpcdl <b>tests</b> & co",  # markup that the site must show as text
     "vendor": "a cloud",
     "availability": "available",
     "count": 1,
@@ -222,6 +222,8 @@ def test_a_tampered_submission_fails_with_one_line_per_problem(
         add(tar, f"{name}/results/hard.json", tarfile.LNKTYPE, link=f"{name}/manifest.json")
         add(tar, f"{name}/results/dev", tarfile.CHRTYPE)
         add(tar, f"{name}/results/suite-np1.txt")  # a second member of one name
+        add(tar, f"{name}/results/fifo", tarfile.FIFOTYPE)
+        add(tar, f"{name}/results/huge.json", data=b" " * (MAX_JSON_BYTES + 1))
     work = tmp_path / "work"
     work.mkdir()
     report = check(archive, work)
@@ -233,6 +235,8 @@ def test_a_tampered_submission_fails_with_one_line_per_problem(
         "hard.json': a hard link": 1,
         "results/dev': a device file": 1,
         "suite-np1.txt': appears twice": 1,
+        "results/fifo': a FIFO": 1,
+        f"huge.json': {MAX_JSON_BYTES + 1} bytes, more than the {MAX_JSON_BYTES}": 1,
         "results/suite-np1.txt: its SHA-256 or size differs from the manifest": 1,
         "cnn-resnet-small.json: its SHA-256 or size differs": 1,
         "cnn-resnet-small.json: digest mismatch": 1,
@@ -246,7 +250,7 @@ def test_a_tampered_submission_fails_with_one_line_per_problem(
     assert not (tmp_path / "escaped.txt").exists() and not Path("/tmp/absolute.txt").exists()
     assert sorted(p.name for p in work.iterdir()) == [name]  # nothing beside the submission's folder
     p = hpcdl_cli("check", str(archive))
-    assert p.returncode == 1 and "verdict: FAIL, 13 problems" in p.stdout and "Traceback" not in p.stderr
+    assert p.returncode == 1 and "verdict: FAIL, 15 problems" in p.stdout and "Traceback" not in p.stderr
 
 
 def test_a_folder_with_a_link_or_an_added_record_fails(packages: dict[str, Path], tmp_path: Path) -> None:
@@ -392,6 +396,7 @@ def test_the_site_lists_each_class_version_with_exports(
     assert history.count(">report</a>") == 2 and ">2026-11-22<" in history and ">2026-12<" in history
     assert len(list((out / "reports").iterdir())) == 2  # the same results submitted twice: one report
     assert "<script" not in index + history and "http" not in index + history  # nothing external
+    assert "hpcdl &lt;b&gt;tests&lt;/b&gt; &amp; co" in history and "<b>tests" not in index + history
 
 
 @pytest.mark.slow
