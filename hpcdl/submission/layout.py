@@ -48,11 +48,18 @@ class Entry:
 
 
 def walk(root: Path) -> Iterator[Entry]:
-    """Every entry under ``root``, without following symbolic links, in a stable order."""
+    """Every entry under ``root``, without following symbolic links, in a stable order; a folder
+    that cannot be listed is an entry of its own kind."""
     stack = [root]
     while stack:
         folder = stack.pop()
-        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        try:
+            found = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as e:  # named as an entry of its own kind: a problem wherever it is seen
+            name = folder.relative_to(root).as_posix()
+            yield Entry(name, f"a folder that cannot be listed ({e.strerror})", 0)
+            continue
+        for entry in found:
             st = entry.stat(follow_symlinks=False)
             name = Path(entry.path).relative_to(root).as_posix()
             if stat.S_ISDIR(st.st_mode):
