@@ -390,6 +390,8 @@ def test_the_site_lists_each_class_version_with_exports(
         assert float(r["score_ai_ops_per_s"]) == scored.score and float(r["efficiency"]) == scored.efficiency
     doc = json.loads((out / "class-S-v1.json").read_text())
     assert (doc["class"], doc["class_version"], len(doc["systems"])) == ("S", 1, 2)
+    records = [w["record"] for score in doc["scores"] for w in score["workloads"].values()]
+    assert len(records) == 10 and all(r.startswith("results/suite-np2/") for r in records), records
     index = (out / "index.html").read_text()
     assert "class-S-v1.html" in index and "submission.class_version=2" in index
     history = (out / "systems" / "epyc-a.html").read_text()

@@ -11,6 +11,7 @@ import csv
 import hashlib
 import io
 import json
+import os
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -85,6 +86,7 @@ def build(paths: Sequence[Path], out: Path, say: Callable[[str], None] = print) 
             work = Path(tmp) / str(i)
             work.mkdir()
             report = check(path, work)
+            report.shown = path.name  # published: the submission's name, not the maintainer's path
             say(f"list-site: {path}: {'verified' if report.ok else f'{len(report.problems)} problems'}")
             _admit(site, report, owners)
         for e in site.entries:
@@ -179,6 +181,16 @@ def row(place: int, e: Entry) -> dict[str, Any]:
     }
 
 
+def published_score(e: Entry) -> dict[str, Any]:
+    """The full score as ``results.score`` gave it, each record named by its path inside the
+    submission (``results/...``), not by where the checker extracted it."""
+    doc = asdict(e.score)
+    root = os.path.abspath(e.report.root or ".")
+    for w in doc["workloads"].values():
+        w["record"] = Path(os.path.relpath(os.path.abspath(w["record"]), root)).as_posix()
+    return doc
+
+
 def list_name(key: tuple[str, int]) -> str:
     return f"class-{key[0]}-v{key[1]}"
 
@@ -199,7 +211,7 @@ def write_site(site: Site, out: Path) -> None:
             "class": key[0],
             "class_version": key[1],
             "systems": rows,
-            "scores": [asdict(e.score) for e in entries],
+            "scores": [published_score(e) for e in entries],
         }
         (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
         (out / f"{name}.html").write_text(pages.list_page(key, entries), encoding="utf-8")
