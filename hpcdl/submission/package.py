@@ -62,7 +62,13 @@ def package(results: Path, description: Path, out: Path) -> Packaged:
         raise InputError("package.output", str(out), "a file in an existing directory")
     name = match.group(1)
     done = Packaged(out)
-    with tempfile.TemporaryDirectory(prefix=".hpcdl-package-", dir=out.parent) as tmp:
+    try:
+        staging = tempfile.TemporaryDirectory(prefix=".hpcdl-package-", dir=out.parent)
+    except OSError as e:
+        raise InputError(
+            "package.output", str(out), f"a folder that can be written ({e.strerror or e})"
+        ) from None
+    with staging as tmp:
         # Staged as the folder the archive will hold, so that it is checked exactly as a list
         # maintainer will check it, before the archive exists.
         stage = Path(tmp) / name
@@ -103,14 +109,18 @@ def _stage(results: Path, description: Path, stage: Path, done: Packaged) -> Non
         (f"system{description.suffix}", description)
     ]:
         dest = stage / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
         try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
             with open_regular(src, limit_of(rel), "a file of this kind may hold in a submission") as f:
                 with open(dest, "wb") as w:
                     while chunk := f.read(1 << 20):
                         w.write(chunk)
         except Unreadable as e:
             raise InputError("package.results", str(src), f"a file a submission may hold ({e})") from None
+        except OSError as e:  # staging beside the output: a full disk
+            raise InputError(
+                "package.output", str(stage.parent.parent), f"room to stage ({e.strerror or e})"
+            ) from None
         sums[rel] = manifest.sum_file(dest, rel)
         done.files.append(rel)
     (stage / MANIFEST).write_text(json.dumps(manifest.document(sums), indent=1) + "\n")

@@ -77,11 +77,11 @@ class Site:
 
 
 def build(paths: Sequence[Path], out: Path, say: Callable[[str], None] = print) -> Site:
-    """Check every submission, then write the site into ``out``."""
+    """Check every submission, then write the site into ``out``; :class:`InputError` when
+    ``out`` cannot be written."""
     site = Site()
-    with tempfile.TemporaryDirectory(prefix="hpcdl-list-") as tmp, output_dir("list.output", out):
+    with tempfile.TemporaryDirectory(prefix="hpcdl-list-") as tmp:
         owners: dict[str, str] = {}  # record digest -> the system whose submission holds it
-        made: set[str] = set()
         for i, path in enumerate(paths):
             work = Path(tmp) / str(i)
             work.mkdir()
@@ -89,18 +89,25 @@ def build(paths: Sequence[Path], out: Path, say: Callable[[str], None] = print) 
             report.shown = path.name  # published: the submission's name, not the maintainer's path
             say(f"list-site: {path}: {'verified' if report.ok else f'{len(report.problems)} problems'}")
             _admit(site, report, owners)
-        for e in site.entries:
-            e.report_dir = f"reports/{results_id(e.report)}"
-            if e.report_dir in made:
-                continue  # the same results submitted again (another edition): one report
-            assert e.report.root is not None
-            try:
-                write_report([e.report.root / RESULTS], out / e.report_dir, say=lambda _m: None)
-            except HpcdlError as err:  # a report needs records; a verified submission has them
-                say(f"list-site: no report for {e.name} {e.edition}: {err}")
-            made.add(e.report_dir)
-        write_site(site, out)
+        with output_dir("list.output", out):  # only writing the site below: its errors are out's
+            _reports(site, out, say)
+            write_site(site, out)
     return site
+
+
+def _reports(site: Site, out: Path, say: Callable[[str], None]) -> None:
+    """``hpcdl report`` of each entry's results, once per distinct set of results."""
+    made: set[str] = set()
+    for e in site.entries:
+        e.report_dir = f"reports/{results_id(e.report)}"
+        if e.report_dir in made:
+            continue  # the same results submitted again (another edition): one report
+        assert e.report.root is not None
+        try:
+            write_report([e.report.root / RESULTS], out / e.report_dir, say=lambda _m: None)
+        except HpcdlError as err:  # a report needs records; a verified submission has them
+            say(f"list-site: no report for {e.name} {e.edition}: {err}")
+        made.add(e.report_dir)
 
 
 def results_id(report: Report) -> str:
