@@ -307,7 +307,7 @@ def test_a_description_that_disagrees_with_the_records_fails(
     ], "\n".join(lines)
 
 
-def test_package_refuses_results_that_do_not_verify(tmp_path: Path) -> None:
+def test_package_refuses_results_that_do_not_verify(tmp_path: Path, hpcdl_cli: Callable[..., Ran]) -> None:
     results = tmp_path / "results"
     shutil.copytree(SYSTEMS["epyc-b"] / "suite-np1", results / "suite-np1")
     record = next(results.glob("suite-np1/*-rnn-lstm-lm.json"))
@@ -318,6 +318,9 @@ def test_package_refuses_results_that_do_not_verify(tmp_path: Path) -> None:
     with pytest.raises(NotVerified) as e:
         package(results, desc, tmp_path / "x.tar.gz")
     assert any("rnn-lstm-lm.json: digest mismatch" in x for x in e.value.report.problems)
+    p = hpcdl_cli("package", str(results), "--system", str(desc), "-o", str(tmp_path / "x.tar.gz"))
+    assert p.returncode == 1 and p.stdout.splitlines() == e.value.report.problems
+    assert p.stderr.strip().endswith("does not verify (2 problems); nothing written"), p.stderr
     assert not list(tmp_path.glob("*.tar.gz")) and not list(tmp_path.glob(".*tmp*"))
 
 
