@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hpcdl.cli import capacity, comm, jobs, predict, proxy, results, run, sweep, workloads
+from hpcdl.cli import capacity, comm, jobs, predict, proxy, results, run, submission, sweep, workloads
 from hpcdl.cli.common import Parser, err
 from hpcdl.errors import HpcdlError, InputError, RunFailed
 from hpcdl.parallel.world import end_all_ranks, rank_of_process
@@ -19,7 +19,7 @@ from hpcdl.parallel.world import end_all_ranks, rank_of_process
 def build_parser() -> Parser:
     p = Parser(prog="hpcdl", description="Benchmark a system on generated deep-learning training workloads.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for group in (run, sweep, capacity, workloads, comm, jobs, results, predict, proxy):
+    for group in (run, sweep, capacity, workloads, comm, jobs, results, predict, proxy, submission):
         group.add_parsers(sub)
     return p
 

@@ -30,7 +30,12 @@ REPEATS = "hpcdl.repeats"
 CAPACITY = "hpcdl.capacity"
 """the summary of concurrent instances (``hpcdl capacity``)"""
 
-NOT_RECORDS = (SUITE, SWEEP, COMM, RANKING, JOBS, COLLECTED, CAPS, REPEATS, CAPACITY)
+MANIFEST = "hpcdl.manifest"
+"""the SHA-256 of every file of a submission (``hpcdl package``; SUBMITTING.md)"""
+LIST = "hpcdl.list"
+"""one list of a list site: a class version's systems and scores (``hpcdl list-site``)"""
+
+NOT_RECORDS = (SUITE, SWEEP, COMM, RANKING, JOBS, COLLECTED, CAPS, REPEATS, CAPACITY, MANIFEST, LIST)
 """documents that sit among records but are not records to rank or report one by one"""
 PROFILE = "hpcdl.profile"
 """what one training step of a model costs (``hpcdl profile``; METRICS.md, "Profiles")"""

@@ -322,6 +322,16 @@ class Environment:
     torch: str
     hpcdl: str
     git: str | None = None
+    os: str = ""
+    """``platform.platform()`` of rank 0's host (kernel and C library)"""
+    python: str = ""
+    cuda: str | None = None
+    """``torch.version.cuda``; None on a CPU build"""
+    cpu_model: str = ""
+    cpu_count: int | None = None
+    """logical CPUs of rank 0's host"""
+    gpus: list[str] = field(default_factory=list)
+    """the accelerators rank 0's host shows, by name"""
     slurm_job_id: str | None = None
     slurm: dict[str, str] | None = None
     cap: dict[str, Any] | None = None
