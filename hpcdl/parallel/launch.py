@@ -117,14 +117,21 @@ def stop_requested() -> bool:
 def not_stopped() -> None:
     """Raise :class:`StoppedByLauncher` when the run was stopped (:func:`stop_requested`); called
     by rank 0 just before a record takes its name."""
+    gone = launchers_gone()
+    if gone:
+        raise StoppedByLauncher(f"the run's launcher (pid {gone[0]}) is gone; its record is not written")
     if stop_requested():
         raise StoppedByLauncher("the run was stopped by its launcher; its record is not written")
 
 
-def _pid_space() -> str:
-    """This kernel and pid namespace: where a pid names the same process as here."""
-    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return f"{boot}.{os.readlink('/proc/self/ns/pid').strip('pid:[]')}"
+def _pid_space() -> str | None:
+    """This kernel and pid namespace: where a pid names the same process as here (None where
+    /proc does not say: then no launcher is named or checked, as before this rule)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}.{os.readlink('/proc/self/ns/pid').strip('pid:[]')}"
+    except OSError:
+        return None
 
 
 def _start_time(pid: int) -> str | None:
@@ -139,7 +146,8 @@ def _start_time(pid: int) -> str | None:
 
 def launcher_env() -> dict[str, str]:
     """``LAUNCHERS_ENV`` for a child of this process: the launchers this one has, and itself."""
-    me = f"{_pid_space()}/{os.getpid()}/{_start_time(os.getpid())}"
+    space, start = _pid_space(), _start_time(os.getpid())
+    me = f"{space}/{os.getpid()}/{start}" if space and start else ""
     return {LAUNCHERS_ENV: ",".join(filter(None, [os.environ.get(LAUNCHERS_ENV, ""), me]))}
 
 
@@ -147,11 +155,12 @@ def launchers_gone() -> list[int]:
     """The pids of this process's launchers that are no longer alive. A launcher in another pid
     space (rank 0 on another node than ``mpirun``) cannot be seen from here and is left out:
     there ``mpirun``, which dies with the launcher, ends the ranks."""
-    space, gone = None, []
-    for entry in filter(None, os.environ.get(LAUNCHERS_ENV, "").split(",")):
+    chain = [entry for entry in os.environ.get(LAUNCHERS_ENV, "").split(",") if entry]
+    space = _pid_space() if chain else None
+    gone = []
+    for entry in chain:
         where, _, rest = entry.partition("/")
         pid, _, start = rest.partition("/")
-        space = space or _pid_space()
         if where == space and pid.isdigit() and _start_time(int(pid)) != start:
             gone.append(int(pid))
     return gone
