@@ -3,8 +3,7 @@ ranks started by ``mpirun``), run one after another; what hpcdl uses where no ba
 is installed. The job id is the pid of submitit's controller process, which starts the point's
 process and forwards SIGTERM to it; the point ends on SIGTERM (its ``mpirun`` and ranks too),
 which is how :meth:`Local.cancel` works. The point also ends, writing no record, when
-``hpcdl submit`` dies (its pid is the point's launcher, ``launch.LAUNCHERS_ENV``) or the
-controller does (parent-death signal).
+``hpcdl submit`` dies (``submit.as_launcher``) or the controller does (parent-death signal).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from hpcdl.parallel.launch import launcher_env
 from hpcdl.schedulers.builtin import submitit_missing
 from hpcdl.schedulers.entry import PointTask, launch_command
 from hpcdl.schedulers.logs import error_line, log_error
@@ -61,9 +59,8 @@ class Local:
         ex.update_parameters(timeout_min=job.time_min, gpus_per_node=job.gpus_per_node, tasks_per_node=1)
         # the controller inherits this process's environment: the job's variables go there,
         # not into submitit's setup commands, which would put a shell between hpcdl and the
-        # controller that does not pass SIGTERM on; and this process as the point's launcher,
-        # so that the point ends with it, even killed by SIGKILL (launch.end_with_launchers)
-        with exported({**job.environment(), **launcher_env()}):
+        # controller that does not pass SIGTERM on
+        with exported(job.environment()):
             sub = ex.submit(PointTask(point, "here"))
         return Handle(str(sub.job_id), sub.paths.folder)
 
