@@ -101,7 +101,10 @@ def test_a_disk_that_fills_up_leaves_no_half_pair_and_the_older_record_intact(mo
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(4)
+    assert run.stderr is not None
+    for line in run.stderr:  # timing: past the up-front check (a fixed sleep was not, under load)
+        if "timed" in line and "steps in" in line:
+            break
     with open(disk / "filler", "wb") as f:
         try:
             while True:
