@@ -13,7 +13,7 @@ from hpcdl.errors import InputError
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.environment import environment
 from hpcdl.measure.runner import rank_device
-from hpcdl.parallel.launch import launch
+from hpcdl.parallel.launch import launch, not_stopped
 from hpcdl.parallel.world import init_world, under_mpi
 from hpcdl.records import schema
 from hpcdl.records.store import seal, write_record
@@ -89,6 +89,7 @@ def cmd_comm(args: argparse.Namespace) -> int:
                 "environment": environment(device),
             }
         )
+        not_stopped()  # the stop rule of records: only while the launcher still wants it
         err(f"wrote {write_record(record, args.output)}")
     if args.json:
         print(json.dumps(result, indent=1))

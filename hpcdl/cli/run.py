@@ -13,13 +13,13 @@ import torch
 from hpcdl.cli.common import add_workload_options, err, suite_class, workload_specs
 from hpcdl.cli.progress import LiveLine
 from hpcdl.cli.run_options import add_run_options, run_config
-from hpcdl.errors import InputError
+from hpcdl.errors import HpcdlError, InputError
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.device import resolve_device
 from hpcdl.measure.peaks import has_bf16
 from hpcdl.measure.runner import RunResult, preflight, run
 from hpcdl.parallel.launch import launch
-from hpcdl.parallel.world import World, init_world, under_mpi
+from hpcdl.parallel.world import World, init_world, others_wait, under_mpi
 from hpcdl.records import mllog, repeats, schema
 from hpcdl.records.store import read_steps, write_record
 from hpcdl.records.views import Target
@@ -121,7 +121,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         results[label] = res
         say(f"{prefix}: {res.result.metrics.samples_per_s:.1f} samples/s -> {res.path}")
         if args.mllog and world.rank == 0 and res.steps_path is not None:
-            mllog.append(Path(args.mllog), mllog.run_lines(res.result, read_steps(res.steps_path), started))
+            with others_wait(world):  # the next repeat's collectives: a failed log ends every rank
+                append_log(Path(args.mllog), mllog.run_lines(res.result, read_steps(res.steps_path), started))
     if world.rank != 0:
         return 0  # rank 0 reports, and its exit code is the run's
     headers = [
@@ -161,6 +162,14 @@ def check_log(path: Path) -> None:
             pass
     except OSError as e:
         raise InputError("mllog", str(path), f"a file hpcdl can append to ({e.strerror or e})") from None
+
+
+def append_log(path: Path, lines: list[str]) -> None:
+    """Append to the MLPerf log; a log that cannot be written is one line (the record stays)."""
+    try:
+        mllog.append(path, lines)
+    except OSError as e:
+        raise HpcdlError(f"the log --mllog {path} could not be written: {e.strerror or e}") from None
 
 
 def target_text(target: Target) -> str:

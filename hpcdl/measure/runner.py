@@ -39,9 +39,9 @@ from hpcdl.measure.watchdog import Watchdog
 from hpcdl.parallel.backends import Backend, gradient_bytes, make_backend, resolve_backend_name
 from hpcdl.parallel.checks import one_step_equivalence, parameter_digest
 from hpcdl.parallel.commbench import backend_time
-from hpcdl.parallel.launch import stop_requested
+from hpcdl.parallel.launch import not_stopped
 from hpcdl.parallel.placement import full_parameters, spread
-from hpcdl.parallel.world import World, init_world
+from hpcdl.parallel.world import World, init_world, others_wait
 from hpcdl.records.build import build_record
 from hpcdl.records.store import check_name, check_output, seal, write_pair
 from hpcdl.records.views import Result, read_result
@@ -167,7 +167,8 @@ def make_source(spec: Spec, cfg: RunConfig, device: torch.device, world: World) 
     io: dict[str, Any] = {}
     if world.rank == 0 and not h5data.has_shards(spec, cfg.data_dir):
         batches = max(cfg.pool_batches, 2) * world.size  # every rank gets its own batches
-        io["write"] = h5data.write_shards(spec, cfg.data_dir, batches=batches).to_dict()
+        with others_wait(world):
+            io["write"] = h5data.write_shards(spec, cfg.data_dir, batches=batches).to_dict()
     world.barrier()
     io["read"] = h5data.read_throughput(
         cfg.data_dir, cfg.data_workers, rank=world.rank, ranks=world.size
@@ -338,8 +339,9 @@ def run(
     ranks = world.gather(mine)
     name = name or f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.family}"
     result = RunResult({}, None, None)
-    if ranks is not None:  # rank 0
-        result = finish(spec, cfg, device, ranks, backend_name, name, output_dir, fit)
+    if ranks is not None:  # rank 0; the others wait for its result
+        with others_wait(world):
+            result = finish(spec, cfg, device, ranks, backend_name, name, output_dir, fit)
     return world.bcast(result)
 
 
@@ -353,13 +355,6 @@ def heartbeat_dir(output_dir: str | Path | None, world: World) -> Path | None:
     return base / ".hpcdl-heartbeats" / name
 
 
-def not_stopped() -> None:
-    """Raise when the launcher decided to stop this run (a timeout, a signal): such a run never
-    writes a record, even when its ranks got on with it in the moment before they ended."""
-    if stop_requested():
-        raise HpcdlError("the run was stopped by its launcher; its record is not written")
-
-
 def finish(
     spec: Spec,
     cfg: RunConfig,
@@ -370,7 +365,8 @@ def finish(
     output_dir: str | Path | None,
     fit: Fit | None = None,
 ) -> RunResult:
-    """Rank 0: build, seal and write the record and the per-step file (rank 0's steps)."""
+    """Rank 0: build, seal and write the record and the per-step file (rank 0's steps), unless
+    the run's launcher no longer wants it (``launch.not_stopped``, checked at the last moment)."""
     record = build_record(spec, cfg, device, ranks, backend, name, fit)
     if output_dir is None:
         return RunResult(seal(record), None, None)

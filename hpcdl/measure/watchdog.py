@@ -13,6 +13,7 @@ rank whose last step is oldest. Ranks that finished training say so and are left
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -64,7 +65,10 @@ class Watchdog:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self._beat(done=True)  # finished: the others no longer expect steps from this rank
+        # finished: the others no longer expect steps from this rank. A directory that went
+        # away or filled up fails no finished measurement: the record's write says so if it must
+        with contextlib.suppress(OSError):
+            self._beat(done=True)
 
     def _beat(self, done: bool) -> None:
         beat = {

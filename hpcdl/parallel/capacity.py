@@ -35,6 +35,7 @@ from hpcdl.errors import HpcdlError, InputError
 from hpcdl.measure import caps
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.runner import RunResult, run
+from hpcdl.parallel.launch import not_stopped
 from hpcdl.parallel.world import World, end_all_ranks, init_world, world_of
 from hpcdl.records import schema
 from hpcdl.records.store import write_record
@@ -255,6 +256,7 @@ def run_capacity(
         return None
     views = [read_result(r) for r in records if r is not None]
     summary = summarize(name, spec, layout, read_result(alone.record), views, placements, note)
+    not_stopped()  # as each instance's record: only while the launcher still wants it
     write_record(summary, out / f"{name}-capacity.json")
     return summary
 

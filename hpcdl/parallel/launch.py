@@ -13,7 +13,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from types import FrameType
 
@@ -66,11 +68,16 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
 def stop_signals_raise() -> Iterator[None]:
     """SIGTERM and SIGHUP raise :class:`Terminated` while inside, so that ``finally`` blocks run
     (a process ended by a signal's default action runs none); only the main thread can handle
-    signals, elsewhere this does nothing."""
+    signals, elsewhere this does nothing. A signal this process ignores stays ignored: under
+    ``nohup`` (SIGHUP ignored, and so in every child) a closed terminal ends nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {
+        s: signal.signal(s, _raise_terminated)
+        for s in (signal.SIGTERM, signal.SIGHUP)
+        if signal.getsignal(s) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:
@@ -87,20 +94,102 @@ TIMED_OUT = 124
 STOP_ENV = "HPCDL_STOP_FILE"
 """the file whose existence tells rank 0 that its launcher decided to stop the run: a run that
 was stopped (a timeout, a signal) never writes a record, even if its ranks go on a little"""
+LAUNCHERS_ENV = "HPCDL_LAUNCHERS"
+"""the hpcdl processes that launched this one and still want its record (``hpcdl run --np``,
+a sweep, ``hpcdl submit`` running points here), comma-separated, each ``SPACE/PID/START``
+(SPACE: the kernel's boot id and pid namespace; START: the process's start time, so that a
+reused pid is not taken for it). A launcher killed with SIGKILL cannot mark its run stopped;
+its absence says so instead."""
 PR_SET_PDEATHSIG = 1
 
 
+class StoppedByLauncher(HpcdlError):
+    """The run's launcher decided to stop it, or is gone: its record is not written."""
+
+
 def stop_requested() -> bool:
-    """Whether the launcher of this process decided to stop the run."""
+    """Whether whoever launched this process no longer wants its record: a launcher decided to
+    stop the run (``STOP_ENV``), or one of its launchers is no longer alive."""
     path = os.environ.get(STOP_ENV)
-    return bool(path) and os.path.exists(str(path))
+    return (bool(path) and os.path.exists(str(path))) or bool(launchers_gone())
 
 
-def _die_with_parent() -> None:
-    """In the child, before it runs: SIGTERM when the launcher dies, even by SIGKILL (Linux's
-    parent-death signal), so that mpirun and its ranks never outlive it."""
+def not_stopped() -> None:
+    """Raise :class:`StoppedByLauncher` when the run was stopped (:func:`stop_requested`); called
+    by rank 0 just before a record takes its name."""
+    gone = launchers_gone()
+    if gone:
+        raise StoppedByLauncher(f"the run's launcher (pid {gone[0]}) is gone; its record is not written")
+    if stop_requested():
+        raise StoppedByLauncher("the run was stopped by its launcher; its record is not written")
+
+
+def _pid_space() -> str | None:
+    """This kernel and pid namespace: where a pid names the same process as here (None where
+    /proc does not say: then no launcher is named or checked, as before this rule)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}.{os.readlink('/proc/self/ns/pid').strip('pid:[]')}"
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> str | None:
+    """The start time of a live process (clock ticks since boot), None when there is none or
+    it has ended (a zombie not yet reaped by its parent is ended)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]  # state is field 3, starttime 22
+
+
+def launcher_env() -> dict[str, str]:
+    """``LAUNCHERS_ENV`` for a child of this process: the launchers this one has, and itself."""
+    space, start = _pid_space(), _start_time(os.getpid())
+    me = f"{space}/{os.getpid()}/{start}" if space and start else ""
+    return {LAUNCHERS_ENV: ",".join(filter(None, [os.environ.get(LAUNCHERS_ENV, ""), me]))}
+
+
+def launchers_gone() -> list[int]:
+    """The pids of this process's launchers that are no longer alive. A launcher in another pid
+    space (rank 0 on another node than ``mpirun``) cannot be seen from here and is left out:
+    there ``mpirun``, which dies with the launcher, ends the ranks."""
+    chain = [entry for entry in os.environ.get(LAUNCHERS_ENV, "").split(",") if entry]
+    space = _pid_space() if chain else None
+    gone = []
+    for entry in chain:
+        where, _, rest = entry.partition("/")
+        pid, _, start = rest.partition("/")
+        if where == space and pid.isdigit() and _start_time(int(pid)) != start:
+            gone.append(int(pid))
+    return gone
+
+
+def end_with_launchers(poll_s: float = 0.25) -> None:
+    """SIGTERM to this process as soon as one of its launchers is gone (checked every
+    ``poll_s`` by a daemon thread): for a process whose parent is not its launcher (a point
+    that submitit's local controller started for ``hpcdl submit``), which no parent-death
+    signal reaches."""
+
+    def watch() -> None:
+        while not launchers_gone():
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    if os.environ.get(LAUNCHERS_ENV):
+        threading.Thread(target=watch, name="hpcdl-launchers", daemon=True).start()
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """SIGTERM to this process when its parent dies, even by SIGKILL (Linux's parent-death
+    signal). Called in a launcher's child before it runs, so that mpirun and its ranks never
+    outlive it, and by a process started by another's hand (a point of ``hpcdl submit``).
+    ``parent``: the pid the parent had; gone already (it died before this call), SIGTERM now."""
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def launch(np: int, argv: Sequence[str], timeout_s: float | None = None) -> int:
@@ -112,14 +201,16 @@ def launch(np: int, argv: Sequence[str], timeout_s: float | None = None) -> int:
 
 
 def supervise(cmd: list[str], what: str, timeout_s: float | None) -> int:
-    """Run ``cmd`` in its own session and return its exit code. A timeout, SIGTERM, SIGHUP or
-    Ctrl-C to this process first marks the run stopped (``STOP_ENV``), then ends the whole
-    session; the child also dies with this process (without both, mpirun and its ranks would
-    outlive us and a stopped run could still write its record)."""
+    """Run ``cmd`` in its own session and return its exit code. A timeout, SIGTERM, SIGHUP (unless
+    ignored: ``nohup``) or Ctrl-C to this process first marks the run stopped (``STOP_ENV``),
+    then ends the whole session; the child also dies with this process, and its rank 0 writes
+    no record once this process is gone (``LAUNCHERS_ENV``): without these, mpirun and its ranks
+    would outlive us and a stopped run could still write its record."""
     with tempfile.TemporaryDirectory(prefix="hpcdl-launch-") as private:
         stop = os.path.join(private, "stop")
-        env = {**mpi_env(), STOP_ENV: stop}
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        env = {**mpi_env(), **launcher_env(), STOP_ENV: stop}
+        die = partial(die_with_parent, os.getpid())
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die)
         with stop_signals_raise():
             try:
                 return proc.wait(timeout=timeout_s)

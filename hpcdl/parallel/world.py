@@ -7,9 +7,11 @@ mpi4py is not even imported: a plain ``hpcdl run`` needs no MPI.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +93,19 @@ def end_all_ranks(error: BaseException, code: int = 1) -> None:
         flush=True,
     )
     abort_mpi(code)
+
+
+@contextlib.contextmanager
+def others_wait(world: World) -> Iterator[None]:
+    """Around what one rank does while the others wait for it (rank 0 writing the record or the
+    data): an exception there ends every rank at once (:func:`end_all_ranks`), with its one
+    line, instead of leaving the others waiting in a collective forever."""
+    try:
+        yield
+    except Exception as e:
+        if world.size > 1:
+            end_all_ranks(e, getattr(e, "exit_code", 1))
+        raise
 
 
 def init_world() -> World:

@@ -3,7 +3,9 @@
 A record and its steps file are written as one unit: both to temporary names first, then
 renamed, the record last, under a lock per record name; the steps file's name is the record's
 own (``NAME.<id>.steps.h5``), so a replaced record's pair stays whole until the new record takes
-its place, and no failure (a full disk, a kill) leaves half a pair or breaks an older one.
+its place, and no failure (a full disk, a kill) leaves half a pair or breaks an older one. The
+record's rename is the moment the pair appears: a steps file no record names (a writer killed
+between the two renames) is never read, and the next writer of the name removes it.
 Every record carries a digest over its content; a record edited by hand no longer matches it.
 """
 
@@ -131,10 +133,12 @@ def write_pair(
     try:
         with _name_lock(out, name):
             old_steps = _steps_of(path)
+            _clear_leftovers(out, name, old_steps)
             tmp_steps = _written(out, steps_path.name, image, temps)
             tmp_json = _written(out, path.name, text.encode(), temps)
             proceed()
             os.replace(tmp_steps, steps_path)
+            temps[0] = str(steps_path)  # until the record takes its name, a steps file alone
             os.replace(tmp_json, path)
             temps.clear()
             if old_steps and old_steps != steps_path.name:
@@ -143,6 +147,21 @@ def write_pair(
         for tmp in temps:
             Path(tmp).unlink(missing_ok=True)
     return sealed, path, steps_path
+
+
+def _clear_leftovers(directory: Path, name: str, keep: str | None) -> None:
+    """Remove what a writer of ``name`` killed mid-write left (SIGKILL runs no ``finally``):
+    its temporary files, and a steps file renamed before its record was, which no record names
+    (readers never see either: they read ``*.json`` only, not hidden ones). Only under the
+    name's lock, which every writer holds from its first temporary file to its record's rename:
+    what a live writer has in flight is never taken for a leftover."""
+    stem = re.escape(name)
+    leftover = re.compile(
+        rf"\.{stem}(\.json|\.[0-9a-f]{{12}}\.steps\.h5)\.[^.]+\.tmp|{stem}\.[0-9a-f]{{12}}\.steps\.h5"
+    )
+    for entry in os.scandir(directory):
+        if entry.name != keep and leftover.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+            Path(entry.path).unlink(missing_ok=True)
 
 
 def _written(directory: Path, name: str, data: bytes, temps: list[str]) -> str:

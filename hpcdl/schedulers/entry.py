@@ -28,7 +28,14 @@ from types import FrameType
 from typing import Any, Literal, get_args
 
 from hpcdl.errors import HpcdlError
-from hpcdl.parallel.launch import TERMINATED, Terminated, mpirun_command, supervise
+from hpcdl.parallel.launch import (
+    TERMINATED,
+    Terminated,
+    die_with_parent,
+    end_with_launchers,
+    mpirun_command,
+    supervise,
+)
 from hpcdl.parallel.world import World, end_all_ranks, init_world
 from hpcdl.records import repeats
 from hpcdl.records.store import load_record, write_record
@@ -65,8 +72,11 @@ def run_point(point: Point, start: Start) -> dict[str, Any]:
         return run_rank(point)
     if start == "here":
         # submitit ignores SIGTERM in its jobs (Slurm sends it before a requeue); here it is
-        # how a cancelled point must end, before it writes a record
+        # how a cancelled point must end, before it writes a record. It comes also when
+        # submitit's controller dies, or ``hpcdl submit`` (even by SIGKILL, which cannot cancel)
         signal.signal(signal.SIGTERM, _terminate)
+        die_with_parent()
+        end_with_launchers()
     try:
         return run_launched(point, oversubscribe=start == "here")
     except Terminated:

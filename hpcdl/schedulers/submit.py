@@ -6,10 +6,13 @@ this machine (``here``, e.g. submitit's local executor) the points run one after
 this returns when the last has ended. SIGTERM, SIGHUP or SIGINT to ``hpcdl submit`` stop it
 after the point being submitted; a point running here is cancelled with every process of it,
 so that no record appears later, and :class:`Stopped` carries the exit code (128 + signal).
+Killed with SIGKILL, it cannot cancel: a point running here then finds its launcher gone
+(:func:`as_launcher`), ends and writes no record.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcdl.parallel.backends import resolve_backend_name
+from hpcdl.parallel.launch import LAUNCHERS_ENV, launcher_env
 from hpcdl.schedulers.jobfile import Job
 from hpcdl.schedulers.point import Point, points
 from hpcdl.schedulers.protocol import Scheduler, require
@@ -86,6 +90,26 @@ def noting_signals() -> Iterator[Signals]:
             signal.signal(s, handler)
 
 
+@contextmanager
+def as_launcher(here: bool) -> Iterator[None]:
+    """While a point that runs on this machine starts: this process as its launcher in the
+    environment it inherits (``launch.LAUNCHERS_ENV``), so that the point ends with ``hpcdl
+    submit`` and writes no record, even when SIGKILL leaves it no time to cancel the point.
+    Never for a batch scheduler: its jobs outlive the submission by design."""
+    if not here:
+        yield
+        return
+    before = os.environ.get(LAUNCHERS_ENV)
+    os.environ.update(launcher_env())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(LAUNCHERS_ENV, None)
+        else:
+            os.environ[LAUNCHERS_ENV] = before
+
+
 def submit(
     job: Job,
     scheduler: Scheduler,
@@ -110,7 +134,9 @@ def submit(
                 remember(output, point, None, job, job_file)
                 done.append(Submitted(point, None, "skipped: valid record"))
                 continue
-            entry = remember(output, point, scheduler.submit(job, point), job, job_file)
+            with as_launcher(scheduler.here):
+                handle = scheduler.submit(job, point)
+            entry = remember(output, point, handle, job, job_file)
             job_id = str(entry.job_id)
             if not scheduler.here:
                 layout = f"{point.nodes} node(s) x {point.tasks_per_node} task(s)"

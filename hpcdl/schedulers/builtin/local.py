@@ -2,7 +2,8 @@
 ranks started by ``mpirun``), run one after another; what hpcdl uses where no batch scheduler
 is installed. The job id is the pid of submitit's controller process, which starts the point's
 process and forwards SIGTERM to it; the point ends on SIGTERM (its ``mpirun`` and ranks too),
-which is how :meth:`Local.cancel` works.
+which is how :meth:`Local.cancel` works. The point also ends, writing no record, when
+``hpcdl submit`` dies (``submit.as_launcher``) or the controller does (parent-death signal).
 """
 
 from __future__ import annotations

@@ -1,0 +1,262 @@
+"""The stop rule, for every way a run can end, against every command that launches ranks: a
+record is written only when the run ended normally and whoever launched it still wants it.
+
+Real processes throughout: the launcher is hung up under ``nohup`` (SIGHUP ignored by the
+parent, as ``nohup`` does), which must end nothing, then killed with SIGKILL, which must end
+everything; or rank 0's write fails (the output directory replaced by a file while the ranks
+measure). One run serves both signals of the first fault: ranks are slow to start. A command
+is one row of ``COMMANDS``; a fault is one row of ``FAULTS``; every pair that applies is a
+test. Each asserts that the processes end within a bound, that no orphan runs on (every process
+of the run carries a mark in its environment), that no record, steps file or temporary file is
+left, and the exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from test_schedulers import processes_with, write_job
+
+from hpcdl.parallel.launch import LAUNCHERS_ENV, launcher_env, stop_requested
+from hpcdl.records.loader import load_tree
+from hpcdl.records.store import write_pair
+
+TINY = ["mlp", "layers=1", "width=16", "input_size=8", "output_size=2", "batch_size=4"]
+WINDOW_S = 8  # long enough that every fault lands inside the timed window
+BOUND_S = 30  # every process of a run ends within this after the fault
+TIMED = re.compile(r"timed \d+ steps in")
+
+
+@dataclass(frozen=True)
+class Command:
+    """A command that launches ranks: its arguments writing into ``out`` (``job``: a job file
+    beside it, for ``submit``), and the exit code when rank 0's write fails (None: not a case
+    of its own, the same ``run`` inside)."""
+
+    argv: Callable[[Path, Path], list[str]]
+    write_fails: int | None
+
+
+def _submit(out: Path, job: Path) -> list[str]:
+    run = {"steps": 0, "duration_s": WINDOW_S, "warmup_steps": 2, "min_duration_s": 0.0}
+    workload = dict(kv.split("=") for kv in TINY[1:])
+    write_job(job, name="k", nodes=[2], backend="torch", run=run, output=str(out),
+              workload={"family": "mlp", **{k: int(v) for k, v in workload.items()}})  # fmt: skip
+    return ["submit", str(job), "--executor", "local"]
+
+
+RUN = ["--data", "random", "--duration", str(WINDOW_S), "--min-duration", "0"]
+COMMANDS = {
+    "run": Command(lambda out, _: ["run", "--workload", *TINY, *RUN, "--np", "2", "-o", str(out)], 2),
+    "sweep": Command(
+        lambda out, _: ["sweep", "--workload", *TINY, *RUN, "--np", "2", "--prefix", "k", "-o", str(out)], 2
+    ),
+    "capacity": Command(
+        lambda out, _: ["capacity", "--workload", *TINY, *RUN, "--instances", "2", "-o", str(out)], 2
+    ),
+    "submit": Command(_submit, None),
+}
+
+
+class Launched:
+    """A command started as a user would, in its own session (a terminal's), its output
+    collected by a thread; every process it starts inherits ``mark``."""
+
+    def __init__(self, argv: list[str], out: Path, *, nohup: bool = False) -> None:
+        self.mark = f"hpcdl-kill-{uuid.uuid4().hex}"
+        self.out, self.lines = out, []
+        ignore_hup = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hpcdl", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "HPCDL_TEST_MARK": self.mark, "OMP_NUM_THREADS": "1"},
+            cwd=out.parent,
+            start_new_session=True,
+            preexec_fn=ignore_hup,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def timing(self, within_s: float = 240) -> None:
+        """Return once the ranks time their steps (said on the output, or in a job's log)."""
+        end = time.monotonic() + within_s
+        while not TIMED.search(self.output) and not any(
+            TIMED.search(log.read_text(errors="replace")) for log in self.out.glob("submitit/*/*_log.out")
+        ):
+            assert self.proc.poll() is None and time.monotonic() < end, self.output[-3000:]
+            time.sleep(0.2)
+
+    def ended(self) -> int:
+        """The launcher's exit code, once every process of the run has ended (or fail)."""
+        code = self.proc.wait(timeout=BOUND_S)
+        end = time.monotonic() + BOUND_S
+        while processes_with(self.mark) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert processes_with(self.mark) == [], self.output[-3000:]
+        return code
+
+    def stop(self) -> None:
+        with_mark = processes_with(self.mark)
+        self.proc.kill()
+        for line in with_mark:
+            try:
+                os.kill(int(line.split(":")[0]), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+
+
+def nothing_recorded(out: Path) -> None:
+    """No result record, steps file or temporary file anywhere under ``out``."""
+    assert load_tree([out]).records == []
+    left = [p.name for p in out.rglob("*") if p.name.endswith((".steps.h5", ".tmp"))]
+    assert left == [], left
+
+
+def kill_launcher(run: Launched) -> None:
+    """SIGKILL to the launcher while the ranks time their steps: it cannot say it stops."""
+    run.timing()
+    run.proc.kill()
+    assert run.ended() == -signal.SIGKILL
+    nothing_recorded(run.out)
+
+
+def hang_up_then_kill(run: Launched) -> None:
+    """Under nohup a closed terminal's SIGHUP (to the launcher's whole session) ends nothing:
+    every process runs on; then SIGKILL to the launcher ends them all, with no record."""
+    run.timing()
+    before = sorted(processes_with(run.mark))
+    os.killpg(run.proc.pid, signal.SIGHUP)
+    time.sleep(2)
+    assert run.proc.poll() is None, run.output[-3000:]
+    assert sorted(processes_with(run.mark)) == before
+    kill_launcher(run)
+
+
+def write_fails(run: Launched, code: int) -> None:
+    """Rank 0's write fails (its output directory is replaced by a file while the ranks time
+    their steps): every rank ends at once, one error line, nothing written, the exit code."""
+    run.timing()
+    moved = run.out.with_name("moved")
+    run.out.rename(moved)
+    run.out.write_text("not a directory")
+    assert run.ended() == code, run.output[-3000:]
+    said = [line for line in run.lines if line.startswith("hpcdl:") and "could not be written" in line]
+    assert len(said) == 1 and "Traceback" not in run.output, run.output[-3000:]
+    nothing_recorded(moved)
+
+
+FAULTS = ("hangup-then-kill", "write")
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_run_ends_every_way_without_a_wrong_record(tmp_path: Path, command: str, fault: str) -> None:
+    row = COMMANDS[command]
+    if fault == "write" and row.write_fails is None:
+        pytest.skip(f"{command}: the write is run's own (covered by the run row)")
+    out = tmp_path / "out"
+    out.mkdir()
+    run = Launched(row.argv(out, tmp_path / "job.toml"), out, nohup=fault == "hangup-then-kill")
+    try:
+        if fault == "hangup-then-kill":
+            hang_up_then_kill(run)
+        else:
+            assert row.write_fails is not None
+            write_fails(run, row.write_fails)
+    finally:
+        run.stop()
+
+
+# --- the parts, each on its own: fast, no ranks ------------------------------------------------
+
+
+def test_a_record_is_not_written_once_a_launcher_is_gone(tmp_path: Path) -> None:
+    """A launcher killed with SIGKILL cannot mark its run stopped: rank 0 finds it gone (pid and
+    start time) and writes nothing; a launcher whose pid was reused is gone as well."""
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        env = launcher_env()  # this process as a launcher
+        ours = dict(os.environ)
+        os.environ.update(env)
+        assert not stop_requested()
+        pid_reused = env[LAUNCHERS_ENV].rsplit("/", 1)[0] + "/1"  # this pid, another start time
+        os.environ[LAUNCHERS_ENV] = pid_reused
+        assert stop_requested()
+    finally:
+        os.environ.clear()
+        os.environ.update(ours)
+    # a real run whose launcher (not its parent: no parent-death signal) is killed mid-window
+    script = f"import os; os.environ[{LAUNCHERS_ENV!r}] = {launcher_of(launcher.pid)!r}; " + (
+        "from hpcdl.cli import main; raise SystemExit(main())"
+    )
+    args = ["run", "--workload", *TINY, *RUN, "-o", str(tmp_path)]
+    run = subprocess.Popen([sys.executable, "-c", script, *args], stderr=subprocess.PIPE, text=True)
+    assert run.stderr is not None
+    for line in run.stderr:
+        if TIMED.search(line):
+            break
+    launcher.kill()
+    launcher.wait()
+    rest = run.communicate(timeout=BOUND_S + WINDOW_S)[1]
+    said = f"launcher (pid {launcher.pid}) is gone; its record is not written"
+    assert run.returncode == 2 and said in rest, rest
+    nothing_recorded(tmp_path)
+
+
+def launcher_of(pid: int) -> str:
+    """``LAUNCHERS_ENV`` naming process ``pid`` (read from /proc as launch.py does)."""
+    here = launcher_env()[LAUNCHERS_ENV].split(",")[-1].split("/")[0]
+    start = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    return f"{here}/{pid}/{start}"
+
+
+KILL_BETWEEN_RENAMES = """
+import os, signal, sys
+from hpcdl.records import store
+calls = []
+def replace(src, dst):
+    calls.append(dst)
+    real(src, dst)
+    if len(calls) == 1:  # the steps file has its name, the record not yet
+        os.kill(os.getpid(), signal.SIGKILL)
+real, os.replace = os.replace, replace
+store.write_pair({"id": "0123456789abcdef"}, {"step_s": [0.1]}, sys.argv[1], "r")
+"""
+
+
+def test_a_kill_between_the_two_renames_leaves_no_record_and_the_next_write_clears_it(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL after the steps file took its name and before the record took its own: no
+    record is read from the folder; the next write of the name leaves one whole pair only."""
+    p = subprocess.run([sys.executable, "-c", KILL_BETWEEN_RENAMES, str(tmp_path)], check=False)
+    assert p.returncode == -signal.SIGKILL
+    assert not (tmp_path / "r.json").exists()
+    assert load_tree([tmp_path]).records == [] and not load_tree([tmp_path]).unreadable
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name != ".r.lock")
+    assert left[0].startswith(".r.json.") and left[1] == "r.0123456789ab.steps.h5", left
+    _, path, steps = write_pair({"id": "fedcba9876543210"}, {"step_s": [0.2]}, tmp_path, "r")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".r.lock", path.name, steps.name])
