@@ -162,11 +162,14 @@ def document(path: Path | str, field: str, form: Literal["json", "toml"] = "json
     an :class:`InputError` of ``field`` (the option or key that named the file) otherwise."""
     try:
         data = read_bytes(path)
-        value = parse_toml(data) if form == "toml" else parse_json(data)
     except Unreadable as e:
         raise InputError(field, str(path), f"cannot be read: {e}") from None
+    try:
+        value = parse_toml(data) if form == "toml" else parse_json(data)
+    except Unreadable as e:
+        raise InputError(field, str(path), f"is {e}") from None  # "is not JSON (...)"
     if not isinstance(value, dict):
-        raise InputError(field, str(path), f"a JSON object, not {_json_type(value)}")
+        raise InputError(field, str(path), f"expected a JSON object, not {_json_type(value)}")
     return value
 
 

@@ -18,7 +18,6 @@ checkpoints and requeues the point on preemption).
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal, get_args
 
+from hpcdl import reader
 from hpcdl.errors import HpcdlError
 from hpcdl.parallel.launch import TERMINATED, Terminated, mpirun_command, supervise
 from hpcdl.parallel.world import World, end_all_ranks, init_world
@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.point is None:
         p.error("POINT.json or --submitit FOLDER is required")
     try:
-        out = run_point(Point.from_dict(json.loads(args.point.read_text())), args.start)
+        out = run_point(Point.from_dict(reader.document(args.point, "point")), args.start)
     except HpcdlError as e:
         print(f"hpcdl: error: {e}", file=sys.stderr, flush=True)
         return 2
