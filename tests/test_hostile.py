@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,39 +243,29 @@ def test_every_reader_has_a_wrong_field_row_or_says_where_it_is_tested() -> None
     assert [r.name for r in READERS if r.wrong_field is None] == ["fit record"]
 
 
-# --- end to end: a few commands, exit 2 and one line, nothing run -----------------------------
+# --- end to end: commands, exit 2 and one line, nothing run -------------------------------------
 
 
-def _hpcdl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-    )
+def test_commands_refuse_hostile_documents_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hpcdl fit on a link to /dev/zero, hpcdl sweep under a journal nested 100,000 deep, through
+    the command line's own error path (hpcdl submit on a FIFO, in a subprocess:
+    tests/test_faults.py)."""
+    from hpcdl.cli import main
 
-
-def test_commands_refuse_hostile_documents_in_one_line(tmp_path: Path) -> None:
-    """hpcdl fit on a link to /dev/zero, hpcdl sweep under a journal nested 100,000 deep (hpcdl
-    submit on a FIFO: tests/test_faults.py)."""
     zero, deep = tmp_path / "zero.json", tmp_path / "j" / "caps.json"
     zero.symlink_to("/dev/zero")
     deep.parent.mkdir(mode=0o700)
     deep.write_text("[" * 100_000 + "]" * 100_000)
-    sysfs = fake_sysfs(tmp_path / "sys")
-    runs = [
-        (_hpcdl("fit", str(zero)), "a character device, not a regular file"),
-        (
-            _hpcdl(
-                *("sweep", "--workload", "mlp", "--np", "1", "--steps", "2", "--clock-limit", "1500"),
-                *("-o", str(tmp_path / "out")),
-                env={caps.JOURNAL_ENV: str(deep), caps.SYSFS_ENV: str(sysfs)},
-            ),
-            "JSON nested deeper than 64 levels",
-        ),
-    ]
-    for p, why in runs:
-        lines = [line for line in p.stderr.splitlines() if line.strip()]
-        assert p.returncode == 2 and len(lines) == 1 and why in lines[0], p.stderr
+    monkeypatch.setenv(caps.JOURNAL_ENV, str(deep))
+    monkeypatch.setenv(caps.SYSFS_ENV, str(fake_sysfs(tmp_path / "sys")))
+    sweep = ["sweep", "--workload", "mlp", "--np", "1", "--steps", "2", "--clock-limit", "1500"]
+    for argv, why in [
+        (["fit", str(zero)], "a character device, not a regular file"),
+        ([*sweep, "-o", str(tmp_path / "out")], "JSON nested deeper than 64 levels"),
+    ]:
+        code = main(argv)
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and why in lines[0], lines
     assert not (tmp_path / "out").exists()
