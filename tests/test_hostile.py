@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -269,3 +270,68 @@ def test_commands_refuse_hostile_documents_in_one_line(
         lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert code == 2 and len(lines) == 1 and why in lines[0], lines
     assert not (tmp_path / "out").exists()
+
+
+# --- forged figures: a record edited and sealed again passes its digest ----------------------------
+
+REFERENCE = Path(__file__).parent.parent / "reference_results/cpu-epyc-2core-2026-11-23/suite-np1"
+RECORD = "20261123-060325-mlp-wide"
+TARGET = {"fraction": 0.5, "window_steps": 1, "loss_first": 2.0, "loss_final": 0.9, "samples_to_target": 100}
+FORGED = {
+    "time to target 0, not reached": ("metrics.target", {**TARGET, "reached": False, "time_to_target_s": 0}),
+    "time to target -5, reached": ("metrics.target", {**TARGET, "reached": True, "time_to_target_s": -5}),
+    "cap 1e308 W": ("environment.cap", {"kind": "power", "value": 1e308, "unit": "W", "limits": []}),
+    "cap -1e308 W": ("environment.cap", {"kind": "power", "value": -1e308, "unit": "W", "limits": []}),
+    "cap of NaN MHz": ("environment.cap", {"kind": "clock", "value": float("nan"), "unit": "MHz"}),
+    "samples/s 1e308": ("metrics.samples_per_s", 1e308),
+    "an infinite window": ("metrics.timed_window_s", float("inf")),
+    "negative energy": ("metrics.energy.energy_to_solution_j", -1.0),
+}
+
+
+def forge(folder: Path, name: str, where: str, value: object) -> Path:
+    """The reference record with one figure replaced, sealed again, its steps file beside it."""
+    from hpcdl.records.store import seal
+
+    doc = json.loads((REFERENCE / f"{RECORD}.json").read_text())
+    *parents, key = where.split(".")
+    part = doc
+    for p in parents:
+        part = part[p]
+    part[key] = value
+    folder.mkdir(exist_ok=True)
+    for steps in REFERENCE.glob(f"{RECORD}.*.steps.h5"):
+        (folder / steps.name).write_bytes(steps.read_bytes())
+    path = folder / f"{len(list(folder.glob('*.json')))}-{re.sub(r'[^A-Za-z0-9]+', '-', name)}.json"
+    path.write_text(json.dumps(seal(doc)))
+    return path
+
+
+@pytest.mark.parametrize("name", FORGED)
+def test_a_forged_figure_is_refused_before_arithmetic(tmp_path: Path, name: str) -> None:
+    from hpcdl.records.audit import audit, out_of_range
+    from hpcdl.records.loader import read_record
+
+    where, value = FORGED[name]
+    record = read_record(forge(tmp_path, name, where, value))
+    found = out_of_range(record.result)
+    assert found and where.split(".")[-1] in found[0] and all("\n" not in x for x in found), found
+    assert audit(record).problems[-len(found) :] == tuple(found)
+
+
+def test_rank_and_report_reject_forged_figures_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's probes: rank died of a math domain error on a time to target of 0 or -5,
+    report in matplotlib on caps of +-1e308."""
+    from hpcdl.cli import main
+
+    records = tmp_path / "records"
+    for name, (where, value) in FORGED.items():
+        forge(records, name, where, value)
+    assert main(["rank", str(records), "-o", str(tmp_path / "rank")]) == 0
+    out, err = capsys.readouterr()
+    assert (out + err).count("rejected:") == len(FORGED) and "Traceback" not in err, out + err
+    assert main(["report", str(records), "-o", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("figures out of range") == len(FORGED) and "no hpcdl records" in err, err

@@ -1,5 +1,6 @@
-"""Outputs checked before any work (issue 16, item 6): ``--mllog`` a regular file hpcdl can
-append to, ``hpcdl sweep --prefix`` a plain name; and a log whose writes fail mid-command (a
+"""Outputs, sizes and names checked before any work (issue 16, items 4 and 6): ``--mllog`` a
+regular file hpcdl can append to, ``hpcdl sweep --prefix`` a plain name, ``--repeat`` within
+1..1000, no empty class, preset or workload name; and a log whose writes fail mid-command (a
 full disk) loses neither a record nor the runs still to come."""
 
 from __future__ import annotations
@@ -43,6 +44,26 @@ def test_sweep_prefix_is_a_plain_name(
     code = main(["sweep", *TINY, "--np", "1", "--steps", "2", "--prefix", prefix, "-o", str(out)])
     assert code == 2 and "prefix=" in one_error_line(capsys)
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["run", "--repeat", "1000000000"], "repeat="),
+        (["run", *TINY, "--repeat", "0"], "repeat="),
+        (["run", "--class", ""], "class="),
+        (["run", "--preset", " "], "preset="),
+        (["sweep", "--np", "1", "--class", ""], "class="),
+        (["capacity", "--instances", "2", "--preset", ""], "preset="),
+    ],
+)
+def test_sizes_and_names_are_checked_before_anything_is_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], field: str
+) -> None:
+    out = tmp_path / "out"
+    code = main([*argv, "--steps", "1", "-o", str(out)])
+    assert code == 2 and field in one_error_line(capsys)
+    assert not out.exists()
 
 
 @pytest.fixture
