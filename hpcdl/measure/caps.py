@@ -461,8 +461,12 @@ def _journal_folder(path: Path, create: bool) -> Iterator[int | None]:
     checked is the folder used."""
     folder = path.parent
     if create:
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass  # checked below, whoever made it
+        except OSError as e:
+            raise InputError("caps journal", str(folder), f"cannot be made ({e.strerror or e})") from None
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(folder, flags)
