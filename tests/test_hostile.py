@@ -98,6 +98,12 @@ def _state(path: Path) -> object:
     return load_state(path.parent)
 
 
+def _point(path: Path) -> object:
+    from hpcdl.schedulers.entry import read_point
+
+    return read_point(path)
+
+
 def _in(folder: str, name: str) -> Callable[[Path], Path]:
     def place(root: Path) -> Path:
         (root / folder).mkdir(mode=0o700)
@@ -148,6 +154,7 @@ READERS = [
         _state,
         wrong_field=json.dumps({"schema": "hpcdl.jobs", "points": []}),
     ),
+    Reader("point file", _in("pt", "point.json"), _point, wrong_field=json.dumps({"job": 5})),
 ]
 
 

@@ -27,7 +27,7 @@ from types import FrameType
 from typing import Any, Literal, get_args
 
 from hpcdl import reader
-from hpcdl.errors import HpcdlError
+from hpcdl.errors import HpcdlError, InputError
 from hpcdl.parallel.launch import TERMINATED, Terminated, mpirun_command, supervise
 from hpcdl.parallel.world import World, end_all_ranks, init_world
 from hpcdl.records import repeats
@@ -190,6 +190,16 @@ def cancelled(point: Point) -> dict[str, Any]:
     return {"point": point.name, "cancelled": True}
 
 
+def read_point(path: Path) -> Point:
+    """The point file ``hpcdl submit`` wrote, read by the bounded reader; one line when it is
+    not one (a key missing or unknown)."""
+    doc = reader.document(path, "point")
+    try:
+        return Point.from_dict(doc)
+    except (KeyError, TypeError) as e:
+        raise InputError("point", str(path), f"not a point file hpcdl submit wrote ({e})") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hpcdl.schedulers.entry [--start MODE] POINT.json | --submitit FOLDER``."""
     p = argparse.ArgumentParser(prog=f"python -m {ENTRY}", description="Run one point of a job file.")
@@ -205,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.point is None:
         p.error("POINT.json or --submitit FOLDER is required")
     try:
-        out = run_point(Point.from_dict(reader.document(args.point, "point")), args.start)
+        out = run_point(read_point(args.point), args.start)
     except HpcdlError as e:
         print(f"hpcdl: error: {e}", file=sys.stderr, flush=True)
         return 2
