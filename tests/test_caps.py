@@ -420,20 +420,21 @@ def test_a_journal_that_is_a_link_or_in_a_folder_others_can_write_is_refused(
     assert snapshot(sysfs) == before and victim.read_text().startswith('{"pid"')
 
 
-def test_sweep_ignores_a_planted_journal_entry_in_one_line(sysfs: Path, tmp_path: Path) -> None:
-    """The probe of issue 16: an ordinary file named in a journal is not written by hpcdl sweep."""
+def test_sweep_ignores_a_planted_journal_entry_in_one_line(
+    sysfs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The probe of issue 16: an ordinary file named in a journal is not written by hpcdl sweep
+    (in this process: the sweep refuses the cap after the journal is read, before any run)."""
+    from hpcdl.cli import main
+
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     plant(caps.journal_path(), {"sysfs": str(victim), "scale": 1.0, "name": "x", "original": 7})
-    p = subprocess.run(
-        sweep(tmp_path / "out", "--np", "1", "--steps", "5", "--clock-limit", "5000"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert p.returncode == 2 and "accepts 1000 to 3000 MHz" in p.stderr, p.stderr
-    assert f"ignored 1 entries: {str(victim)!r} is not a cpufreq or RAPL limit" in p.stderr
-    assert "Traceback" not in p.stderr and victim.read_text() == "precious\n"
+    code = main(sweep(tmp_path / "out", "--np", "1", "--steps", "5", "--clock-limit", "5000")[3:])
+    err = capsys.readouterr().err
+    assert code == 2 and "accepts 1000 to 3000 MHz" in err, err
+    assert f"ignored 1 entries: {str(victim)!r} is not a cpufreq or RAPL limit" in err
+    assert "Traceback" not in err and victim.read_text() == "precious\n"
 
 
 # --- hpcdl sweep --clock-limit: real processes, real signals ----------------------------------------
