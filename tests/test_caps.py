@@ -78,6 +78,9 @@ class CapNvml(FakeNvml):
         self.locked: dict[int, tuple[int, int] | None] = {0: None, 1: None}
         self.calls: list[str] = []
 
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.limit_mw)
+
     def nvmlDeviceGetIndex(self, handle: str) -> int:
         return int(handle.removeprefix("gpu"))
 
@@ -303,6 +306,135 @@ def test_a_killed_holder_s_journal_is_restored_by_the_next_sweep(sysfs: Path) ->
     assert scaling_max_mhz(sysfs) == {1200} and caps.journal_path().exists()  # SIGKILL: no finally
     caps.check("clock", [1500], caps.cpu_limits("clock", CPUS))
     assert snapshot(sysfs) == before and not caps.journal_path().exists()
+
+
+# --- the journal is private and names only limits hpcdl knows -------------------------------------
+
+
+def plant(path: Path, *entries: dict[str, Any], pid: int = 2**22 + 1) -> None:
+    """A journal as a dead sweep would leave it (the pid is above Linux's pid_max default)."""
+    path.write_text(json.dumps({"pid": pid, "kind": "clock", "value": 1200, "limits": list(entries)}))
+
+
+def cpufreq_entry(root: Path, mhz: float, cpu: int = CPUS[0]) -> dict[str, Any]:
+    path = root / f"devices/system/cpu/cpu{cpu}/cpufreq/scaling_max_freq"
+    return {"sysfs": str(path), "scale": 1000.0, "name": f"cpu{cpu}", "original": mhz}
+
+
+def test_the_default_journal_is_in_a_folder_only_root_can_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(caps.JOURNAL_ENV, raising=False)
+    if os.geteuid() == 0:
+        assert caps.journal_path() == Path("/run/hpcdl/caps.json")
+    else:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+        assert caps.journal_path() == Path("/run/user/1000/hpcdl/caps.json")
+
+
+def test_a_planted_journal_writes_only_to_known_limits_within_their_range(
+    sysfs: Path, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    fake_cpufreq = tmp_path / "sys-elsewhere/scaling_max_freq"
+    fake_cpufreq.parent.mkdir()
+    fake_cpufreq.write_text("3000000\n")
+    plant(
+        caps.journal_path(),
+        {"sysfs": str(victim), "scale": 1.0, "name": "x", "original": 7},
+        {"sysfs": str(fake_cpufreq), "scale": 1000.0, "name": "y", "original": 1500},
+        cpufreq_entry(sysfs, 99_999),  # a known file, a value outside cpuinfo_min..max
+        cpufreq_entry(sysfs, 1_700),  # the one entry that is restored
+        {"nvml": "power", "index": 0, "original": 300},  # no NVML here: not a device present
+        "not a table",
+    )
+    said: list[str] = []
+    assert caps.recover(said.append) == [f"cpu{CPUS[0]} scaling_max_freq"]
+    assert victim.read_text() == "precious\n" and fake_cpufreq.read_text() == "3000000\n"
+    assert (sysfs / f"devices/system/cpu/cpu{CPUS[0]}/cpufreq/scaling_max_freq").read_text() == "1700000\n"
+    assert len(said) == 1 and "ignored 5 entries" in said[0] and str(victim) in said[0], said
+    assert "outside 1000 to 3000" in said[0] and "NVML unavailable" in said[0]
+    assert not caps.journal_path().exists()
+
+
+def test_a_journal_names_only_nvml_devices_present_within_their_range(journal: Path) -> None:
+    nv = CapNvml()
+    nv.limit_mw[1] = 250_000  # left capped by a sweep killed with SIGKILL
+    plant(
+        journal,
+        {"nvml": "power", "index": 1, "original": 700},
+        {"nvml": "power", "index": 0, "original": 5000},  # outside 200..700 W
+        {"nvml": "power", "index": 7, "original": 300},  # no GPU 7 here
+        {"nvml": "clock", "index": True},
+    )
+    said: list[str] = []
+    assert caps.recover(said.append, lib=lambda: nv) == ["GPU 1 power limit"]
+    assert nv.limit_mw == {0: 700_000, 1: 700_000} and nv.calls == ["set gpu1 700000"]
+    assert "ignored 3 entries" in said[0] and "no such device (2 present)" in said[0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["{", "[]", '{"pid": "12", "limits": []}', '{"pid": 0, "limits": []}', '{"pid": 5}', "[" * 100_000],
+)
+def test_a_malformed_journal_is_one_line(journal: Path, text: str) -> None:
+    journal.write_text(text)
+    with pytest.raises(InputError, match="caps journal=.*restore the limits by hand") as e:
+        caps.recover()
+    assert "\n" not in str(e.value) and journal.exists()  # kept for the operator
+
+
+def test_a_journal_that_is_a_link_or_in_a_folder_others_can_write_is_refused(
+    sysfs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    victim = tmp_path / "victim.json"
+    plant(victim, cpufreq_entry(sysfs, 1_700))
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "caps.json").symlink_to(victim)
+    linked = tmp_path / "linked"
+    linked.symlink_to(private)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp
+    others = tmp_path / "others"
+    others.mkdir(mode=0o700)
+    os.chown(others, 65534, 65534)  # nobody's (the tests run as root, which may give it away)
+    before = snapshot(sysfs)
+    for journal, why in [
+        (private / "caps.json", "a symbolic link, not a regular file"),
+        (linked / "caps.json", "a symbolic link: a folder only you can write"),
+        (shared / "caps.json", "mode 1777 lets others write"),
+        (others / "caps.json", "owned by uid 65534, not you"),
+    ]:
+        monkeypatch.setenv(caps.JOURNAL_ENV, str(journal))
+        with pytest.raises(InputError, match=why):
+            caps.recover()
+        assert snapshot(sysfs) == before and victim.read_text().startswith('{"pid"')
+        if journal.parent != private:  # a sweep writes no journal there either
+            with pytest.raises(InputError, match=why):
+                with caps.capped("clock", 1500, caps.cpu_limits("clock", CPUS)):
+                    pytest.fail("no cap without a private journal")
+    monkeypatch.setenv(caps.JOURNAL_ENV, str(private / "caps.json"))
+    with caps.capped("clock", 1500, caps.cpu_limits("clock", CPUS)):  # replaces the link, not its target
+        assert not (private / "caps.json").is_symlink()
+    assert snapshot(sysfs) == before and victim.read_text().startswith('{"pid"')
+
+
+def test_sweep_ignores_a_planted_journal_entry_in_one_line(
+    sysfs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The probe of issue 16: an ordinary file named in a journal is not written by hpcdl sweep
+    (in this process: the sweep refuses the cap after the journal is read, before any run)."""
+    from hpcdl.cli import main
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    plant(caps.journal_path(), {"sysfs": str(victim), "scale": 1.0, "name": "x", "original": 7})
+    code = main(sweep(tmp_path / "out", "--np", "1", "--steps", "5", "--clock-limit", "5000")[3:])
+    err = capsys.readouterr().err
+    assert code == 2 and "accepts 1000 to 3000 MHz" in err, err
+    assert f"ignored 1 entries: {str(victim)!r} is not a cpufreq or RAPL limit" in err
+    assert "Traceback" not in err and victim.read_text() == "precious\n"
 
 
 # --- hpcdl sweep --clock-limit: real processes, real signals ----------------------------------------

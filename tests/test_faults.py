@@ -289,8 +289,8 @@ def test_job_files_that_are_not_text_or_too_deep_are_one_line(tmp_path: Path) ->
     deep.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
     os.mkfifo(fifo)
     assert "not UTF-8 text" in one_line(hpcdl("submit", str(binary), "--dry-run"))
-    assert "nested too deep" in one_line(hpcdl("submit", str(deep), "--dry-run"))
-    assert "a regular file" in one_line(hpcdl("submit", str(fifo), "--dry-run", timeout=30))
+    assert "nested deeper than 64" in one_line(hpcdl("submit", str(deep), "--dry-run"))
+    assert "a FIFO, not a regular file" in one_line(hpcdl("submit", str(fifo), "--dry-run", timeout=30))
 
 
 def test_outputs_of_predict_and_comm_that_cannot_be_written_are_one_line(tmp_path: Path) -> None:

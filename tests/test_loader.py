@@ -92,7 +92,7 @@ def hostile_files(folder: Path) -> dict[str, str]:
         "a-loop.json": "unreadable: a symbolic link loop",
         "b-loop.json": "unreadable: a symbolic link loop",
         "up.json": "unreadable: a directory, not a regular file",
-        "sparse.json": "unreadable: 268 MB, more than the 67.1 MB a JSON document may hold",
+        "sparse.json": "unreadable: 268 MB, more than the 67.1 MB a document may hold",
     }
     return reasons
 

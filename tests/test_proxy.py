@@ -226,8 +226,9 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         (["profile", f"{MODELS}:missing"], "has no attribute missing"),
         (["profile", f"{MODELS}:returns_a_number"], "must return (module, example batch"),
         (["profile", f"{MODELS}:returns_no_module"], "its first item is str"),
-        (["fit", "/nonexistent/profile.json"], "cannot be read"),
-        (["fit", str(HERE / "proxy_models.py")], "is not JSON"),
+        (["fit", "/nonexistent/profile.json"], "unreadable: missing"),
+        (["fit", str(HERE / "proxy_models.py")], "not JSON"),
+        (["fit", "/dev/zero"], "not a regular file"),
         (["fit", "x.json", "--budget", "nan"], "--budget=nan is invalid"),
         (["fit", "x.json", "--weights", "time=-1"], "weights.time=-1.0 is invalid"),
         (["profile", f"{MODELS}:tiny_cnn", "--steps", "0"], "steps=0 is invalid"),
@@ -235,7 +236,7 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
             ["profile", f"{MODELS}:tiny_cnn", "-o", "/nonexistent/dir/p.json", "--steps", "1"],
             "cannot be written",
         ),
-        (["fit", str(HERE / "data" / "none.json"), "--verify", "--model", "nowhere:f"], "cannot be read"),
+        (["fit", str(HERE / "data" / "none.json"), "--verify", "--model", "nowhere:f"], "unreadable"),
     ],
 )
 def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import NoReturn
 
-from hpcdl.errors import SpecError
+from hpcdl.errors import InputError, SpecError
 from hpcdl.workloads import recipes
 from hpcdl.workloads.registry import FAMILIES, parse_assignments, spec_from_args
 from hpcdl.workloads.spec import Spec
@@ -23,15 +23,30 @@ def err(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def check_names(args: argparse.Namespace) -> None:
+    """Refuse an empty ``--class``, ``--preset`` or ``--workload`` (``--class ''`` once ran
+    class S, the default for no name at all)."""
+    for flag, attr, known in (
+        ("class", "size_class", recipes.size_classes),
+        ("preset", "preset", lambda: list(recipes.presets())),
+        ("workload", "workload", lambda: list(FAMILIES)),
+    ):
+        value = getattr(args, attr, None)
+        if value is not None and not str(value).strip():
+            raise InputError(flag, value, "a name: one of " + ", ".join(known()))
+
+
 def suite_class(args: argparse.Namespace) -> str:
     """The size class the command runs: ``--class``, or S when no workload is named."""
-    if getattr(args, "size_class", None):
+    check_names(args)
+    if getattr(args, "size_class", None) is not None:
         return str(args.size_class)
     return "" if args.workload or args.preset else recipes.DEFAULT_CLASS
 
 
 def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
     """The specs named on the command line: one workload, a preset, or a class's suite."""
+    check_names(args)
     if args.workload:
         return {args.workload: spec_from_args(args.workload, args.knobs)}
     if args.preset:

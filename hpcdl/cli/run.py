@@ -13,19 +13,22 @@ import torch
 from hpcdl.cli.common import add_workload_options, err, suite_class, workload_specs
 from hpcdl.cli.progress import LiveLine
 from hpcdl.cli.run_options import add_run_options, run_config
-from hpcdl.errors import HpcdlError, InputError
+from hpcdl.errors import InputError
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.device import resolve_device
 from hpcdl.measure.peaks import has_bf16
 from hpcdl.measure.runner import RunResult, preflight, run
 from hpcdl.parallel.launch import launch
-from hpcdl.parallel.world import World, init_world, others_wait, under_mpi
+from hpcdl.parallel.world import World, init_world, under_mpi
 from hpcdl.records import mllog, repeats, schema
 from hpcdl.records.store import read_steps, write_record
 from hpcdl.records.views import Target
 from hpcdl.results.text import mfu_text, si, table
 from hpcdl.workloads import recipes
 from hpcdl.workloads.spec import Spec
+
+MAX_REPEAT = 1000
+"""the most runs of each workload --repeat takes: an olympic mean needs 3, a spread a few dozen"""
 
 
 def gpus_for(local: World, cfg: RunConfig) -> None:
@@ -77,16 +80,16 @@ def summary_rows(results: dict[str, RunResult]) -> list[list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if not 1 <= args.repeat <= MAX_REPEAT:  # before anything is built: 10^9 runs listed up front
+        raise InputError("repeat", args.repeat, f"runs of each workload, 1 to {MAX_REPEAT}")
     specs, cfg = class_run(args, workload_specs(args), run_config(args))
     if len(specs) > 1 and args.duration is None and args.steps is None:
         cfg = cfg.replace(duration_s=12.0)  # the default suite: ~2 minutes on a 2-core CPU
-    if args.repeat < 1:
-        raise InputError("repeat", args.repeat, "runs of each workload, >= 1")
     local = World(size=args.np, local_size=1 if under_mpi() else args.np)  # --np: all ranks here
     for spec in specs.values():
         preflight(spec, cfg, local)  # refuse bad input before anything is measured
     if args.mllog:
-        check_log(Path(args.mllog))
+        mllog.check(Path(args.mllog))
     if not under_mpi():
         gpus_for(local, cfg)
     if args.np > 1 and not under_mpi():
@@ -97,6 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     stamp = world.bcast(stamp)
     results: dict[str, RunResult] = {}
+    log_failed = 0
     runs = [(name, spec, r) for name, spec in specs.items() for r in range(1, args.repeat + 1)]
     for i, (name, spec, r) in enumerate(runs, 1):
         label = repeats.repeat_name(name, r, args.repeat)
@@ -121,8 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         results[label] = res
         say(f"{prefix}: {res.result.metrics.samples_per_s:.1f} samples/s -> {res.path}")
         if args.mllog and world.rank == 0 and res.steps_path is not None:
-            with others_wait(world):  # the next repeat's collectives: a failed log ends every rank
-                append_log(Path(args.mllog), mllog.run_lines(res.result, read_steps(res.steps_path), started))
+            log_failed += log_run(Path(args.mllog), res, started, say)
     if world.rank != 0:
         return 0  # rank 0 reports, and its exit code is the run's
     headers = [
@@ -152,24 +155,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             "records": {n: r.path.name if r.path else None for n, r in results.items()},
         }
         write_record(summary, out / f"{stamp}-suite.json")
-    return 0 if all(r.passed for r in results.values()) else 1
+    if log_failed:
+        err(f"hpcdl: --mllog {args.mllog}: the lines of {log_failed} run(s) were not written (said above)")
+    return 0 if all(r.passed for r in results.values()) and not log_failed else 1
 
 
-def check_log(path: Path) -> None:
-    """Refuse a log file that cannot be appended to, before anything is measured."""
+def log_run(path: Path, res: RunResult, started: float, say: Any) -> int:
+    """Append a run's MLLOG lines; a failed write (a full disk) is said in one line and the
+    remaining runs go on (the record is written already). 1 when it failed."""
+    assert res.steps_path is not None
     try:
-        with open(path, "a", encoding="utf-8"):
-            pass
-    except OSError as e:
-        raise InputError("mllog", str(path), f"a file hpcdl can append to ({e.strerror or e})") from None
-
-
-def append_log(path: Path, lines: list[str]) -> None:
-    """Append to the MLPerf log; a log that cannot be written is one line (the record stays)."""
-    try:
-        mllog.append(path, lines)
-    except OSError as e:
-        raise HpcdlError(f"the log --mllog {path} could not be written: {e.strerror or e}") from None
+        mllog.append(path, mllog.run_lines(res.result, read_steps(res.steps_path), started))
+    except (OSError, InputError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        say(f"hpcdl: --mllog {path}: the lines of {res.result.name} were not written ({why}); its record was")
+        return 1
+    return 0
 
 
 def target_text(target: Target) -> str:
@@ -210,7 +211,7 @@ def add_parsers(sub: Any) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="run each workload N times (records NAME-r1 ...): olympic mean, median and spread",
+        help=f"run each workload N times, 1 to {MAX_REPEAT} (NAME-r1 ...): olympic mean, median, spread",
     )
     r.add_argument("--mllog", metavar="FILE", help="append MLPerf-style :::MLLOG lines of every run to FILE")
     r.set_defaults(func=cmd_run)

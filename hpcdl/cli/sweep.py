@@ -16,6 +16,7 @@ from hpcdl.measure.config import RunConfig
 from hpcdl.measure.device import resolve_device
 from hpcdl.measure.runner import preflight
 from hpcdl.parallel.world import World
+from hpcdl.records.store import NAME_RE
 from hpcdl.results.text import si, table
 from hpcdl.scaling import capsweep
 from hpcdl.scaling import sweep as sweep_mod
@@ -23,6 +24,8 @@ from hpcdl.workloads.spec import Spec
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    if not NAME_RE.fullmatch(args.prefix) or ".." in args.prefix:  # its files go into -o, nowhere else
+        raise InputError("prefix", args.prefix, "a plain name: letters, digits and ._- (no '/' or '..')")
     specs = workload_specs(args)
     if len(specs) != 1:
         raise InputError(
@@ -173,7 +176,7 @@ def add_parsers(sub: Any) -> None:
     sw.add_argument(
         "--mode", default="weak", help="weak (batch per rank fixed) | strong (global batch fixed)"
     )
-    sw.add_argument("--prefix", default="sweep", help="record name prefix (default: sweep)")
+    sw.add_argument("--prefix", default="sweep", help="record name prefix, a plain name (default: sweep)")
     sw.add_argument("--redo", action="store_true", help="rerun points that already have a valid record")
     sw.add_argument(
         "--power-limit",

@@ -20,26 +20,37 @@ Four kinds of limit, each written against its documented interface:
 (each limit is written with the value it already holds, which changes nothing and fails where
 privileges are missing). :func:`capped` sets the cap, reads it back (a device that keeps another
 value refused it) and restores every original in its ``finally``. Before the first change the
-originals go to a journal file (:data:`JOURNAL_ENV`, default ``/tmp/hpcdl-caps.json``), removed
-once they are back: a process killed with SIGKILL leaves it behind, and the next :func:`check`
-restores those originals first. The journal is also a lock: a journal whose process still lives
-means another sweep holds caps on this host.
+originals go to a journal file, removed once they are back: a process killed with SIGKILL leaves
+it behind, and the next :func:`check` restores those originals first. The journal is also a
+lock: a journal whose process still lives means another sweep holds caps on this host.
+
+A journal tells a privileged process what to write where, so it lives where only its owner can
+write (:func:`journal_path`: ``/run/hpcdl/`` for root, else ``$XDG_RUNTIME_DIR/hpcdl/``), in a
+folder that is refused when it is a symbolic link, owned by another user or writable by group or
+others; and restoring writes only to the limits hpcdl itself finds on this machine (the cpufreq
+and RAPL files under sysfs, the NVML devices present), within their documented ranges. Any other
+entry is reported in one line and ignored.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
+import re
+import stat
+import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from hpcdl.errors import HpcdlError, InputError
 from hpcdl.measure.telemetry.rapl import rapl_packages
+from hpcdl.reader import Unreadable, read_json
 
 KINDS = {"power": "W", "clock": "MHz"}
 """the cap kinds and their units (``--power-limit``, ``--clock-limit``)"""
@@ -50,7 +61,12 @@ CAP_ENV = "HPCDL_CAP"
 """the cap in force for a run (JSON), set by the sweep for the run it launches, kept in the
 record's ``environment.cap``"""
 JOURNAL_ENV = "HPCDL_CAPS_JOURNAL"
-"""the file that holds the original limits while a cap is in force"""
+"""the file that holds the original limits while a cap is in force (default: see
+:func:`journal_path`); its folder must be one only its owner can write"""
+ROOT_JOURNAL_DIR = Path("/run/hpcdl")
+"""root's journal folder: /run is root's own tmpfs, cleared at boot like the limits themselves"""
+MAX_JOURNAL_BYTES = 1 << 20
+"""a journal names one limit per CPU and GPU: a few hundred bytes each"""
 TOLERANCE = 0.01
 """a limit read back may differ from the cap by this fraction (rounding to the device's steps)"""
 
@@ -60,7 +76,17 @@ def sysfs_root() -> Path:
 
 
 def journal_path() -> Path:
-    return Path(os.environ.get(JOURNAL_ENV, Path(tempfile.gettempdir()) / "hpcdl-caps.json"))
+    """Where the caps journal is: :data:`JOURNAL_ENV` when set; else ``/run/hpcdl/caps.json``
+    for root, ``$XDG_RUNTIME_DIR/hpcdl/caps.json`` for a user who has one, and
+    ``$TMPDIR/hpcdl-UID/caps.json`` otherwise (a folder of that name made by another user is
+    refused, never used)."""
+    if os.environ.get(JOURNAL_ENV):
+        return Path(os.environ[JOURNAL_ENV])
+    if os.geteuid() == 0:
+        return ROOT_JOURNAL_DIR / "caps.json"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    folder = Path(runtime) / "hpcdl" if runtime else Path(tempfile.gettempdir()) / f"hpcdl-{os.geteuid()}"
+    return folder / "caps.json"
 
 
 class Limit(Protocol):
@@ -259,12 +285,73 @@ def cpu_limits(kind: str, cpus: Sequence[int], root: Path | None = None) -> list
     return rapl_limits(root) if kind == "power" else cpufreq_limits(cpus, root)
 
 
-def from_journal(entry: dict[str, Any]) -> Limit:
-    """A limit named in a journal, found again."""
+def known_sysfs_limits(root: Path | None = None) -> dict[str, SysfsLimit]:
+    """Every cpufreq ``scaling_max_freq`` and RAPL package power limit of this machine, by path,
+    with its documented range: the only sysfs files a journal may have hpcdl write."""
+    base = root or sysfs_root()
+    known: dict[str, SysfsLimit] = {}
+    cpus = base / "devices/system/cpu"
+    for d in sorted(cpus.glob("cpu*/cpufreq")) if cpus.is_dir() else []:
+        if not re.fullmatch(r"cpu\d+", d.parent.name):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            lo, hi = (_read_int(d / f) / 1000 for f in ("cpuinfo_min_freq", "cpuinfo_max_freq"))
+            path = d / "scaling_max_freq"
+            known[str(path)] = SysfsLimit(f"{d.parent.name} scaling_max_freq", path, 1000.0, lo, hi)
+    powercap = base / "class/powercap"
+    for pkg in rapl_packages(powercap) if powercap.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError):
+            hi = _read_int(pkg / "constraint_0_max_power_uw") / 1e6
+            path = pkg / "constraint_0_power_limit_uw"
+            known[str(path)] = SysfsLimit(f"{pkg.name} package power limit", path, 1e6, 1.0, hi)
+    return known
+
+
+class Ignored(Exception):
+    """A journal entry that names no limit hpcdl knows, or a value outside its range."""
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise Ignored(f"original {value!r} is not a finite number")
+    return float(value)
+
+
+def from_journal(
+    entry: Any, sysfs: dict[str, SysfsLimit], lib: Callable[[], Any]
+) -> tuple[Limit, float | None]:
+    """The limit a journal entry names and the original to restore, when it is one hpcdl knows
+    (a sysfs file of :func:`known_sysfs_limits`, an NVML device present) and the original lies
+    within its range; :class:`Ignored` says why not. ``lib`` gives NVML (only asked when an
+    entry names a GPU)."""
+    if not isinstance(entry, dict):
+        raise Ignored(f"{entry!r} is not a table")
     if "sysfs" in entry:
-        return SysfsLimit(str(entry["name"]), Path(entry["sysfs"]), float(entry["scale"]), 0.0, math.inf)
-    cls = NvmlPowerLimit if entry.get("nvml") == "power" else NvmlClockLimit
-    return cls(nvml(), int(entry["index"]))
+        limit = sysfs.get(str(entry["sysfs"]))
+        if limit is None:
+            raise Ignored(f"{entry['sysfs']!r} is not a cpufreq or RAPL limit of this machine")
+        original = _number(entry.get("original"))
+        if not limit.lo <= original <= limit.hi:
+            raise Ignored(f"{limit.name}: original {original:g} outside {limit.lo:g} to {limit.hi:g}")
+        return limit, original
+    kind, index = entry.get("nvml"), entry.get("index")
+    if kind not in ("power", "clock") or isinstance(index, bool) or not isinstance(index, int):
+        raise Ignored(f"{entry!r} names no sysfs file and no NVML device")
+    try:
+        nv = lib()
+        count = int(nv.nvmlDeviceGetCount())
+    except Exception as e:
+        raise Ignored(f"GPU {index}: NVML unavailable ({e})") from None
+    if not 0 <= index < count:
+        raise Ignored(f"GPU {index}: no such device ({count} present)")
+    if kind == "clock":
+        return NvmlClockLimit(nv, index), None  # restoring unlocks: no value is written
+    gpu = NvmlPowerLimit(nv, index)
+    original = _number(entry.get("original"))
+    lo, hi = gpu.allowed()
+    if not lo <= original <= hi:
+        raise Ignored(f"{gpu.name}: original {original:g} outside {lo:g} to {hi:g} W")
+    return gpu, original
 
 
 # --- checking, setting and restoring ------------------------------------------------------------
@@ -322,24 +409,109 @@ def check(kind: str, values: Sequence[float], limits: Sequence[Limit]) -> list[s
     return restored
 
 
-def recover() -> list[str]:
+def recover(say: Callable[[str], None] | None = None, lib: Callable[[], Any] | None = None) -> list[str]:
     """Put back the originals a journal holds (a sweep that died without restoring them); the
-    names of the limits restored. InputError when the journal's process still runs."""
+    names of the limits restored. Entries that name no limit hpcdl knows are reported through
+    ``say`` (default: stderr) in one line and ignored. InputError when the journal's folder is
+    not private, the journal is malformed, or its process still runs."""
     path = journal_path()
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return []
-    except (OSError, ValueError) as e:
-        raise HpcdlError(
-            f"the caps journal {path} cannot be read ({e}); restore the limits by hand"
-        ) from None
-    pid = int(data.get("pid", 0))
-    if pid != os.getpid() and _alive(pid):
-        raise InputError("caps", str(path), f"process {pid} holds caps on this host; wait for it to end")
-    restored = _restore([(from_journal(e), e.get("original")) for e in data.get("limits", [])])
-    path.unlink(missing_ok=True)
+    with _journal_folder(path, create=False) as folder:
+        if folder is None:
+            return []
+        try:
+            data = read_json(path.name, dir_fd=folder, follow_links=False)
+        except Unreadable as e:
+            if str(e) == "missing":
+                return []
+            raise _malformed(path, str(e)) from None
+        if not isinstance(data, dict) or not isinstance(data.get("limits"), list):
+            raise _malformed(path, "not an object with a list of limits")
+        pid = data.get("pid")
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise _malformed(path, f"pid {pid!r} is not a process id")
+        if pid != os.getpid() and _alive(pid):
+            raise InputError("caps", str(path), f"process {pid} holds caps on this host; wait for it to end")
+        sysfs, known, ignored = known_sysfs_limits(), [], []
+        for entry in data["limits"]:
+            try:
+                known.append(from_journal(entry, sysfs, lib or nvml))
+            except Ignored as e:
+                ignored.append(str(e))
+        if ignored:
+            (say or _stderr)(f"caps journal {path}: ignored {len(ignored)} entries: {'; '.join(ignored)}")
+        restored = _restore(known)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path.name, dir_fd=folder)
     return restored
+
+
+def _stderr(message: str) -> None:
+    print(f"hpcdl: {message}", file=sys.stderr, flush=True)
+
+
+def _malformed(path: Path, why: str) -> InputError:
+    return InputError("caps journal", str(path), f"{why}: restore the limits by hand, then remove it")
+
+
+@contextlib.contextmanager
+def _journal_folder(path: Path, create: bool) -> Iterator[int | None]:
+    """The journal's folder, open (None when it does not exist and ``create`` is false), after
+    checking that only this user can write it: not a symbolic link, owned by this user, not
+    writable by group or others. Files are then opened relative to it, so that the folder
+    checked is the folder used."""
+    folder = path.parent
+    if create:
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass  # checked below, whoever made it
+        except OSError as e:
+            raise InputError("caps journal", str(folder), f"cannot be made ({e.strerror or e})") from None
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(folder, flags)
+    except FileNotFoundError:
+        if create:
+            raise
+        yield None
+        return
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            why = "a symbolic link" if os.path.islink(folder) else "not a folder"
+            raise InputError("caps journal", str(folder), f"{why}: a folder only you can write") from None
+        raise InputError("caps journal", str(folder), f"cannot be opened ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            why = f"owned by uid {st.st_uid}, not you (uid {os.geteuid()})"
+            raise InputError("caps journal", str(folder), f"{why}: a folder only you can write")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            why = f"mode {stat.S_IMODE(st.st_mode):o} lets others write"
+            raise InputError("caps journal", str(folder), f"{why}: a folder only you can write (0700)")
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _write_journal(path: Path, data: dict[str, Any]) -> None:
+    """Write the journal whole (a kill mid-write leaves a hidden temporary file, no half
+    journal), in a private folder, through no symbolic link."""
+    with _journal_folder(path, create=True) as folder:
+        temporary = f".{path.name}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary, dir_fd=folder)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(temporary, flags, 0o600, dir_fd=folder)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data))
+        os.replace(temporary, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+
+
+def _remove_journal(path: Path) -> None:
+    with _journal_folder(path, create=False) as folder:
+        if folder is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path.name, dir_fd=folder)
 
 
 def _alive(pid: int) -> bool:
@@ -375,9 +547,7 @@ def capped(kind: str, value: float, limits: Sequence[Limit]) -> Iterator[list[Ap
     originals = [(limit, limit.read()) for limit in limits]
     path = journal_path()
     entries = [{**limit.journal(), "original": original} for limit, original in originals]
-    temporary = path.with_name(path.name + ".tmp")  # a kill mid-write leaves no half journal
-    temporary.write_text(json.dumps({"pid": os.getpid(), "kind": kind, "value": value, "limits": entries}))
-    os.replace(temporary, path)
+    _write_journal(path, {"pid": os.getpid(), "kind": kind, "value": value, "limits": entries})
     try:
         applied = []
         for limit, original in originals:
@@ -394,4 +564,4 @@ def capped(kind: str, value: float, limits: Sequence[Limit]) -> Iterator[list[Ap
         yield applied
     finally:
         _restore(originals)
-        path.unlink(missing_ok=True)
+        _remove_journal(path)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
+import os
 import platform
 import re
 import resource
@@ -76,17 +78,109 @@ def cpu_model() -> str:
 
 def memory_capacity(device: torch.device) -> int:
     """Bytes a run may use: the GPU's free memory (the CUDA context and other processes
-    already took their part), or the host's available memory."""
+    already took their part), or on the CPU the smaller of the host's available memory and what
+    this process's memory cgroup still allows (:func:`cgroup_memory_left`: a container or a
+    Slurm job is killed at its limit, however much the host has free)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
+    host = _host_available()
+    cgroup = cgroup_memory_left()
+    known = [b for b in (host, cgroup) if b is not None]
+    return min(known) if known else 1 << 62  # unknown: do not refuse
+
+
+def _host_available() -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
-    return 1 << 62  # unknown: do not refuse
+    return None
+
+
+UNLIMITED = 1 << 62
+"""cgroup v1 writes "no limit" as the largest page-aligned long (9223372036854771712)"""
+_CGROUP_FILES = {
+    # version: (limit, usage, the memory.stat key of page cache the kernel reclaims first)
+    "v2": ("memory.max", "memory.current", "inactive_file"),
+    "v1": ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+}
+
+
+def cgroup_memory_left(proc: Path = Path("/proc/self")) -> int | None:
+    """Bytes this process's memory cgroups still allow, None where no limit applies: for the
+    cgroup v2 (``memory.max``) and v1 (``memory.limit_in_bytes``) hierarchies the process is in,
+    and each of their ancestors up to the mount (a parent's limit binds its children too), the
+    limit minus the usage, without the inactive page cache the kernel reclaims before it kills
+    (as the kubelet's working set); the smallest. ``proc`` holds ``cgroup`` and ``mountinfo``
+    (the tests point it at files of their own)."""
+    try:
+        memberships = (proc / "cgroup").read_text().splitlines()
+        mounts = _cgroup_mounts((proc / "mountinfo").read_text())
+    except OSError:
+        return None
+    left: list[int] = []
+    for line in memberships:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        version = "v2" if hierarchy == "0" and not controllers else "v1"
+        if version == "v1" and "memory" not in controllers.split(","):
+            continue
+        mount = mounts.get(version)
+        if mount is None:
+            continue
+        point, root = mount
+        inside = root == "/" or path == root or path.startswith(root.rstrip("/") + "/")
+        relative = os.path.relpath(path, root) if inside else "."  # a namespace shows its own root
+        folder = (point / relative).resolve()
+        while True:
+            found = _level_left(folder, *_CGROUP_FILES[version])
+            if found is not None:
+                left.append(found)
+            if folder == point or point not in folder.parents:
+                break
+            folder = folder.parent
+    return max(0, min(left)) if left else None
+
+
+def _cgroup_mounts(mountinfo: str) -> dict[str, tuple[Path, str]]:
+    """Where the cgroup v2 hierarchy and v1's memory hierarchy are mounted, with the part of
+    the hierarchy each mount shows (``mountinfo``'s root field: not / inside a container)."""
+    mounts: dict[str, tuple[Path, str]] = {}
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        after = line.split(" - ", 1)[1].split()
+        fstype, options = after[0], after[2].split(",") if len(after) > 2 else []
+        if fstype == "cgroup2":
+            mounts.setdefault("v2", (Path(fields[4]), fields[3]))
+        elif fstype == "cgroup" and "memory" in options:
+            mounts.setdefault("v1", (Path(fields[4]), fields[3]))
+    return mounts
+
+
+def _level_left(folder: Path, limit_file: str, usage_file: str, inactive_key: str) -> int | None:
+    """What one cgroup still allows (None: no limit, or no memory controller here)."""
+    try:
+        text = (folder / limit_file).read_text().strip()
+        if text == "max":
+            return None
+        limit = int(text)
+        if limit >= UNLIMITED:
+            return None
+        usage = int((folder / usage_file).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    inactive = 0
+    with contextlib.suppress(OSError, ValueError):
+        for line in (folder / "memory.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == inactive_key:
+                inactive = int(value)
+    return limit - max(0, usage - inactive)
 
 
 _rss_peak_reset = False

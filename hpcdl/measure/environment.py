@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
 import os
 import platform
 import shutil
@@ -15,6 +14,8 @@ from typing import Any
 
 import torch
 
+from hpcdl import reader
+from hpcdl.errors import InputError
 from hpcdl.measure.caps import CAP_ENV
 from hpcdl.measure.device import cpu_model, device_name
 
@@ -79,7 +80,15 @@ def cap_in_force() -> dict[str, Any] | None:
     --power-limit/--clock-limit``: kind, value, unit and each limit's original and read-back
     value), or None."""
     text = os.environ.get(CAP_ENV)
-    return json.loads(text) if text else None
+    if not text:
+        return None
+    try:
+        cap = reader.parse_json(text.encode())
+    except reader.Unreadable as e:
+        raise InputError(CAP_ENV, text[:80], f"the JSON object hpcdl sweep sets ({e})") from None
+    if not isinstance(cap, dict):
+        raise InputError(CAP_ENV, text[:80], "the JSON object hpcdl sweep sets")
+    return cap
 
 
 def gpu_stack() -> dict[str, Any]:

@@ -20,12 +20,51 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from hpcdl import reader
 from hpcdl.errors import HpcdlError, InputError, RunFailed
 from hpcdl.measure.data import make_batch
 from hpcdl.workloads.registry import canonical
 from hpcdl.workloads.spec import Spec
 
 MANIFEST = "hpcdl-shards.json"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a shard directory's manifest says: the spec its samples are of, the batches in each
+    shard and the batch size."""
+
+    spec: dict[str, Any]
+    shards: list[int]
+    batch_size: int
+
+
+def read_manifest(directory: Path) -> Manifest:
+    """The manifest of a shard directory, read by the bounded reader and checked field by field;
+    a one-line InputError of ``run.data_dir`` otherwise."""
+    field = "run.data_dir"
+    try:
+        doc = reader.read_json(directory / MANIFEST)
+    except reader.Unreadable as e:
+        raise InputError(field, str(directory), f"its {MANIFEST} cannot be read: {e}") from None
+
+    def bad(why: str) -> InputError:
+        return InputError(field, str(directory), f"its {MANIFEST} is not an hpcdl shard manifest ({why})")
+
+    if not isinstance(doc, dict):
+        raise bad("not a JSON object")
+    shards, batch, spec = doc.get("shards"), doc.get("batch_size"), doc.get("spec")
+    if not isinstance(shards, list) or not shards or not all(_count(n) for n in shards):
+        raise bad("shards: a list of batch counts >= 1")
+    if not isinstance(batch, int) or not _count(batch):
+        raise bad("batch_size: an integer >= 1")
+    if not isinstance(spec, dict):
+        raise bad("spec: an object")
+    return Manifest(spec, shards, batch)
+
+
+def _count(n: Any) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 1
 
 
 @dataclass(frozen=True)
@@ -89,19 +128,15 @@ def has_shards(spec: Spec, directory: str | Path) -> bool:
     field = "run.data_dir"
     if d.exists() and not d.is_dir():
         raise InputError(field, str(d), "a directory for HDF5 shards, not a file")
-    if not (d / MANIFEST).exists():
+    if not os.path.lexists(d / MANIFEST):
         if d.exists() and any(d.glob("shard-*.h5")):
             raise InputError(
                 field, str(d), f"holds shards without their {MANIFEST}: remove them or use another directory"
             )
         return False
-    try:
-        manifest = json.loads((d / MANIFEST).read_text())
-        per_shard = [int(n) for n in manifest["shards"]]
-        batch = int(manifest["batch_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise InputError(field, str(d), f"its {MANIFEST} is not an hpcdl shard manifest") from None
-    if canonical(manifest.get("spec")) != spec.to_dict():
+    manifest = read_manifest(d)
+    per_shard, batch = manifest.shards, manifest.batch_size
+    if canonical(manifest.spec) != spec.to_dict():
         raise InputError(
             field, str(d), "holds shards of another workload: use another --data-dir or remove them"
         )
@@ -129,9 +164,9 @@ class ShardBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def __init__(self, directory: str | Path, rank: int = 0, ranks: int = 1) -> None:
         self.directory = Path(directory)
-        manifest: dict[str, Any] = json.loads((self.directory / MANIFEST).read_text())
-        self.batch = int(manifest["batch_size"])
-        every = [(s, b) for s, n in enumerate(manifest["shards"]) for b in range(n)]
+        manifest = read_manifest(self.directory)
+        self.batch = manifest.batch_size
+        every = [(s, b) for s, n in enumerate(manifest.shards) for b in range(n)]
         self.index = every[rank::ranks]
         if not self.index:
             raise HpcdlError(f"hdf5: {len(every)} batches in {directory} cannot feed {ranks} ranks")

@@ -24,6 +24,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from hpcdl import reader
 from hpcdl.parallel.world import World
 
 FACTOR = 20
@@ -102,8 +103,8 @@ def read_beats(directory: Path) -> list[dict[str, Any]]:
     beats = []
     for path in directory.glob("rank-*.json"):
         try:
-            beats.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
+            beats.append(reader.read_json(path))
+        except reader.Unreadable:
             continue  # being replaced right now: next second
     return beats
 

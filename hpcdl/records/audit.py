@@ -11,7 +11,7 @@ fails, and that a forgery must be consistent with its own per-step times to pass
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +48,14 @@ STEPS_FILE_SECOND_BYTES = 4 << 10
 """... plus this per second of window (a GPU trace: 5 float64 columns every 0.1 s, 400 bytes) ..."""
 STEPS_FILE_MAX_BYTES = 1 << 30
 """... and never more than this (19 million steps), whatever the record claims"""
+MAX_FIGURE = 1e30
+"""no figure of a record is larger (AI ops/s of the largest machines: 1e19; bytes: 1e16); a
+forged 1e308 would overflow the products and ranges that rank and report compute"""
+SIGNED_FIGURES = frozenset({"exposed_s", "excess"})
+"""figures that may be negative (communication left exposed, a straggler's excess: noise
+makes them slightly so); every other number of a record is >= 0"""
+MAX_CAP = {"power": 1e5, "clock": 1e5}
+"""a cap above 100 kW or 100 GHz is no device's"""
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,9 @@ def audit(record: Record) -> Audit:
             record, (f"not a result record of schema {schema.RESULT} v{schema.RESULT_VERSION}: {kind}",)
         )
     problems = [] if digest_ok(r.raw) else [DIGEST_MISMATCH]
+    ranges = out_of_range(r)
+    if ranges:  # nothing below may compute with them
+        return Audit(record, (*problems, *ranges))
     problems += _counts(r)
     ranks = _ranks(r)
     if ranks:  # the figures below divide by the ranks' windows and need rank 0
@@ -97,6 +108,70 @@ def audit(record: Record) -> Audit:
     problems += _derived_figures(r)
     found, steps = _steps_file(record)
     return Audit(record, (*problems, *found), steps)
+
+
+def out_of_range(r: Result) -> list[str]:
+    """The figures of a record outside what any run can produce, checked before rank and report
+    compute anything with them (a record edited and sealed again passes its digest): every
+    number of its settings, counts, metrics and cap finite (NaN stands for a figure that could
+    not be had) and within :data:`MAX_FIGURE`, none negative but :data:`SIGNED_FIGURES`; a
+    timed window > 0; a target's fraction in (0, 1) and its time to target > 0 when reached,
+    absent when not; a cap of a known kind with a value in (0, :data:`MAX_CAP`]."""
+    raw = r.raw
+    problems = [
+        f"{where} = {value!r} is not a figure any run produces"
+        for part in ("settings", "counts", "metrics")
+        for where, value in _numbers(raw.get(part), part)
+        if not _plausible(where, value)
+    ]
+    m = r.metrics
+    if not 0 < m.timed_window_s <= MAX_FIGURE:
+        problems.append(f"metrics.timed_window_s = {m.timed_window_s!r}: a time > 0")
+    t = m.target
+    if t is not None:
+        if not 0 < t.fraction < 1:
+            problems.append(f"metrics.target.fraction = {t.fraction!r}: a fraction in (0, 1)")
+        if t.reached and not (t.time_to_target_s is not None and 0 < t.time_to_target_s <= MAX_FIGURE):
+            problems.append(f"metrics.target.time_to_target_s = {t.time_to_target_s!r}: a time > 0")
+        if not t.reached and t.time_to_target_s is not None:
+            why = "for a target not reached"
+            problems.append(f"metrics.target.time_to_target_s = {t.time_to_target_s!r} {why}")
+    return problems + _cap_range(r.environment.cap)
+
+
+def _cap_range(cap: Mapping[str, object] | None) -> list[str]:
+    if cap is None:
+        return []
+    kind, value = cap.get("kind"), cap.get("value")
+    if kind not in MAX_CAP:
+        return [f"environment.cap.kind = {kind!r}: one of {', '.join(MAX_CAP)}"]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_CAP[str(kind)]:
+        return [f"environment.cap.value = {value!r}: a {kind} cap in (0, {MAX_CAP[str(kind)]:g}]"]
+    return [
+        f"{where} = {number!r} is not a limit any device holds"
+        for where, number in _numbers(cap.get("limits"), "environment.cap.limits")
+        if not (math.isfinite(number) and 0 <= number <= MAX_FIGURE)
+    ]
+
+
+def _numbers(value: object, where: str) -> Iterator[tuple[str, float]]:
+    """Every number below ``value`` (booleans are not numbers), with where it is."""
+    stack = [(value, where)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, Mapping):
+            stack += [(v, f"{at}.{k}") for k, v in item.items()]
+        elif isinstance(item, list):
+            stack += [(v, f"{at}[{i}]") for i, v in enumerate(item)]
+        elif isinstance(item, int | float) and not isinstance(item, bool):
+            yield at, float(item)
+
+
+def _plausible(where: str, value: float) -> bool:
+    if math.isnan(value):
+        return True  # a figure that could not be had (no peak known: MFU)
+    low = -MAX_FIGURE if where.rsplit(".", 1)[-1] in SIGNED_FIGURES else 0.0
+    return low <= value <= MAX_FIGURE
 
 
 def _counts(r: Result) -> list[str]:

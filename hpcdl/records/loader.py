@@ -1,41 +1,34 @@
 """Reading hpcdl's JSON documents: one file, or every ``*.json`` under a results tree, sorted
 by kind and typed (METRICS.md, "Verification").
 
-A results tree is data written by whoever ran it, so reading is bounded: only regular files
-are read (a FIFO would block, a device never end), opened without blocking; symbolic links to
-directories are not entered (a link to an ancestor would loop); a JSON file larger than
-:data:`MAX_JSON_BYTES` or nested deeper than :data:`MAX_DEPTH` is refused. A single file that
+A results tree is data written by whoever ran it, so each file is read by the bounded reader
+of every hpcdl document (:mod:`hpcdl.reader`: regular files only, opened without blocking, at
+most :data:`MAX_JSON_BYTES`, nested at most :data:`MAX_DEPTH` deep); symbolic links to
+directories are not entered (a link to an ancestor would loop). A single file that
 cannot be read raises :class:`Unreadable` with the reason; a tree returns every such file
 with its reason, so that the rest of the tree still reads.
 """
 
 from __future__ import annotations
 
-import errno
-import io
-import json
 import os
-import stat
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from hpcdl.errors import HpcdlError, InputError
+from hpcdl import reader
+from hpcdl.errors import InputError
+from hpcdl.reader import MAX_DEPTH as MAX_DEPTH  # re-exported: the bounds and the error of every reader
+from hpcdl.reader import Unreadable as Unreadable
+from hpcdl.reader import open_regular as open_regular
 from hpcdl.records import schema
 from hpcdl.records.views import MalformedRecord, Result, parse, read_result
 
 T = TypeVar("T")
 
-MAX_JSON_BYTES = 64 << 20
-"""a record of 4,096 ranks is about 4 MB (1 KB per rank with its energy block)"""
-MAX_DEPTH = 64
-"""hpcdl's documents nest 7 deep; Python's parser raises RecursionError near 1,000"""
-
-
-class Unreadable(HpcdlError, ValueError):
-    """A file that cannot be read as an hpcdl document; the message is the reason."""
+MAX_JSON_BYTES = reader.MAX_DOCUMENT_BYTES
+"""the size bound of a record (and of every other hpcdl document)"""
 
 
 # --- typed views of the documents that sit beside records -------------------------------------
@@ -141,80 +134,14 @@ class Tree:
 
 # --- reading one file -------------------------------------------------------------------------
 
-_KINDS = {
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFDIR: "a directory",
-}
-_ERRORS = {errno.ENOENT: "missing", errno.ELOOP: "a symbolic link loop", errno.EACCES: "permission denied"}
-
-
-def _size_text(n: float) -> str:
-    """Bytes for a reason: '1.5 MB'."""
-    for factor, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-        if n >= factor:
-            return f"{n / factor:.3g} {unit}"
-    return f"{n:.0f} bytes"
-
-
-@contextmanager
-def open_regular(path: Path, limit: int, what: str) -> Iterator[io.BufferedReader]:
-    """``path`` open for reading if it is a regular file of at most ``limit`` bytes (``what``
-    names the limit in the reason); :class:`Unreadable` otherwise. Opened without blocking, so
-    that a FIFO is refused instead of waiting for a writer, and checked on the open file, so
-    that it cannot be swapped between the check and the read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise Unreadable(_ERRORS.get(e.errno or 0, e.strerror or str(e))) from None
-    except ValueError:  # a NUL byte in a name taken from a document
-        raise Unreadable("not a valid file name") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-        os.close(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Unreadable(f"{_KINDS.get(stat.S_IFMT(st.st_mode), 'not a file')}, not a regular file")
-        raise Unreadable(f"{_size_text(st.st_size)}, more than the {_size_text(limit)} {what}")
-    with os.fdopen(fd, "rb") as f:
-        yield f
-
 
 def read_json(path: Path) -> Any:
-    """The JSON value of a file, read within the bounds above; :class:`Unreadable` says why not."""
+    """The JSON value of a file, read by the bounded reader (:mod:`hpcdl.reader`);
+    :class:`Unreadable` says why not."""
     try:
-        with open_regular(path, MAX_JSON_BYTES, "a JSON document may hold") as f:
-            data = f.read(MAX_JSON_BYTES + 1)  # the file may have grown since it was checked
+        return reader.read_json(path)
     except Unreadable as e:
         raise Unreadable(f"unreadable: {e}") from None
-    if len(data) > MAX_JSON_BYTES:
-        raise Unreadable(f"unreadable: more than the {_size_text(MAX_JSON_BYTES)} a JSON document may hold")
-    try:
-        value = json.loads(data)
-    except RecursionError:
-        raise Unreadable(f"unreadable: JSON nested deeper than {MAX_DEPTH} levels") from None
-    except UnicodeDecodeError:
-        raise Unreadable("unreadable: not UTF-8 text") from None
-    except ValueError as e:
-        raise Unreadable(f"unreadable: not JSON ({e})") from None
-    if _too_deep(value, MAX_DEPTH):  # the digest and the views recurse too: refuse it here
-        raise Unreadable(f"unreadable: JSON nested deeper than {MAX_DEPTH} levels")
-    return value
-
-
-def _too_deep(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests objects and lists more than ``limit`` deep (without recursing)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        if depth > limit:
-            return True
-        stack += [(c, depth + 1) for c in children]
-    return False
 
 
 def read_object(path: Path) -> dict[str, Any]:

@@ -13,13 +13,17 @@ the record's name, so that the runs of a suite or of ``--repeat`` share one file
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hpcdl.errors import InputError
 from hpcdl.records.views import Result
 
 PREFIX = ":::MLLOG "
@@ -106,7 +110,33 @@ def power_lines(
     return out
 
 
+def _open(path: Path) -> int:
+    """The log file open for appending (created if missing) when it is a regular file; an
+    InputError otherwise. Opened without blocking: a FIFO without a reader fails at once
+    instead of waiting, a device (``/dev/full``, ``/dev/null``) is refused by its type."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        why = "a FIFO" if e.errno == errno.ENXIO else e.strerror or str(e)
+        raise InputError("mllog", str(path), f"a regular file hpcdl can append to ({why})") from None
+    kind = stat.S_IFMT(os.fstat(fd).st_mode)
+    if kind != stat.S_IFREG:
+        os.close(fd)
+        what = {stat.S_IFCHR: "a character device", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+        why = f"a regular file hpcdl can append to, not {what.get(kind, 'that')}"
+        raise InputError("mllog", str(path), why)
+    return fd
+
+
+def check(path: Path) -> None:
+    """Refuse a log that is not a regular file hpcdl can append to, before anything is measured
+    (it is created empty when missing)."""
+    os.close(_open(path))
+
+
 def append(path: Path, lines: Sequence[str]) -> None:
-    """Add the lines to the log file (created if missing)."""
-    with open(path, "a", encoding="utf-8") as f:
+    """Add the lines to the log file (created if missing); InputError when it is no longer a
+    regular file, OSError when the write fails (a full disk)."""
+    with os.fdopen(_open(path), "a", encoding="utf-8") as f:
         f.write("".join(f"{x}\n" for x in lines))

@@ -121,7 +121,7 @@ def score_system(
         target = e.result.metrics.target
         if target is None:
             by_workload.setdefault(name, []).append(e)
-        elif target.fraction == QUALITY_TARGET and target.time_to_target_s is not None:
+        elif target.fraction == QUALITY_TARGET and target.reached and target.time_to_target_s is not None:
             to_quality.setdefault(name, []).append(target.time_to_target_s)
     if all(w in to_quality for w in workloads):
         out.time_to_quality_s = geomean([min(to_quality[w]) for w in workloads])

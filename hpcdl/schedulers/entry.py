@@ -18,7 +18,6 @@ checkpoints and requeues the point on preemption).
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -27,7 +26,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal, get_args
 
-from hpcdl.errors import HpcdlError
+from hpcdl import reader
+from hpcdl.errors import HpcdlError, InputError
 from hpcdl.parallel.launch import (
     TERMINATED,
     Terminated,
@@ -200,6 +200,16 @@ def cancelled(point: Point) -> dict[str, Any]:
     return {"point": point.name, "cancelled": True}
 
 
+def read_point(path: Path) -> Point:
+    """The point file ``hpcdl submit`` wrote, read by the bounded reader; one line when it is
+    not one (a key missing or unknown)."""
+    doc = reader.document(path, "point")
+    try:
+        return Point.from_dict(doc)
+    except (KeyError, TypeError) as e:
+        raise InputError("point", str(path), f"not a point file hpcdl submit wrote ({e})") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hpcdl.schedulers.entry [--start MODE] POINT.json | --submitit FOLDER``."""
     p = argparse.ArgumentParser(prog=f"python -m {ENTRY}", description="Run one point of a job file.")
@@ -215,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.point is None:
         p.error("POINT.json or --submitit FOLDER is required")
     try:
-        out = run_point(Point.from_dict(json.loads(args.point.read_text())), args.start)
+        out = run_point(read_point(args.point), args.start)
     except HpcdlError as e:
         print(f"hpcdl: error: {e}", file=sys.stderr, flush=True)
         return 2

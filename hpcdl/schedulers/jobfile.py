@@ -1,7 +1,7 @@
 """Declarative job files: what to run, on how many nodes, with which scheduler's settings.
 
-A job file is TOML (read with :mod:`tomllib`; it cannot run code). It names a workload, the
-node counts of a weak-scaling sweep and the layout of each allocation; ``hpcdl submit`` turns
+A job file is TOML (read by the bounded :mod:`hpcdl.reader`; it cannot run code). It names a
+workload, the node counts of a weak-scaling sweep and the layout of each allocation; ``hpcdl submit`` turns
 every node count into one job of a scheduler (see :mod:`hpcdl.schedulers.submit`). The fields
 at the top level mean the same to every scheduler; what only one scheduler has sits in its own
 table, named after it (``[slurm]``: :class:`hpcdl.schedulers.builtin.slurm.SlurmOptions`)::
@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import re
 import shlex
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from hpcdl import reader
 from hpcdl.errors import SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.parallel.backends import backend_choices
@@ -197,22 +197,8 @@ def check_env(item: str) -> None:
 
 # ------------------------------------------------------------------------------ reading
 def load_job(path: str | Path) -> Job:
-    """Read and validate a job file."""
-    path = Path(path)
-    if path.exists() and not path.is_file():  # a FIFO or a device would block or never end
-        raise SpecError("job file", str(path), "a regular file")
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise SpecError("job file", str(path), f"cannot be read ({e.strerror or e})") from None
-    except UnicodeDecodeError as e:
-        raise SpecError("job file", str(path), f"not UTF-8 text (byte {e.start})") from None
-    except RecursionError:
-        raise SpecError("job file", str(path), "nested too deep to be a job file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise SpecError("job file", str(path), f"not valid TOML: {e}") from None
-    return job_from_dict(data)
+    """Read (bounded: :func:`hpcdl.reader.document`) and validate a job file."""
+    return job_from_dict(reader.document(path, "job file", "toml"))
 
 
 def job_from_dict(data: dict[str, Any]) -> Job:

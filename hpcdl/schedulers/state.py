@@ -8,12 +8,12 @@ Its ``points`` map each point's name to the point's fields (:class:`~hpcdl.sched
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpcdl import reader
 from hpcdl.errors import InputError
 from hpcdl.records import schema
 from hpcdl.records.store import write_record
@@ -78,8 +78,8 @@ def load_state(output: Path) -> dict[str, Any]:
             "dir", str(output), f"no {STATE_FILE} here: hpcdl submit writes it into the job's output"
         )
     try:
-        state = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        state = reader.read_json(path)
+    except reader.Unreadable as e:
         raise InputError("dir", str(output), f"{STATE_FILE} cannot be read: {e}") from None
     if (
         not isinstance(state, dict)

@@ -1,6 +1,7 @@
 """What a report is made of: the records under its paths, each audited (the checks ``hpcdl
-rank`` applies before its gate), the sweep summaries, the allreduce sweeps fitted for the
-scaling model, and the files that could not be read."""
+rank`` applies before its gate; a record whose figures are out of range is skipped, said with
+its reason, before any plot computes with them), the sweep summaries, the allreduce sweeps
+fitted for the scaling model, and the files that could not be read."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcdl.errors import HpcdlError
-from hpcdl.records.audit import Audit, audit
+from hpcdl.records.audit import Audit, audit, out_of_range
 from hpcdl.records.loader import Document, SweepSummary, Unread, load_tree
 from hpcdl.scaling.model import Comm, comm_from_record
 
@@ -36,9 +37,16 @@ def load(paths: Sequence[Path], say: Callable[[str], None]) -> ReportData:
             fits[doc.view.backend] = comm_from_record(doc.view)
         except HpcdlError as e:
             skipped.append(Unread(doc.path, f"allreduce sweep not fitted: {e}"))
+    records = []
+    for record in tree.records:
+        ranges = out_of_range(record.result)
+        if ranges:  # a forged figure is drawn nowhere: plots compute with every one
+            skipped.append(Unread(record.path, "figures out of range: " + "; ".join(ranges)))
+        else:
+            records.append(audit(record))
     for s in skipped:
         say(f"report: skipped {s.path}: {s.reason}")
-    records = sorted(map(audit, tree.records), key=lambda a: (a.result.family, label(a), a.result.world_size))
+    records.sort(key=lambda a: (a.result.family, label(a), a.result.world_size))
     return ReportData(records, tree.sweeps, fits, skipped)
 
 
