@@ -104,6 +104,18 @@ def _point(path: Path) -> object:
     return read_point(path)
 
 
+def _system(path: Path) -> object:
+    from hpcdl.scaling.system import load_system
+
+    return load_system(str(path))
+
+
+def _description(path: Path) -> object:
+    from hpcdl.submission import system
+
+    return system.load(path)
+
+
 def _in(folder: str, name: str) -> Callable[[Path], Path]:
     def place(root: Path) -> Path:
         (root / folder).mkdir(mode=0o700)
@@ -155,6 +167,9 @@ READERS = [
         wrong_field=json.dumps({"schema": "hpcdl.jobs", "points": []}),
     ),
     Reader("point file", _in("pt", "point.json"), _point, wrong_field=json.dumps({"job": 5})),
+    Reader("system file", _in("sy", "system.toml"), _system, toml=True, wrong_field='name = 5\n'),
+    # its fields: one line per problem, tests/test_submission.py
+    Reader("system description", _in("sd", "system.toml"), _description, toml=True),
 ]
 
 
@@ -248,7 +263,7 @@ def test_a_hostile_document_is_one_line(
 
 
 def test_every_reader_has_a_wrong_field_row_or_says_where_it_is_tested() -> None:
-    assert [r.name for r in READERS if r.wrong_field is None] == ["fit record"]
+    assert [r.name for r in READERS if r.wrong_field is None] == ["fit record", "system description"]
 
 
 # --- end to end: commands, exit 2 and one line, nothing run -------------------------------------

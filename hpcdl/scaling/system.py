@@ -27,14 +27,14 @@ Every figure must be there, finite and in range; the reader names the first one 
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from hpcdl import reader
 from hpcdl.errors import InputError
-from hpcdl.records.loader import Unreadable, open_regular
+from hpcdl.reader import Unreadable
 from hpcdl.scaling.collectives import Comm, Hierarchy
 
 MAX_TOML_BYTES = 1 << 20
@@ -90,17 +90,12 @@ def catalogue() -> list[str]:
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    """A TOML document read like every document hpcdl reads: a regular file, bounded in size."""
+    """A system file read like every document hpcdl reads (hpcdl/reader.py: a regular file,
+    bounded in size and depth)."""
     try:
-        with open_regular(path, MAX_TOML_BYTES, "a system file may hold") as f:
-            data = f.read(MAX_TOML_BYTES + 1)
-        if len(data) > MAX_TOML_BYTES:
-            raise Unreadable("more than the 1 MiB a system file may hold")
-        return tomllib.loads(data.decode("utf-8"))
+        return reader.parse_toml(reader.read_bytes(path, MAX_TOML_BYTES))
     except Unreadable as e:
-        raise InputError("predict.system", str(path), f"a readable system file ({e})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise InputError("predict.system", str(path), f"a TOML system file ({e})") from None
+        raise InputError("predict.system", str(path), f"a readable TOML system file ({e})") from None
 
 
 def load_system(name: str) -> System:

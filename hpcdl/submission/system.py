@@ -10,15 +10,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hpcdl import reader
 from hpcdl.errors import HpcdlError
-from hpcdl.records.loader import Unreadable, open_regular, read_object
+from hpcdl.records.loader import Unreadable, read_object
 
 T = TypeVar("T")
 
@@ -221,14 +221,7 @@ def read(path: Path) -> dict[str, Any]:
         return read_object(path)
     if path.suffix != ".toml":
         raise Unreadable(f"{path.name}: a description is a .toml or .json file")
-    with open_regular(path, MAX_DESCRIPTION_BYTES, "a system description may hold") as f:
-        data = f.read(MAX_DESCRIPTION_BYTES + 1)
-    try:
-        return tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise Unreadable("not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as e:
-        raise Unreadable(f"not TOML ({e})") from None
+    return reader.parse_toml(reader.read_bytes(path, MAX_DESCRIPTION_BYTES))
 
 
 def load(path: Path) -> Description:
