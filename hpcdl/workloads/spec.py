@@ -35,14 +35,10 @@ class Spec(Knobs):
     family may also name derived quantities here and turn them into knobs in ``from_drawn``"""
 
     batch_size: int = knob(
-        32, lo=1, hi=1 << 20, doc="samples per rank per micro-batch (one forward and backward)"
+        32, lo=1, hi=1 << 20, doc="samples per rank per micro-batch (x accumulation_steps per step)"
     )
     accumulation_steps: int = knob(
-        1,
-        lo=1,
-        hi=1 << 16,
-        doc="micro-batches per optimizer step: gradients accumulated locally, reduced across ranks"
-        " once per step (a step is batch_size x accumulation_steps samples per rank)",
+        1, lo=1, hi=1 << 16, doc="micro-batches per optimizer step, their gradients reduced across ranks once"
     )
     precision: str = knob("fp32", choices=PRECISIONS, doc="compute precision (bf16/fp16 use autocast)")
     seed: int = knob(0, lo=0, hi=2**63 - 1, doc="seeds weights and data: same seed, same model and data")
