@@ -173,6 +173,7 @@ def score_system(
             "flags": top[w].result.metrics.flags,
             "precision": top[w].result.settings.precision,
             "batch_per_rank": top[w].result.settings.batch_per_rank,
+            "accumulation_steps": top[w].result.settings.accumulation_steps,
             "loss_reduction": qualities[w],
             "quality_factor": quality_factor(qualities[w]),
         }
