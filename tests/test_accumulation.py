@@ -26,7 +26,8 @@ from hpcdl.parallel.world import World
 from hpcdl.records.audit import audit
 from hpcdl.records.loader import read_record
 from hpcdl.results.score import suite_workload
-from hpcdl.schedulers.jobfile import job_from_dict
+from hpcdl.schedulers.jobfile import load_job
+from hpcdl.schedulers.point import points
 from hpcdl.workloads import recipes
 from hpcdl.workloads.spec import Spec
 
@@ -136,11 +137,20 @@ def test_bad_accumulation_is_one_line_exit_2(value: str, capsys: pytest.CaptureF
         hpcdl.spec_from_dict({**MLP, "accumulation_steps": json.loads(value)})
 
 
-def test_job_file_workload_takes_accumulation(tmp_path: Path) -> None:
-    job = {"name": "acc", "nodes": [1], "time_min": 5, "workload": {**MLP, "accumulation_steps": 4}}
-    assert job_from_dict(job).spec().accumulation_steps == 4
-    with pytest.raises(hpcdl.SpecError, match=r"^job\.workload\.accumulation_steps=0 is invalid"):
-        job_from_dict({**job, "workload": {**MLP, "accumulation_steps": 0}})
+def test_job_file_workload_takes_accumulation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """In a job file's [workload] table like any knob: the points run it (tests/test_schedulers.py
+    runs one with the local executor); a bad value is one line naming the job file's field."""
+    knobs = "\n".join(f"{k} = {json.dumps(v)}" for k, v in MLP.items())
+    text = 'name = "acc"\nnodes = [1]\n[workload]\n' + knobs + "\naccumulation_steps = {}\n"
+    good, bad = tmp_path / "good.toml", tmp_path / "bad.toml"
+    good.write_text(text.format(4))
+    bad.write_text(text.format(0))
+    assert load_job(good).spec().accumulation_steps == 4
+    (point,) = points(load_job(good), "here", tmp_path)
+    assert point.spec["accumulation_steps"] == 4
+    assert cli.main(["submit", str(bad), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "hpcdl: error: job.workload.accumulation_steps=0 is invalid: must be in [1, 65536]"
 
 
 def test_suites_default_to_one_and_accumulation_is_a_tunable_knob() -> None:
