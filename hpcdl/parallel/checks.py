@@ -46,8 +46,15 @@ def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: tor
 
     With gradient accumulation (``spec.accumulation_steps`` = A) each rank's shard is A
     micro-batches, run as training runs them (the backend's ``accumulating`` context for all
-    but the last, each loss divided by A), and the one process takes all N x A micro-batches
-    in one batch: the reduction once per step must give the gradient of the global batch.
+    but the last, each loss divided by A): the reduction once per step must give the gradient
+    of the global batch.
+
+    The one process takes the global batch as the same N x A micro-batches, one after the
+    other, each loss divided by their number (the mean loss of the global batch), and steps
+    once. It computes every product at the shapes the ranks do: a batch of another size may
+    be rounded differently (the CPU's GEMM kernels are chosen by shape), and a rounding that
+    flips one ReLU moves a gradient by far more than rounding does (an MLP of width 1024 at one
+    thread, 8 shards of 4 against one batch of 32: 6e-3 of the update, one ReLU flipped).
 
     Models run in eval mode (batch norm uses its running statistics) and without dropout so
     that the per-shard losses are independent and deterministic; the check is about the
@@ -74,7 +81,8 @@ def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: tor
 
     ref = _for_check(small.build().to(device))
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    _loss(ref, torch.cat([x for x, _ in shards]), torch.cat([y for _, y in shards])).backward()
+    for x, y in shards:
+        (_loss(ref, x, y) / len(shards)).backward()
     ref_opt.step()
     synchronize(device)
 
