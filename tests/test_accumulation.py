@@ -70,7 +70,7 @@ def test_n_micro_batches_step_like_one_batch_of_n_times_the_samples(optimizer: s
     accumulated = hpcdl.spec_from_dict({**MLP, "batch_size": b, "accumulation_steps": n})
     whole = accumulated.replace(batch_size=n * b, accumulation_steps=1)
     x, y = make_batch(whole, n * b, CPU, stream=7)
-    start = dict(whole.build().named_parameters())
+    start = {k: p.detach() for k, p in whole.build().named_parameters()}
     micro = one_step(accumulated, list(zip(x.split(b), y.split(b), strict=True)), optimizer)
     ref = one_step(whole, [(x, y)], optimizer)
     got = {k: p.detach() for k, p in micro.model.named_parameters()}
