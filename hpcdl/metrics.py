@@ -47,6 +47,12 @@ def overlap_fraction(comm_s: float, exposed_s: float) -> float | None:
     return min(1.0, max(0.0, 1 - exposed_s / comm_s))
 
 
+def samples_per_step(batch_size: int, accumulation_steps: int) -> int:
+    """Samples one rank trains on per optimizer step: ``accumulation_steps`` micro-batches of
+    ``batch_size`` each, their gradients summed before one reduction and one optimizer step."""
+    return batch_size * accumulation_steps
+
+
 def ai_ops_per_s(train_flops_per_sample: float, samples_per_s: float) -> float:
     """Sustained training FLOP/s: analytic forward+backward FLOPs of a sample x samples/s."""
     return train_flops_per_sample * samples_per_s
@@ -70,7 +76,9 @@ def sample_memory(activation_bytes: int, logits_elements: int) -> int:
 
 def memory_estimate(params: int, sample_bytes: int, batch: int, optimizer: str) -> int:
     """Bytes a training step needs, roughly: fp32 weights and gradients, optimizer state
-    (AdamW two moments; SGD one momentum buffer) and ``batch`` samples of ``sample_memory``."""
+    (AdamW two moments; SGD one momentum buffer) and ``batch`` samples of ``sample_memory``.
+    ``batch`` is the micro-batch: gradient accumulation runs its micro-batches one after the
+    other, each freeing its activations in its backward, so it adds no memory."""
     state_per_param = 8 if optimizer == "adamw" else 4
     return params * (4 + 4 + state_per_param) + sample_bytes * batch
 

@@ -20,6 +20,7 @@ def hpcdl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[st
     "args, field",
     [
         (["run", "--workload", "mlp", "layers=0"], "mlp.layers=0"),
+        (["run", "--workload", "mlp", "accumulation_steps=0"], "mlp.accumulation_steps=0"),
         (["run", "--workload", "mlp", "width=abc"], "mlp.width='abc'"),
         (["run", "--workload", "mlp", "colour=red"], "mlp.colour"),
         (["run", "--workload", "attention", "width=100", "heads=3"], "attention.heads=3"),

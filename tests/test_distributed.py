@@ -34,9 +34,11 @@ def only_record(out: Path) -> dict:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("np", [2, 4])
 def test_every_rank_measured_and_checked(backend: str, np: int, tmp_path: Path) -> None:
+    micro = 2 if np == 4 else 1  # 4 ranks also accumulate: 2 micro-batches per step
     p = hpcdl(
         "run",
         *MLP,
+        f"accumulation_steps={micro}",
         "--np",
         str(np),
         "--backend",
@@ -51,13 +53,14 @@ def test_every_rank_measured_and_checked(backend: str, np: int, tmp_path: Path) 
     assert p.returncode == 0, p.stderr[-3000:]
     rec = only_record(tmp_path)
     assert rec["settings"]["world_size"] == np and rec["settings"]["backend"] == backend
-    assert rec["settings"]["global_batch"] == 16 * np
+    assert rec["settings"]["global_batch"] == 16 * micro * np
+    assert rec["settings"]["accumulation_steps"] == micro
     m = rec["metrics"]
     ranks = m["per_rank"]
     assert sorted(r["rank"] for r in ranks) == list(range(np))
     assert all(r["timed_steps"] == 12 and r["samples_per_s"] > 0 for r in ranks)
     # aggregate = all ranks' samples over the slowest window, never rank 0 x size
-    assert m["samples_per_s"] == pytest.approx(16 * 12 * np / max(r["timed_window_s"] for r in ranks))
+    assert m["samples_per_s"] == pytest.approx(16 * micro * 12 * np / max(r["timed_window_s"] for r in ranks))
     assert m["slowest_rank_samples_per_s"] == min(r["samples_per_s"] for r in ranks)
     assert m["straggler_spread"] >= 0
     comm = m["communication"]

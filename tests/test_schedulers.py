@@ -132,11 +132,20 @@ def record(out: Path, point: str) -> dict[str, Any]:
 def test_local_executor_runs_the_same_job_file(tmp_path: Path) -> None:
     """submitit's local executor (what hpcdl uses where sbatch is missing): the 2-node point's
     ranks start on this machine through mpirun."""
-    f = write_job(tmp_path / "local.toml", name="here", nodes=[2], backend="torch", output=str(tmp_path))
+    workload = {**MLP, "accumulation_steps": 2}  # a knob of the [workload] table like any other
+    f = write_job(
+        tmp_path / "local.toml",
+        name="here",
+        nodes=[2],
+        backend="torch",
+        output=str(tmp_path),
+        workload=workload,
+    )
     p = hpcdl("submit", str(f), "--executor", "local")
     assert p.returncode == 0, p.stdout + p.stderr
     rec = record(tmp_path, "here-n2")
     assert rec["settings"]["world_size"] == 2 and rec["validity"]["passed"]
+    assert rec["settings"]["accumulation_steps"] == 2 and rec["settings"]["global_batch"] == 16 * 2 * 2
     assert rec["environment"]["slurm"] is None
     (row,) = status(tmp_path)
     assert row.state == "done"

@@ -56,7 +56,7 @@ def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
     for word in args.knobs:
         key, sep, text = word.partition("=")
         if key not in Spec.knobs() or not sep:
-            raise SpecError("knob", word, "a suite takes only batch_size=, precision=, seed=")
+            raise SpecError("knob", word, "a suite takes only " + ", ".join(f"{k}=" for k in Spec.knobs()))
         overrides[key] = Spec.parse_knob(key, text)
     return recipes.suite(suite_class(args)).specs(**overrides)
 
@@ -74,5 +74,7 @@ def add_workload_options(r: argparse.ArgumentParser) -> None:
         help="the standard suite of a size class: S (default: a smoke test), M (one node), L (multi-node)",
     )
     r.add_argument(
-        "knobs", nargs="*", help="key=value knob settings (for the suite: batch_size, precision, seed)"
+        "knobs",
+        nargs="*",
+        help="key=value knob settings (for the suite: batch_size, accumulation_steps, precision, seed)",
     )

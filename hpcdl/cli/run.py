@@ -106,9 +106,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         label = repeats.repeat_name(name, r, args.repeat)
         prefix = f"[{i}/{len(runs)}] {label}"
         params = si(spec.count().params)
+        micro = f" x {spec.accumulation_steps} micro-batches" if spec.accumulation_steps > 1 else ""
         say(
             f"{prefix}: {spec.family}, {params} params, {spec.precision}, "
-            f"batch {spec.batch_size}/rank x {world.size} ranks"
+            f"batch {spec.batch_size}/rank{micro} x {world.size} ranks"
         )
         base = args.name if args.name and len(specs) == 1 else f"{stamp}-{name}"
         started = time.time()

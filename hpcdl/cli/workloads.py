@@ -43,6 +43,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "forward_flops_per_sample": c.forward_flops,
         "train_flops_per_sample": c.train_flops,
         "activation_bytes_per_sample": act,
+        "samples_per_step": spec.samples_per_step,
+        "train_flops_per_step": c.train_flops * spec.samples_per_step,
         "memory_estimate_bytes": {
             opt: metrics.memory_estimate(c.params, spec.memory_per_sample(), spec.batch_size, opt)
             for opt in ("adamw", "sgd")
@@ -65,6 +67,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     "training FLOPs / sample",
                     f"{c.train_flops:,} ({c.train_flops / max(c.forward_flops, 1):.2f}x fwd)",
                 ],
+                [
+                    "samples / step / rank",
+                    f"{spec.samples_per_step} ({spec.accumulation_steps} x {spec.batch_size})",
+                ],
+                ["training FLOPs / step / rank", si(c.train_flops * spec.samples_per_step, "FLOP")],
                 ["activations / sample", si(act, "B")],
                 [f"memory, batch {spec.batch_size} (AdamW)", si(info["memory_estimate_bytes"]["adamw"], "B")],
             ],

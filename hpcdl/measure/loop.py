@@ -67,10 +67,13 @@ class Trainer:
         backend: Backend | None = None,
         in_step: InStepCollectives | None = None,
         delay_s: float = 0.0,
+        accumulation_steps: int = 1,
     ) -> None:
         """``in_step`` times the collectives layers call inside a step; ``delay_s`` is slept
-        before every forward pass (a slow rank made on purpose, for tests)."""
+        before every forward pass (a slow rank made on purpose, for tests). A step is
+        ``accumulation_steps`` micro-batches (the backend wrapped the model for as many)."""
         self.model, self.optimizer, self.source, self.device = model, optimizer, source, device
+        self.accumulation_steps = accumulation_steps
         self.backend = backend or SingleProcess()
         self.in_step = in_step or InStepCollectives(device)
         self.delay_s = delay_s
@@ -103,18 +106,38 @@ class Trainer:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 
     def step(self) -> tuple[float, dict[str, float], dict[str, float]]:
-        """One training step; returns its wall time, the time of each phase and the time spent
-        in blocking in-step collectives during forward and backward."""
-        t0 = self._mark()
-        x, y = self.source.next()
-        t1 = self._mark()
-        c1 = self.in_step.seconds
-        loss = self._loss(x, y)
-        t2 = self._mark()
-        c2 = self.in_step.seconds
-        self.scaler.scale(loss).backward()
-        t3 = self._mark()
-        c3 = self.in_step.seconds
+        """One training step: ``accumulation_steps`` micro-batches, each loaded, run forward
+        and backward on its loss divided by their number (the gradients sum to those of their
+        mean), all but the last inside the backend's ``accumulating`` context; then the
+        reduction and the optimizer, once. Returns its wall time, the time of each phase (data,
+        forward and backward summed over the micro-batches) and the time spent in blocking
+        in-step collectives during forward and backward."""
+        n = self.accumulation_steps
+        phases = dict.fromkeys(PHASES, 0.0)
+        in_step = dict.fromkeys(IN_STEP_PHASES, 0.0)
+        losses = []
+        start = self._mark()
+        for i in range(n):
+            last = i == n - 1
+            with nullcontext() if last else self.backend.accumulating(self.model):
+                t0 = self._mark() if i else start
+                x, y = self.source.next()
+                t1 = self._mark()
+                c1 = self.in_step.seconds
+                loss = self._loss(x, y)
+                if n > 1:  # the micro-batches' gradients then sum to those of their mean loss
+                    loss = loss / n
+                t2 = self._mark()
+                c2 = self.in_step.seconds
+                self.scaler.scale(loss).backward()
+                t3 = self._mark()
+                c3 = self.in_step.seconds
+            losses.append(loss.detach())
+            phases["data"] += t1 - t0
+            phases["forward"] += t2 - t1
+            phases["backward"] += t3 - t2
+            in_step["forward"] += c2 - c1
+            in_step["backward"] += c3 - c2
         self.backend.finish_reduction(self.optimizer)
         t4 = self._mark()
         self.backend.step(self.optimizer, self.scaler)
@@ -122,33 +145,32 @@ class Trainer:
         self.optimizer.zero_grad()  # None grads: the default since torch 2.0
         synchronize(self.device)  # the step's end is always synchronised
         t5 = time.perf_counter()
-        self._losses.append(loss.detach())
-        phases = {
-            "data": t1 - t0,
-            "forward": t2 - t1,
-            "backward": t3 - t2,
-            "allreduce": t4 - t3,
-            "optimizer": t5 - t4,
-        }
+        self._losses.append(torch.stack(losses).sum() if n > 1 else losses[0])  # the mean loss
+        phases["allreduce"] = t4 - t3
+        phases["optimizer"] = t5 - t4
         if self.on_step is not None:
             self.on_step()
-        return t5 - t0, phases, {"forward": c2 - c1, "backward": c3 - c2}
+        return t5 - start, phases, in_step
 
     def local_backward_s(self, steps: int) -> list[float]:
         """Backward times with the backend's reduction switched off (DDP's ``no_sync``) and
         in-step collectives taken out, gradients discarded: what backward costs without
         communication, to tell an exposed allreduce that the backend hides inside backward, and
-        a rank's own computation from its wait for the others. Empty when the backend cannot."""
+        a rank's own computation from its wait for the others. Each is a step's, its
+        micro-batches summed as in the backward phase. Empty when the backend cannot."""
         if self.backend.no_reduction(self.model) is None:
             return []
         times = []
         for _ in range(steps):
+            seconds = 0.0  # summed over a step's micro-batches, as the backward phase is
             with self.backend.no_reduction(self.model) or nullcontext():
-                loss = self._loss(*self.source.next())
-                t0 = self._mark()
-                c0 = self.in_step.seconds
-                self.scaler.scale(loss).backward()
-                times.append(self._mark() - t0 - (self.in_step.seconds - c0))
+                for _ in range(self.accumulation_steps):
+                    loss = self._loss(*self.source.next())
+                    t0 = self._mark()
+                    c0 = self.in_step.seconds
+                    self.scaler.scale(loss).backward()
+                    seconds += self._mark() - t0 - (self.in_step.seconds - c0)
+            times.append(seconds)
             self.optimizer.zero_grad()  # None grads: the default since torch 2.0
         return times
 

@@ -211,13 +211,24 @@ def measure_rank(
     report.say(f"building {spec.family} model and {cfg.data} data")
     model = spec.build().to(device)
     in_step = spread(model, world.rank, world.size, backend, device)
-    traffic, grad_bytes = backend.traffic(model), gradient_bytes(model)
+    traffic, grad_bytes = backend.traffic(model, spec.accumulation_steps), gradient_bytes(model)
     source, io = make_source(spec, cfg, device, world)
     inner = model  # the module itself: backends wrap it (DDP) or shard it in place (FSDP)
-    model, optimizer = backend.wrap(model, lambda params: make_optimizer(params, cfg))
+    model, optimizer = backend.wrap(
+        model, lambda params: make_optimizer(params, cfg), spec.accumulation_steps
+    )
     delay = slow_rank_delay(world.rank)
     trainer = Trainer(
-        model, optimizer, source, device, spec.precision, cfg.phase_sync, backend, in_step, delay
+        model,
+        optimizer,
+        source,
+        device,
+        spec.precision,
+        cfg.phase_sync,
+        backend,
+        in_step,
+        delay,
+        spec.accumulation_steps,
     )
     trainer.target = (cfg.target_loss_fraction, cfg.pool_batches) if cfg.target_loss_fraction else None
     trainer.before_window = before_window
@@ -235,7 +246,7 @@ def measure_rank(
             cfg.warmup_steps,
             cfg.steps,
             cfg.duration_s,
-            progress=lambda n, s: report.tick(n, s, n * spec.batch_size * world.size),
+            progress=lambda n, s: report.tick(n, s, n * spec.samples_per_step * world.size),
             window=sampler,
             agree=world.all_true,  # the window ends when every rank's clock says so
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,18 @@ def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: tor
     """One SGD step of N ranks, each on its own shard, against one process stepping on the
     whole global batch (all N shards) from the same weights: the parameters must agree.
 
+    With gradient accumulation (``spec.accumulation_steps`` = A) each rank's shard is A
+    micro-batches, run as training runs them (the backend's ``accumulating`` context for all
+    but the last, each loss divided by A): the reduction once per step must give the gradient
+    of the global batch.
+
+    The one process takes the global batch as the same N x A micro-batches, one after the
+    other, each loss divided by their number (the mean loss of the global batch), and steps
+    once. It computes every product at the shapes the ranks do: a batch of another size may
+    be rounded differently (the CPU's GEMM kernels are chosen by shape), and a rounding that
+    flips one ReLU moves a gradient by far more than rounding does (an MLP of width 1024 at one
+    thread, 8 shards of 4 against one batch of 32: 6e-3 of the update, one ReLU flipped).
+
     Models run in eval mode (batch norm uses its running statistics) and without dropout so
     that the per-shard losses are independent and deterministic; the check is about the
     reduction of gradients, and compares the whole parameters by name, however the backend and
@@ -51,20 +64,25 @@ def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: tor
     small = spec.replace(batch_size=min(spec.batch_size, 4), precision="fp32")
     if getattr(small, "dropout", 0):
         small = small.replace(dropout=0.0)
-    shards = [make_batch(small, device=device, stream=CHECK_STREAM + r) for r in range(world.size)]
+    micro = small.accumulation_steps
+    shards = [make_batch(small, device=device, stream=CHECK_STREAM + i) for i in range(world.size * micro)]
+    mine = shards[world.rank * micro : (world.rank + 1) * micro]
 
     model = _for_check(small.build().to(device))
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     spread(model, world.rank, world.size, backend, device)
-    wrapped, opt = backend.wrap(model, lambda params: torch.optim.SGD(params, lr=0.1))
-    _loss(wrapped, *shards[world.rank]).backward()
+    wrapped, opt = backend.wrap(model, lambda params: torch.optim.SGD(params, lr=0.1), micro)
+    for i, (x, y) in enumerate(mine):
+        with backend.accumulating(wrapped) if i < micro - 1 else nullcontext():
+            (_loss(wrapped, x, y) / micro).backward()
     backend.finish_reduction(opt)
     backend.step(opt, torch.amp.GradScaler(device.type, enabled=False))
     stepped = dict(full_parameters(model, backend))
 
     ref = _for_check(small.build().to(device))
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    _loss(ref, torch.cat([x for x, _ in shards]), torch.cat([y for _, y in shards])).backward()
+    for x, y in shards:
+        (_loss(ref, x, y) / len(shards)).backward()
     ref_opt.step()
     synchronize(device)
 
@@ -72,10 +90,11 @@ def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: tor
     update = max(float((expected[n].detach() - p0).abs().max()) for n, p0 in start.items())
     diff = max(float((stepped[n] - expected[n].detach()).abs().max()) for n in expected)
     worst = max(world.allgather(diff / update if update > 0 else float("inf")))
+    steps = f" of {micro} micro-batches" if micro > 1 else ""
     return Check(
         "one_step_equivalence",
         worst <= EQUIVALENCE_TOLERANCE,
-        f"{world.size} ranks vs 1 process on the global batch: max parameter difference "
+        f"{world.size} ranks{steps} vs 1 process on the global batch: max parameter difference "
         f"{worst:.2e} of the update (tolerance {EQUIVALENCE_TOLERANCE:g})",
     )
 

@@ -204,7 +204,7 @@ def _ranks(r: Result) -> list[str]:
 
 def _derived_figures(r: Result) -> list[str]:
     m, rows = r.metrics, r.metrics.per_rank
-    samples = [r.settings.batch_per_rank * x.timed_steps for x in rows]
+    samples = [r.settings.samples_per_step * x.timed_steps for x in rows]
     want = metrics.aggregate_throughput(samples, [x.timed_window_s for x in rows])
     problems = []
     if not _close(m.samples_per_s, want):

@@ -133,7 +133,7 @@ def rank_row(spec: Spec, r: RankMeasurement, rules: type[Backend]) -> RankRow:
         host=r.host,
         node=r.node,
         local_rank=r.local_rank,
-        samples_per_s=metrics.throughput(spec.batch_size * len(log.step_s), log.window_s),
+        samples_per_s=metrics.throughput(spec.samples_per_step * len(log.step_s), log.window_s),
         step_time_median_s=metrics.summarize(log.step_s)["median"],
         compute_median_s=metrics.summarize(r.forward_backward_s())["median"],
         timed_steps=len(log.step_s),
@@ -288,7 +288,7 @@ def build_record(
     n = len(ranks)
     logs = [r.log for r in ranks]
     lead = logs[0]
-    samples = [spec.batch_size * len(g.step_s) for g in logs]
+    samples = [spec.samples_per_step * len(g.step_s) for g in logs]
     window = max(g.window_s for g in logs)
     samples_per_s = metrics.aggregate_throughput(samples, [g.window_s for g in logs])
     ai_ops = metrics.ai_ops_per_s(count.train_flops, samples_per_s)
@@ -305,11 +305,12 @@ def build_record(
         precision=spec.precision,
         batch_per_rank=spec.batch_size,
         world_size=n,
-        global_batch=spec.batch_size * n,
+        global_batch=spec.samples_per_step * n,
         backend=backend,
         device=str(device),
         nodes=len(hosts),
         hosts=hosts,
+        accumulation_steps=spec.accumulation_steps,
     )
     counts = Counts(
         params=count.params,

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from hpcdl import metrics
 from hpcdl.errors import HpcdlError
 from hpcdl.records import schema
 
@@ -124,12 +125,21 @@ class Stats:
 class Settings:
     precision: str
     batch_per_rank: int
+    """samples per rank in one forward and backward (the micro-batch)"""
     world_size: int
     global_batch: int
+    """samples per optimizer step over all ranks: batch_per_rank x accumulation_steps x world_size"""
     backend: str
     device: str
     nodes: int
     hosts: list[str]
+    accumulation_steps: int = 1
+    """micro-batches per optimizer step (records before 2026-11 had none: 1)"""
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples one rank trains on per step (``metrics.samples_per_step``)."""
+        return metrics.samples_per_step(self.batch_per_rank, self.accumulation_steps)
 
 
 @dataclass(frozen=True)

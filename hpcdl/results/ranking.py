@@ -193,6 +193,12 @@ def time_to_quality(s: SystemScore) -> str:
 Table = tuple[str, list[str], list[list[str]]]  # title, header, rows
 
 
+def batch_text(batch: int, accumulation_steps: int) -> str:
+    """The batch per rank of a step: ``8`` or, with gradient accumulation, ``8 x 4`` (micro-batch
+    times micro-batches)."""
+    return f"{batch} x {accumulation_steps}" if accumulation_steps > 1 else str(batch)
+
+
 def detail_tables(r: Ranking) -> list[Table]:
     """Below the list: each ranked system's suite workloads and sweeps, then the rejections."""
     tables: list[Table] = []
@@ -215,7 +221,7 @@ def detail_tables(r: Ranking) -> list[Table]:
                     f"{d['samples_per_s']:.1f}",
                     mfu_text(d["mfu"], d["flags"]),
                     d["precision"],
-                    str(d["batch_per_rank"]),
+                    batch_text(d["batch_per_rank"], d.get("accumulation_steps", 1)),
                     f"{d['loss_reduction']:.2f}",
                     d["record"],
                 ]

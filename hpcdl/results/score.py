@@ -21,7 +21,7 @@ from hpcdl.results.best import best_per_rank_count
 from hpcdl.workloads import recipes
 from hpcdl.workloads.registry import canonical, spec_from_dict
 
-TUNABLE = ("batch_size", "precision", "seed")
+TUNABLE = ("batch_size", "accumulation_steps", "precision", "seed")
 """knobs a submitter may change and still run the standard workload"""
 QUALITY_TARGET = 0.5
 """the loss must fall to half its first-step value for the full quality factor"""
@@ -173,6 +173,7 @@ def score_system(
             "flags": top[w].result.metrics.flags,
             "precision": top[w].result.settings.precision,
             "batch_per_rank": top[w].result.settings.batch_per_rank,
+            "accumulation_steps": top[w].result.settings.accumulation_steps,
             "loss_reduction": qualities[w],
             "quality_factor": quality_factor(qualities[w]),
         }

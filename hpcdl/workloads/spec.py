@@ -34,7 +34,12 @@ class Spec(Knobs):
     """knob -> the values ``hpcdl generate FAMILY --sample SEED`` draws from, uniformly; a
     family may also name derived quantities here and turn them into knobs in ``from_drawn``"""
 
-    batch_size: int = knob(32, lo=1, hi=1 << 20, doc="samples per rank per step")
+    batch_size: int = knob(
+        32, lo=1, hi=1 << 20, doc="samples per rank per micro-batch (x accumulation_steps per step)"
+    )
+    accumulation_steps: int = knob(
+        1, lo=1, hi=1 << 16, doc="micro-batches per optimizer step, their gradients reduced across ranks once"
+    )
     precision: str = knob("fp32", choices=PRECISIONS, doc="compute precision (bf16/fp16 use autocast)")
     seed: int = knob(0, lo=0, hi=2**63 - 1, doc="seeds weights and data: same seed, same model and data")
 
@@ -85,6 +90,11 @@ class Spec(Knobs):
     def memory_per_sample(self) -> int:
         """Bytes one sample adds to a training step (``metrics.sample_memory``)."""
         return metrics.sample_memory(self.count().activation_bytes(self.precision), self.logits_elements)
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples one rank trains on per optimizer step (``metrics.samples_per_step``)."""
+        return metrics.samples_per_step(self.batch_size, self.accumulation_steps)
 
     def build(self) -> nn.Module:
         """The network with weights drawn from ``seed``: the same spec gives the same weights."""

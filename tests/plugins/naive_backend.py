@@ -6,7 +6,7 @@ ranks) are neither broadcast nor reduced."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ClassVar
 
 import numpy as np
@@ -39,12 +39,15 @@ class NaiveMpiBackend:
     def unavailable() -> str | None:
         return None
 
-    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer) -> Wrapped:
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer, accumulation_steps: int = 1) -> Wrapped:
         self.params = [p for _, p in shared_parameters(model)]
         with torch.no_grad():
             for p in self.params:  # every rank starts from rank 0's weights
                 p.copy_(torch.from_numpy(self.comm.bcast(p.detach().cpu().numpy(), root=0)))
         return model, make_optimizer(model.parameters())
+
+    def accumulating(self, model: nn.Module) -> AbstractContextManager[object]:
+        return nullcontext()  # backward reduces nothing: finish_reduction reduces the step's sum
 
     def no_reduction(self, model: nn.Module) -> AbstractContextManager[object] | None:
         return None
@@ -87,7 +90,7 @@ class NaiveMpiBackend:
         return torch.from_numpy(out).to(tensor.device)
 
     @staticmethod
-    def traffic(model: nn.Module) -> list[Traffic]:
+    def traffic(model: nn.Module, accumulation_steps: int = 1) -> list[Traffic]:
         params = [p for _, p in shared_parameters(model) if p.requires_grad]
         return [Traffic("allreduce", gradient_bytes(model), len(params))]
 

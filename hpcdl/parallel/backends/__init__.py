@@ -71,9 +71,17 @@ class Backend(Protocol):
         """Why this backend cannot run here (e.g. its library is not installed), or None."""
         ...
 
-    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer) -> Wrapped:
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer, accumulation_steps: int = 1) -> Wrapped:
         """Model and optimizer whose gradients are averaged over all ranks, with every rank
-        starting from rank 0's weights and optimizer state (rank-local parameters excepted)."""
+        starting from rank 0's weights and optimizer state (rank-local parameters excepted).
+        The gradients are reduced once per ``accumulation_steps`` backward passes: the
+        optimizer steps on the sum of that many micro-batches' gradients, averaged."""
+        ...
+
+    def accumulating(self, model: nn.Module) -> AbstractContextManager[object]:
+        """The context of each micro-batch of a step but the last (gradient accumulation):
+        its forward and backward leave the gradients on this rank, summed into those of the
+        step's other micro-batches; the last micro-batch's backward reduces the sum."""
         ...
 
     def no_reduction(self, model: nn.Module) -> AbstractContextManager[object] | None:
@@ -108,9 +116,10 @@ class Backend(Protocol):
         ...
 
     @staticmethod
-    def traffic(model: nn.Module) -> list[Traffic]:
+    def traffic(model: nn.Module, accumulation_steps: int = 1) -> list[Traffic]:
         """The collectives one training step of ``model`` runs through this backend (before
-        ``wrap``, rank-local parameters already placed): for the record and the scaling model."""
+        ``wrap``, rank-local parameters already placed), a step being ``accumulation_steps``
+        micro-batches: for the record and the scaling model."""
         ...
 
     @staticmethod

@@ -11,7 +11,8 @@ ranks) are left out of the units: they are this rank's alone already.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import ClassVar
 
 import torch
@@ -33,6 +34,18 @@ def units(model: nn.Module) -> list[nn.Module]:
     if isinstance(model, CONTAINERS):
         return [m for m in model if next(m.parameters(), None) is not None]
     return [u for child in model.children() for u in units(child)]
+
+
+@contextmanager
+def _without_gradient_sync(model: nn.Module) -> Iterator[None]:
+    """FSDP2's gradient accumulation without communication (``set_requires_gradient_sync``,
+    FSDP1's ``no_sync``): every unit keeps its unsharded gradients, summed over the
+    micro-batches, and skips its reduce-scatter; the all-gathers still run."""
+    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]
 
 
 @BACKENDS.register
@@ -57,7 +70,7 @@ class FsdpBackend(DistGroup):
             return f"torch {torch.__version__} lacks torch.distributed.fsdp.fully_shard (FSDP2, torch >= 2.6)"
         return None
 
-    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer) -> Wrapped:
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer, accumulation_steps: int = 1) -> Wrapped:
         from torch.distributed.fsdp import fully_shard
 
         local = rank_local(model)
@@ -69,6 +82,9 @@ class FsdpBackend(DistGroup):
         fully_shard(model, ignored_params=ignored)
         # made after sharding: the optimizer state is created for this rank's shards only
         return model, make_optimizer(model.parameters())
+
+    def accumulating(self, model: nn.Module) -> AbstractContextManager[object]:
+        return _without_gradient_sync(model)
 
     def no_reduction(self, model: nn.Module) -> AbstractContextManager[object] | None:
         # set_requires_gradient_sync(False) would skip the reduce-scatters but not the
@@ -82,7 +98,7 @@ class FsdpBackend(DistGroup):
         scaler.step(optimizer)
 
     @staticmethod
-    def traffic(model: nn.Module) -> list[Traffic]:
+    def traffic(model: nn.Module, accumulation_steps: int = 1) -> list[Traffic]:
         local = rank_local(model)
 
         def nbytes(m: nn.Module) -> int:
@@ -91,9 +107,11 @@ class FsdpBackend(DistGroup):
         blocks = [nbytes(u) for u in units(model)]
         root = nbytes(model) - sum(blocks)
         groups = len(blocks) + (root > 0)
-        # forward gathers every unit; backward gathers the blocks again (the root stays gathered)
+        # forward gathers every unit; backward gathers the blocks again (the root stays gathered),
+        # in every micro-batch; the gradients are reduce-scattered once per step
+        n = accumulation_steps
         return [
-            Traffic("all_gather", root + 2 * sum(blocks), groups + len(blocks)),
+            Traffic("all_gather", n * (root + 2 * sum(blocks)), n * (groups + len(blocks))),
             Traffic("reduce_scatter", root + sum(blocks), groups),
         ]
 

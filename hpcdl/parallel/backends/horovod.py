@@ -4,7 +4,7 @@ them (overlapped), and ``synchronize()`` waits for the rest: that wait is the ex
 from __future__ import annotations
 
 import importlib.util
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, ClassVar
 
 import torch
@@ -53,7 +53,7 @@ class HorovodBackend:
             return "Horovod is not installed (bash scripts/install_horovod.sh)"
         return None
 
-    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer) -> Wrapped:
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer, accumulation_steps: int = 1) -> Wrapped:
         # The optimizer has no state yet (nothing to broadcast; broadcast_optimizer_state would
         # take a zero-gradient step to create it, which weight decay turns into an update).
         # Rank-local parameters are neither broadcast nor reduced: Horovod hooks every
@@ -62,13 +62,21 @@ class HorovodBackend:
         shared, local_ids = shared_parameters(model), rank_local(model)
         local = [p for p in model.parameters() if id(p) in local_ids]
         hvd.broadcast_parameters(shared_state(model), root_rank=0)
+        # backward_passes_per_step: each parameter's hook counts the backward passes of a step
+        # and enqueues its allreduce on the last one only (gradient accumulation)
         optimizer = hvd.DistributedOptimizer(
-            make_optimizer(p for _, p in shared), named_parameters=shared, op=hvd.Average
+            make_optimizer(p for _, p in shared),
+            named_parameters=shared,
+            op=hvd.Average,
+            backward_passes_per_step=accumulation_steps,
         )
         if local:  # with the run's hyperparameters: the rebuilt optimizer's defaults are the class's
             settings = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
             optimizer.add_param_group({**settings, "params": local})
         return model, optimizer
+
+    def accumulating(self, model: nn.Module) -> AbstractContextManager[object]:
+        return nullcontext()  # the optimizer's backward_passes_per_step holds the allreduces back
 
     def no_reduction(self, model: nn.Module) -> AbstractContextManager[object] | None:
         return None  # Horovod's hooks reduce every gradient backward produces
@@ -95,8 +103,8 @@ class HorovodBackend:
         return self.hvd.alltoall(tensor, name="hpcdl.all_to_all")  # type: ignore[no-any-return]
 
     @staticmethod
-    def traffic(model: nn.Module) -> list[Traffic]:
-        return allreduce_traffic(model, HorovodBackend.MESSAGE_BYTES)
+    def traffic(model: nn.Module, accumulation_steps: int = 1) -> list[Traffic]:
+        return allreduce_traffic(model, HorovodBackend.MESSAGE_BYTES)  # once per step
 
     @staticmethod
     def exposed_s(backward_s: float, local_backward_s: float | None, reduction_s: float) -> float | None:

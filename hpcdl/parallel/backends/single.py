@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import ClassVar
 
 import torch
@@ -27,8 +27,11 @@ class SingleProcess:
     def unavailable() -> str | None:
         return None
 
-    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer) -> Wrapped:
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer, accumulation_steps: int = 1) -> Wrapped:
         return model, make_optimizer(model.parameters())
+
+    def accumulating(self, model: nn.Module) -> AbstractContextManager[object]:
+        return nullcontext()  # gradients sum in .grad; nothing to reduce
 
     def no_reduction(self, model: nn.Module) -> AbstractContextManager[object] | None:
         return None
@@ -52,7 +55,7 @@ class SingleProcess:
         return tensor.clone()
 
     @staticmethod
-    def traffic(model: nn.Module) -> list[Traffic]:
+    def traffic(model: nn.Module, accumulation_steps: int = 1) -> list[Traffic]:
         return []
 
     @staticmethod

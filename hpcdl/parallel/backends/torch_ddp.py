@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import ClassVar
 
@@ -107,7 +107,8 @@ class TorchBackend(DistGroup):
         "median forward + median backward under no_sync() (5 calibration steps)"
     )
 
-    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer) -> Wrapped:
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer, accumulation_steps: int = 1) -> Wrapped:
+        # (accumulation: DDP reduces in every backward outside no_sync(), see accumulating)
         # DDP broadcasts rank 0's parameters and buffers when it is constructed; the optimizer
         # has no state yet, so nothing else needs broadcasting. Rank-local parameters are
         # neither broadcast nor reduced.
@@ -120,6 +121,11 @@ class TorchBackend(DistGroup):
         ddp = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
         return ddp, make_optimizer(ddp.parameters())
 
+    def accumulating(self, model: nn.Module) -> AbstractContextManager[object]:
+        # no_sync() around forward and backward: the buckets are not reduced, and the next
+        # backward outside it reduces the gradients accumulated meanwhile
+        return model.no_sync() if isinstance(model, DistributedDataParallel) else nullcontext()
+
     def no_reduction(self, model: nn.Module) -> AbstractContextManager[object] | None:
         return model.no_sync() if isinstance(model, DistributedDataParallel) else None
 
@@ -130,8 +136,8 @@ class TorchBackend(DistGroup):
         scaler.step(optimizer)
 
     @staticmethod
-    def traffic(model: nn.Module) -> list[Traffic]:
-        return allreduce_traffic(model, TorchBackend.MESSAGE_BYTES)
+    def traffic(model: nn.Module, accumulation_steps: int = 1) -> list[Traffic]:
+        return allreduce_traffic(model, TorchBackend.MESSAGE_BYTES)  # once per step
 
     @staticmethod
     def exposed_s(backward_s: float, local_backward_s: float | None, reduction_s: float) -> float | None:
