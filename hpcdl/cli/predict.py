@@ -30,7 +30,6 @@ from hpcdl.results.text import si, table
 from hpcdl.scaling import model as model_mod
 from hpcdl.scaling.system import System, load_system
 from hpcdl.workloads.registry import canonical
-from hpcdl.workloads.spec import Spec
 
 T = TypeVar("T")
 ACCUMULATION = "accumulation_steps"
@@ -61,14 +60,12 @@ def _read(field: str, path: str, read: Callable[[Path], T], what: str) -> T:
 
 
 def _accumulation(args: argparse.Namespace) -> int | None:
-    """``accumulation_steps=N`` among the knobs, taken out where the specs do not know it yet
-    (the model reads it either way); None when not given."""
+    """``accumulation_steps=N`` among the knobs (with ``--base``: the record's workload at N
+    micro-batches per step); None when not given."""
     words = [w for w in args.knobs if w.startswith(ACCUMULATION + "=")]
     if not words:
         return None
     text = words[-1].partition("=")[2]
-    if ACCUMULATION not in Spec.knobs():
-        args.knobs = [w for w in args.knobs if not w.startswith(ACCUMULATION + "=")]
     try:
         value = int(text)
     except ValueError:

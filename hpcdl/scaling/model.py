@@ -38,7 +38,6 @@ from hpcdl.scaling.collectives import Comm, Cost, Hierarchy
 from hpcdl.scaling.table import scaling_table
 from hpcdl.workloads import moe
 from hpcdl.workloads.registry import spec_from_dict
-from hpcdl.workloads.spec import Spec
 
 __all__ = ["Comm", "Cost", "Hierarchy", "Model", "fit_comm", "model_for", "model_from_records"]
 
@@ -53,9 +52,10 @@ all-to-alls) run in every micro-batch's forward and backward and are counted who
 BACKWARD_FRACTION = 2 / 3
 """backward's share of forward + backward where no record measured it: backward computes two
 products for each of forward's one (METRICS.md, training FLOPs = 3 x forward)"""
-HOROVOD_CYCLE_S = 5e-3
-"""Horovod's ``HOROVOD_CYCLE_TIME`` default (``SetCycleTimeMs(5)`` in horovod/common/
-operations.cc; some releases use 1 ms): a bucket ready waits half of it on average"""
+HOROVOD_CYCLE_S = 1e-3
+"""Horovod's ``HOROVOD_CYCLE_TIME`` default in the release hpcdl installs (0.28.1:
+``SetCycleTimeMs(1)`` in horovod/common/operations.cc; the 2017 releases had 5 ms): a bucket
+ready waits half of it on average"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -395,10 +395,9 @@ def model_for(
     reducing = [n for n in BACKENDS.names() if n != SINGLE]
     if backend not in reducing:
         raise InputError("predict.backend", backend, f"allowed: {', '.join(reducing)}")
-    known = _spec_knows("accumulation_steps")  # a knob of every spec once the run side has it
-    workload = spec_from_dict({k: v for k, v in spec.items() if known or k != "accumulation_steps"})
+    workload = spec_from_dict(dict(spec))
     if accumulation_steps is None:
-        accumulation_steps = int(spec.get("accumulation_steps", 1))
+        accumulation_steps = workload.accumulation_steps
     experts = workload.experts if isinstance(workload, moe.MoEKnobs) and workload.expert_parallel else 0
     sharded_at = experts if experts > 1 else 2  # the traffic per rank is the same at every such p
     traffic = step_traffic(workload, backend, sharded_at, batch)
@@ -422,11 +421,6 @@ def model_for(
         cycle_s=HOROVOD_CYCLE_S if backend == "horovod" else 0.0,
         gamma_rse=gamma_rse,
     )
-
-
-def _spec_knows(name: str) -> bool:
-    """Whether the workload specs know the knob ``name`` (``accumulation_steps`` is new)."""
-    return name in Spec.knobs()
 
 
 def hierarchy_comms(
