@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         err(f"hpcdl: error: {e}; nothing was recorded")
         return e.exit_code
     except HpcdlError as e:
-        if rank_of_process() == 0:  # every rank meets the same bad input: say it once
+        if rank_of_process() == 0 or getattr(e, "every_rank", False):  # the same bad input: say it once
             err(f"hpcdl: error: {e}")
         return e.exit_code
     except torch.OutOfMemoryError as e:  # before Exception, which it is one of
