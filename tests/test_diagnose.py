@@ -17,7 +17,7 @@ import pytest
 
 from hpcdl import cli
 from hpcdl.parallel.launch import mpi_env, mpirun_command
-from hpcdl.results.diagnosis import flags
+from hpcdl.results.diagnosis import diagnosis, flags
 
 ROOT = Path(__file__).resolve().parent.parent
 # 0.6 of the median of two: a clean rank would have to run at under 0.43 x its peer, a rank
@@ -103,3 +103,34 @@ def test_bad_threshold_baseline_or_record_is_one_line(
         and "a diagnosis written by hpcdl diagnose -o" in err
         and len(err.splitlines()) == 1
     )
+
+
+def test_links_latency_and_software_are_judged_as_documented() -> None:
+    """The analysis on its own (no network here has two nodes): a slow NIC makes both of its
+    links slow, so its host is excluded; a link slow alone names both ends but excludes nobody;
+    a latency is flagged above median / threshold; nodes that differ in NCCL are warned about."""
+    soft = {
+        "a": {"nccl": "2.21.5", "env": {}},
+        "b": {"nccl": "2.21.5", "env": {}},
+        "c": {"nccl": "2.19.3", "env": {}},
+    }
+
+    def links(bw: list[float], lat: list[float]) -> dict[str, Any]:
+        pairs = [["a", "b"], ["b", "c"], ["c", "d"], ["d", "e"]]
+        return {
+            "links": [
+                {"hosts": p, "ranks": [0, 0], "bandwidth": b, "latency_s": t}
+                for p, b, t in zip(pairs, bw, lat, strict=True)
+            ],
+            "software": soft,
+        }
+
+    doc = diagnosis(links([1.0, 0.5, 0.5, 1.0], [2e-6] * 4), 0.9, None)
+    assert {f["item"] for f in doc["flags"]} == {"b-c", "c-d"} and doc["exclude"] == ["c"]
+    assert doc["warnings"] == ["nodes differ in nccl: a=2.21.5, b=2.21.5, c=2.19.3"]
+    doc = diagnosis(links([1.0, 1.0, 0.5, 1.0], [2e-6, 2e-6, 2e-6, 9e-6]), 0.9, None)
+    assert [(f["item"], f["figure"]) for f in doc["flags"]] == [("c-d", "bandwidth"), ("d-e", "latency_s")]
+    assert doc["exclude"] == ["d"]  # in both flagged links
+    assert diagnosis(links([1.0, 1.0, 0.5, 1.0], [2e-6] * 4), 0.9, None)["exclude"] == []
+    # one link slow in both figures is still one link: nobody excluded
+    assert diagnosis(links([1.0, 1.0, 0.5, 1.0], [2e-6, 2e-6, 9e-6, 2e-6]), 0.9, None)["exclude"] == []

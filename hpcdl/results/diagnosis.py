@@ -94,9 +94,9 @@ def flags(
 def exclude(found: list[dict[str, Any]]) -> list[str]:
     """Hosts to leave out of the next allocation (see the module's docstring)."""
     hosts = {h for f in found if f["section"] != "links" for h in f["hosts"]}
-    links = [f["item"] for f in found if f["section"] == "links"]
-    seen = Counter(h for f in found if f["section"] == "links" for h in f["hosts"])
-    hosts |= {h for h, n in seen.items() if n >= 2 and len(set(links)) >= 2}
+    links = {f["item"]: f["hosts"] for f in found if f["section"] == "links"}  # each link once
+    seen = Counter(h for ends in links.values() for h in ends)
+    hosts |= {h for h, n in seen.items() if n >= 2}
     return sorted(hosts)
 
 
