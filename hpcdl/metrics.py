@@ -215,3 +215,17 @@ def energy_figures(
         "energy_delay_product_js": energy_delay_product(energy_j, window_s),
         "ai_ops_per_watt": ai_ops_per_watt(train_flops_per_sample, samples, energy_j),
     }
+
+
+def copy_bandwidth(nbytes: int, copies: int, seconds: float) -> float:
+    """Memory bandwidth of a timed copy (``hpcdl diagnose``): each copy of ``nbytes`` reads and
+    writes them once, 2 x nbytes moved (STREAM's counting for Copy)."""
+    return 2 * nbytes * copies / seconds if seconds > 0 else 0.0
+
+
+def pingpong(nbytes: int, round_trip_s: float) -> tuple[float, float]:
+    """A point-to-point link's one-way latency (half the round trip) and bandwidth (``nbytes``
+    over that one-way time), from the median round trip of a ping-pong (OSU's osu_latency and
+    osu_bw-style counting; ``hpcdl diagnose``)."""
+    one_way = round_trip_s / 2
+    return one_way, (nbytes / one_way if one_way > 0 else 0.0)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from hpcdl.cli import capacity, comm, jobs, predict, proxy, results, run, submission, sweep, workloads
+from hpcdl.cli import diagnose as diagnose_cmd
 from hpcdl.cli.common import Parser, err
 from hpcdl.errors import HpcdlError, InputError, RunFailed
 from hpcdl.parallel.world import end_all_ranks, rank_of_process
@@ -21,6 +22,7 @@ def build_parser() -> Parser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     for group in (run, sweep, capacity, workloads, comm, jobs, results, predict, proxy, submission):
         group.add_parsers(sub)
+    diagnose_cmd.add_parsers(sub)
     return p
 
 
@@ -35,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         err(f"hpcdl: error: {e}; nothing was recorded")
         return e.exit_code
     except HpcdlError as e:
-        if rank_of_process() == 0:  # every rank meets the same bad input: say it once
+        if rank_of_process() == 0 or getattr(e, "every_rank", False):  # the same bad input: say it once
             err(f"hpcdl: error: {e}")
         return e.exit_code
     except torch.OutOfMemoryError as e:  # before Exception, which it is one of

@@ -81,7 +81,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
             f"{p['samples_per_s']:.1f}" if "record" in p else p["state"],
             f"{p['speedup']:.2f}" if "record" in p else "",
             f"{p['efficiency'] * 100:.1f}%" if "record" in p else "",
-            p.get("record", ""),
+            p.get("record", p.get("refused", "")),
         ]
         for p in points
     ]

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from hpcdl.parallel.worldsize import checked_world, promised_sizes
+
 # Environment variables an MPI launcher sets for every rank it starts.
 LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 
@@ -110,11 +112,12 @@ def others_wait(world: World) -> Iterator[None]:
 
 def init_world() -> World:
     """The world of this process: from MPI when launched by an MPI launcher, else alone."""
+    promised = promised_sizes()  # before MPI starts: it may set variables of its own
     if not under_mpi():
-        return World()
+        return checked_world(World(), promised)
     from mpi4py import MPI
 
-    return world_of(MPI.COMM_WORLD)
+    return checked_world(world_of(MPI.COMM_WORLD), promised)
 
 
 def world_of(comm: Any) -> World:

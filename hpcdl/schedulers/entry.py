@@ -18,6 +18,7 @@ checkpoints and requeues the point on preemption).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from hpcdl.parallel.launch import (
     supervise,
 )
 from hpcdl.parallel.world import World, end_all_ranks, init_world
+from hpcdl.parallel.worldsize import EXPECTED_ENV
 from hpcdl.records import repeats
 from hpcdl.records.store import load_record, write_record
 from hpcdl.records.views import Result, read_result
@@ -97,6 +99,7 @@ def run_rank(point: Point) -> dict[str, Any]:
     """One rank of the point (every rank calls this): run it unless it is already done."""
     from hpcdl.measure.runner import run  # the whole measurement stack: only inside a job
 
+    os.environ[EXPECTED_ENV] = str(point.ranks)  # init_world ends every process of a split world
     world = init_world()
     say = say_rank0(world.rank)
     if world.size != point.ranks:

@@ -42,6 +42,7 @@ from hpcdl import reader
 from hpcdl.errors import SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.parallel.backends import backend_choices
+from hpcdl.schedulers.container import ContainerOptions, check_launcher
 from hpcdl.schedulers.protocol import SCHEDULERS
 from hpcdl.schedulers.workload_table import workload_spec
 from hpcdl.workloads.families.mlp import MLPSpec
@@ -99,6 +100,9 @@ class Job(Knobs):
     per_device: int = knob(
         1, lo=1, hi=1024, doc="capacity: instances sharing each device (a divisor of instances)"
     )
+    container: ContainerOptions = knob(
+        ContainerOptions(), doc="table: the image every rank runs in (runtime, image, mounts, env)"
+    )
     tables: tuple[Knobs, ...] = knob(
         (), doc="the scheduler tables ([slurm], ...), each its scheduler's options"
     )
@@ -133,6 +137,7 @@ class Job(Knobs):
                 raise SpecError(
                     "job.instances", self.instances, f"must divide the {self.ranks(n)} ranks of {n} node(s)"
                 )
+        check_launcher(self.container, self.launcher)
         if self.run.backend != "auto":
             raise SpecError("job.run.backend", self.run.backend, "set it at the top level: job.backend")
 
@@ -180,6 +185,7 @@ class Job(Knobs):
         del d["tables"]
         d["workload"] = self.workload.to_dict()
         d["run"] = self.run.to_dict()
+        d["container"] = self.container.to_dict()
         d["env"] = dict(item.split("=", 1) for item in self.env)
         return d | {table_name(t): t.to_dict() for t in self.tables}
 
@@ -221,6 +227,9 @@ def job_from_dict(data: dict[str, Any]) -> Job:
     if "run" in fields:
         run = table_value(fields, "run")
         fields["run"] = nested(lambda: RunConfig.from_dict(run), "job.")
+    if "container" in fields:
+        container = table_value(fields, "container")
+        fields["container"] = nested(lambda: ContainerOptions.from_dict(container), "job.")
     if "env" in fields:
         fields["env"] = env_items(table_value(fields, "env"))
     return Job(**fields, tables=tuple(tables))

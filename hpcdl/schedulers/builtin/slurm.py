@@ -146,10 +146,18 @@ class Slurm:
             "error": f"{folder}/%j_0_log.err",
             **opts.sbatch_options(),
         }
-        command = [sys.executable, "-u", "-m", ENTRY, "--submitit", str(folder)]
+        args = ["-u", "-m", ENTRY, "--submitit", str(folder)]
+        command = [sys.executable, *args]
+        box = job.container
+        passed = list(job.environment())  # the [env] table reaches the ranks inside an image too
         if job.launcher == "srun":  # one task per rank, each with its own log; PMIx makes their world
             logs = ["--output", f"{folder}/%j_%t_log.out", "--error", f"{folder}/%j_%t_log.err"]
-            command = ["srun", "--unbuffered", *logs, "--mpi=pmix", *command]
+            srun = ["srun", "--unbuffered", *logs, "--mpi=pmix"]
+            command = [*srun, *command]
+            if box.runtime:
+                command = box.wrap(
+                    srun, args, name=point.name, output=point.output, gpus=job.gpus_per_node, env=passed
+                )
         layout = f"{point.nodes} node(s) x {point.tasks_per_node} task(s)"
         return "\n".join(
             [
@@ -158,6 +166,7 @@ class Slurm:
                 *(sbatch_line(k, v) for k, v in directives.items() if v),
                 "",
                 *job.export_lines(),
+                *box.export_lines(passed),
                 "export SUBMITIT_EXECUTOR=slurm  # submitit's Slurm environment: checkpoint and requeue",
                 shlex.join(command),
                 "",

@@ -1,0 +1,136 @@
+"""``hpcdl diagnose`` on a real 2-rank MPI world started through hpcdl's mpirun builder: a clean
+diagnosis names nobody; with rank 1 sharing its core with a spinning process at a tenth of its
+weight (``sched_setaffinity``, nice 10; the spinner started and stopped by rank 1 itself) it
+names rank 1 and no other, also
+against the clean diagnosis as a baseline. Bad thresholds and baselines: one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcdl import cli
+from hpcdl.parallel.launch import mpi_env, mpirun_command
+from hpcdl.results.diagnosis import diagnosis, flags
+
+ROOT = Path(__file__).resolve().parent.parent
+# 0.6 of the median of two: a clean rank would have to run at under 0.43 x its peer, a rank
+# sharing its core with three spinners runs at about a quarter (0.4 x the median): the test
+# cannot flake either way on a loaded 2-core machine
+THRESHOLD = 0.6
+
+# Rank 1 is slowed for the second diagnosis only: pinned to core 1 beside a spinning process
+# it starts (and stops), at nice 10. Its weight is then a tenth of the spinner's, so the load
+# balancer cannot make it up by moving the machine's other work away from core 1 (with equal
+# weights it did: both ranks slowed alike on a loaded machine).
+RANKS = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    from hpcdl import cli
+    from hpcdl.parallel.world import init_world
+
+    out, threshold = sys.argv[1], sys.argv[2]
+    world = init_world()
+    args = ["diagnose", "--seconds", "0.3", "--threshold", threshold]
+    cli.main([*args, "-o", f"{out}/clean.json"])
+    spinner = None
+    if world.rank == 1:
+        spin = "import os; os.sched_setaffinity(0, {1})\\nwhile True: pass"
+        spinner = subprocess.Popen([sys.executable, "-c", spin])
+        os.sched_setaffinity(0, {1})
+        os.nice(10)
+    try:
+        world.barrier()
+        cli.main([*args, "-o", f"{out}/slowed.json"])
+    finally:
+        if spinner is not None:
+            spinner.kill()
+            spinner.wait()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def diagnosed(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores to pin the ranks to")
+    out = tmp_path_factory.mktemp("diagnose")
+    (out / "diagnose_ranks.py").write_text(RANKS)
+    env = {**mpi_env(), "PYTHONPATH": f"{out}{os.pathsep}{ROOT}"}
+    cmd = mpirun_command(2, ["diagnose_ranks", str(out), str(THRESHOLD)])
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads((out / "clean.json").read_text()), json.loads((out / "slowed.json").read_text())
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_clean_names_nobody_slowed_names_rank_1(diagnosed: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    clean, slowed = diagnosed
+    assert clean["world_size"] == 2 and len(clean["devices"]) == 2
+    assert clean["flags"] == [] and clean["exclude"] == [], clean["flags"]
+    assert clean["nodes"][0]["allreduce_busbw"] > 0 and clean["nodes"][0]["wrong"] == 0
+    host = slowed["devices"][1]["host"]
+    assert slowed["flags"], slowed["devices"]
+    assert {(f["rank"], f["hosts"][0]) for f in slowed["flags"]} == {(1, host)}, slowed["flags"]
+    assert all(f["value"] < THRESHOLD * f["reference"] for f in slowed["flags"])
+    assert slowed["exclude"] == [host]
+    assert set(slowed["software"]) == {host} and slowed["software"][host]["torch"]
+    # the same against the clean diagnosis as a baseline: rank 1 is among what fell
+    assert 1 in {f["rank"] for f in flags(slowed, THRESHOLD, clean)}
+
+
+def test_bad_threshold_baseline_or_record_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A threshold outside (0, 1), a baseline that is no diagnosis, a record that is not there:
+    one line, exit 2, before any rank starts."""
+    assert cli.main(["diagnose", "--threshold", "1.5"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "hpcdl: error: threshold=1.5 is invalid: a fraction in (0, 1), e.g. 0.9: flag below 90% of the median"
+    )
+    (tmp_path / "b.json").write_text('{"schema": "hpcdl.record"}')
+    assert cli.main(["diagnose", "--baseline", str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "baseline=" in err
+        and "a diagnosis written by hpcdl diagnose -o" in err
+        and len(err.splitlines()) == 1
+    )
+
+
+def test_links_latency_and_software_are_judged_as_documented() -> None:
+    """The analysis on its own (no network here has two nodes): a slow NIC makes both of its
+    links slow, so its host is excluded; a link slow alone names both ends but excludes nobody;
+    a latency is flagged above median / threshold; nodes that differ in NCCL are warned about."""
+    soft = {
+        "a": {"nccl": "2.21.5", "env": {}},
+        "b": {"nccl": "2.21.5", "env": {}},
+        "c": {"nccl": "2.19.3", "env": {}},
+    }
+
+    def links(bw: list[float], lat: list[float]) -> dict[str, Any]:
+        pairs = [["a", "b"], ["b", "c"], ["c", "d"], ["d", "e"]]
+        return {
+            "links": [
+                {"hosts": p, "ranks": [0, 0], "bandwidth": b, "latency_s": t}
+                for p, b, t in zip(pairs, bw, lat, strict=True)
+            ],
+            "software": soft,
+        }
+
+    doc = diagnosis(links([1.0, 0.5, 0.5, 1.0], [2e-6] * 4), 0.9, None)
+    assert {f["item"] for f in doc["flags"]} == {"b-c", "c-d"} and doc["exclude"] == ["c"]
+    assert doc["warnings"] == ["nodes differ in nccl: a=2.21.5, b=2.21.5, c=2.19.3"]
+    doc = diagnosis(links([1.0, 1.0, 0.5, 1.0], [2e-6, 2e-6, 2e-6, 9e-6]), 0.9, None)
+    assert [(f["item"], f["figure"]) for f in doc["flags"]] == [("c-d", "bandwidth"), ("d-e", "latency_s")]
+    assert doc["exclude"] == ["d"]  # in both flagged links
+    assert diagnosis(links([1.0, 1.0, 0.5, 1.0], [2e-6] * 4), 0.9, None)["exclude"] == []
+    # one link slow in both figures is still one link: nobody excluded
+    assert diagnosis(links([1.0, 1.0, 0.5, 1.0], [2e-6, 2e-6, 9e-6, 2e-6]), 0.9, None)["exclude"] == []
