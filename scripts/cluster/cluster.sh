@@ -5,12 +5,15 @@
 #                                                          (tc syntax, default 200mbit)
 #   bash scripts/cluster/cluster.sh stop                   tear down everything start made
 #   bash scripts/cluster/cluster.sh status                 what runs (exit 1 when nothing does)
-#   bash scripts/cluster/cluster.sh exec HOST CMD...       run CMD on host HOST (h1 ... hN)
+#   bash scripts/cluster/cluster.sh exec HOST CMD...       run CMD on host HOST (h1 ... hN, head)
 #
 # What it makes (as root; Linux network namespaces, iproute2 and util-linux only):
 #   hpcdl-sw             a network namespace holding the switch: a bridge, br0
 #   hpcdl-h1 ... -hN     one network namespace per host, with lo and eth0, a veth whose other
 #                        end (pI) is a port of br0; eth0 has 10.231.0.I/24 (HPCDL_CLUSTER_NET)
+#   hpcdl-head           the cluster's head (login) node at 10.231.0.254, on port p0 of the
+#                        switch, its link not limited: where a scheduler's controller runs
+#                        (scripts/slurm/start-cluster.sh with HPCDL_SLURM_NETWORK=emulated)
 #   a UTS namespace      per host (bind-mounted on $STATE/uts/hI): `hostname` there says hI,
 #                        so MPI tells the hosts apart; the machine's own name is untouched
 #   /etc/netns/hpcdl-hI/hosts  the hosts file `ip netns exec` shows inside host hI: every
@@ -40,7 +43,7 @@ usage() { sed -n '4,7s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 host_ns() { echo "${PREFIX}$1"; }   # h3 -> hpcdl-h3
 
 # namespaces this script made, by name (whatever state file says: leftovers of a crash too)
-our_namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep "^${PREFIX}\(sw\|h[0-9]\+\)$" || true; }
+our_namespaces() { ip netns list 2>/dev/null | awk '{print $1}' | grep "^${PREFIX}\(sw\|head\|h[0-9]\+\)$" || true; }
 
 teardown() {
   local ns pids hosts=0 f
@@ -52,7 +55,7 @@ teardown() {
       kill -9 $pids 2>/dev/null || true
     fi
     ip netns del "$ns" 2>/dev/null || true   # takes its veth ends and their qdiscs with it
-    [ "$ns" = "$SWITCH" ] || hosts=$((hosts + 1))
+    if [[ "$ns" =~ ^${PREFIX}h[0-9]+$ ]]; then hosts=$((hosts + 1)); fi
   done
   if [ -d "$STATE/uts" ]; then
     for f in "$STATE"/uts/*; do
@@ -71,6 +74,7 @@ running_config() {  # "HOSTS RATE NET" of a complete running cluster, else nothi
   local hosts rate net i
   read -r hosts rate net <"$STATE/config"
   ip netns list | grep -q "^$SWITCH\b" || return 0
+  ip netns list | grep -q "^$(host_ns head)\b" && [ -e "$STATE/uts/head" ] || return 0
   for i in $(seq 1 "$hosts"); do
     ip netns list | grep -q "^$(host_ns h"$i")\b" || return 0
     [ -e "$STATE/uts/h$i" ] || return 0
@@ -130,18 +134,29 @@ start() {
     touch "$STATE/uts/$h"
     unshare --uts="$STATE/uts/$h" hostname "$h"
   done
+  # the head: no hosts file of its own (it sees the machine's, where a scheduler names its nodes)
+  ns=$(host_ns head)
+  ip netns add "$ns"
+  ip -n "$SWITCH" link add p0 type veth peer name eth0 netns "$ns"
+  ip -n "$SWITCH" link set p0 master br0 up
+  ip -n "$ns" link set lo up
+  ip -n "$ns" addr add "$NET.254/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  touch "$STATE/uts/head"
+  unshare --uts="$STATE/uts/head" hostname head
   for i in $(seq 1 "$hosts"); do
     mkdir -p "/etc/netns/$(host_ns h"$i")"
     {
       echo "127.0.0.1 localhost"
       echo "# the emulated cluster (scripts/cluster/cluster.sh)"
       for j in $(seq 1 "$hosts"); do echo "$NET.$j h$j"; done
+      echo "$NET.254 head"
     } >"/etc/netns/$(host_ns h"$i")/hosts"
   done
   for i in $(seq 1 "$hosts"); do echo "h$i slots=1"; done >"$STATE/hostfile"
   echo "$hosts $rate $NET" >"$STATE/config"
   trap - ERR
-  log "started: $hosts hosts (h1 ... h$hosts, $NET.1 ...) on a bridge, each link at $rate (tbf, burst $burst B)"
+  log "started: $hosts hosts (h1 ... h$hosts, $NET.1 ...) on a bridge, each link at $rate (tbf, burst $burst B); head at $NET.254"
 }
 
 stop() {
@@ -164,7 +179,7 @@ status() {
 
 exec_on() {  # HOST CMD...: CMD in the host's UTS and network namespaces, with its hosts file
   local h=${1:-}; shift || true
-  [[ "$h" =~ ^h[0-9]+$ ]] && [ -e "$STATE/uts/$h" ] || die "no emulated host '$h' (running: $(running_config))"
+  [[ "$h" =~ ^(h[0-9]+|head)$ ]] && [ -e "$STATE/uts/$h" ] || die "no emulated host '$h' (running: $(running_config))"
   [ $# -ge 1 ] || die "exec $h: no command given"
   exec nsenter --uts="$STATE/uts/$h" ip netns exec "$(host_ns "$h")" "$@"
 }
