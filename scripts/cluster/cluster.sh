@@ -38,6 +38,7 @@ SWITCH=${PREFIX}sw
 
 log() { echo "[cluster] $*"; }
 die() { echo "[cluster] ERROR: $*" >&2; exit 1; }
+bad() { echo "[cluster] $*" >&2; exit 2; }   # bad input: one line, exit 2, nothing made
 usage() { sed -n '4,7s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 
 host_ns() { echo "${PREFIX}$1"; }   # h3 -> hpcdl-h3
@@ -97,11 +98,11 @@ rate_bits() {  # 200mbit -> 200000000 (tc's units: bit, kbit, mbit, gbit)
 start() {
   local hosts=${1:-4} rate=${2:-200mbit} bits burst cur i h ns
   [[ "$hosts" =~ ^[0-9]+$ ]] && [ "$hosts" -ge 1 ] && [ "$hosts" -le 200 ] ||
-    die "HOSTS='$hosts' is invalid: an integer 1..200"
+    bad "HOSTS='$hosts' is invalid: an integer 1..200"
   bits=$(rate_bits "$rate") && [ "$bits" -ge 1000000 ] ||
-    die "RATE='$rate' is invalid: a rate of at least 1mbit, in bit, kbit, mbit or gbit (e.g. 200mbit)"
+    bad "RATE='$rate' is invalid: a rate of at least 1mbit, in bit, kbit, mbit or gbit (e.g. 200mbit)"
   [[ "$NET" =~ ^(10|192\.168|172\.(1[6-9]|2[0-9]|3[01]))(\.[0-9]+){0,2}$ ]] && [ "$(tr -cd . <<<"$NET" | wc -c)" = 2 ] ||
-    die "HPCDL_CLUSTER_NET='$NET' is invalid: the first three parts of a private IPv4 /24 (e.g. 10.231.0)"
+    bad "HPCDL_CLUSTER_NET='$NET' is invalid: the first three parts of a private IPv4 /24 (e.g. 10.231.0)"
   cur=$(running_config)
   if [ "$cur" = "$hosts $rate $NET" ]; then
     log "already running: $hosts hosts at $rate on $NET.0/24 (nothing to do)"
