@@ -386,21 +386,24 @@ import json
 import numpy as np
 from mpi4py import MPI
 
-comm, mib, reps = MPI.COMM_WORLD, 4, 3
-buf = np.arange(mib << 18, dtype=np.float32)
+comm = MPI.COMM_WORLD
+buf, ack = np.arange(1 << 19, dtype=np.float32), np.zeros(1, dtype=np.float32)  # 2 MiB
 rates = {}
 for peer in (1, 2):  # rank 1 shares rank 0's host, rank 2 is on the other host
-    comm.Barrier()
-    t0 = MPI.Wtime()
-    for _ in range(reps):
+    best = 0.0
+    for _ in range(5):  # the best of 5: a rank the busy machine left waiting for a core is no link
+        comm.Barrier()
+        t0 = MPI.Wtime()
         if comm.rank == 0:
             comm.Send(buf, dest=peer)
+            comm.Recv(ack, source=peer)
+            best = max(best, buf.nbytes * 8 / (MPI.Wtime() - t0) / 1e6)
         elif comm.rank == peer:
             got = np.empty_like(buf)
             comm.Recv(got, source=0)
             assert np.array_equal(got, buf)
-    comm.Barrier()
-    rates[peer] = reps * buf.nbytes * 8 / (MPI.Wtime() - t0) / 1e6
+            comm.Send(ack, dest=0)
+    rates[peer] = best
 names = comm.gather(MPI.Get_processor_name())
 if comm.rank == 0:
     print(json.dumps({"hosts": names, "intra": rates[1], "inter": rates[2]}))
@@ -408,9 +411,9 @@ if comm.rank == 0:
 
 
 def test_traffic_between_hosts_crosses_the_limited_link(on_cluster: Cluster, tmp_path: Path) -> None:
-    """Ranks 0 and 1 on h1, rank 2 on h2: 0 -> 2 crosses two veths limited to the link's rate
-    (tbf counts Ethernet frames: TCP/IP headers leave ~95 % of it to the payload), while 0 -> 1
-    goes through shared memory, far faster."""
+    """Ranks 0 and 1 on h1, rank 2 on h2: 2 MiB from 0 to 2 cross two veths limited to the link's
+    rate (tbf counts Ethernet frames: TCP/IP headers leave ~95 % of it to the payload), while
+    0 -> 1 goes through shared memory, far faster."""
     script = tmp_path / "send.py"
     script.write_text(SEND)
     env = {**mpi_env(), "HPCDL_CLUSTER_HOSTS": "2", "HPCDL_CLUSTER_PPN": "2"}
