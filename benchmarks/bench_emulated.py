@@ -154,6 +154,9 @@ def main() -> int:
     print(table(head, rows))
     errors = [float(r[8].rstrip("%")) / 100 for r in rows]
     print(f"median |error| {statistics.median(abs(e) for e in errors):.1%}; records in {out}")
+    print("compute measured: the slowest rank's forward + backward alone (timed before warm-up) and the")
+    print("optimizer; predicted: training FLOPs over gamma of the concurrent 1-rank runs. Where these two")
+    print("disagree, a step time within 10 % is two errors cancelling, not a model that holds.")
     return 0
 
 
