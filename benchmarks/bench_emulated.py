@@ -85,10 +85,21 @@ def measured_parts(rec: dict[str, Any]) -> dict[str, float]:
     computation alone, and the rest of the step."""
     m = rec["metrics"]
     step = rec["settings"]["global_batch"] / m["samples_per_s"]
-    alone = [r["compute_only_s"] or r["compute_median_s"] for r in m["per_rank"]]
+    # FSDP's computation cannot be timed alone (it gathers parameters inside forward and
+    # backward): there, forward + backward with their gathers
+    alone = [r.get("compute_only_s") or r["compute_median_s"] for r in m["per_rank"]]
     optimizer = m["phases_s"].get("optimizer", {}).get("median") or 0.0
     compute = max(alone) + optimizer
     return {"step_s": step, "compute_s": compute, "comm_s": max(step - compute, 0.0)}
+
+
+def kept_base(here: Path, ranks: int) -> Path | None:
+    """The calibration of an interrupted run into the same -o, as gamma_base chooses it."""
+    dirs = [here / f"gamma-{i}" for i in range(ranks)]
+    if not all(list(d.glob("*.json")) for d in dirs):
+        return None
+    by_rate = sorted(dirs, key=lambda d: record(d)["metrics"]["ai_ops_per_s"])
+    return next(by_rate[len(by_rate) // 2].glob("*.json"))
 
 
 def rows_for(out: Path, hosts: int, ppn: int, duration: str) -> list[list[str]]:
@@ -98,14 +109,16 @@ def rows_for(out: Path, hosts: int, ppn: int, duration: str) -> list[list[str]]:
     comms = {}
     for sweep in sorted(set(SWEEP_BACKEND.values())):
         comms[sweep] = out / f"comm-{hosts}x{ppn}-{sweep}.json"
-        hpcdl("comm", "--np", str(ranks), "--backend", sweep, "--sizes", COMM_SIZES, "--reps", "5",
-              "-o", str(comms[sweep]), **env)  # fmt: skip
+        if not comms[sweep].exists():  # kept from an interrupted run into the same -o
+            hpcdl("comm", "--np", str(ranks), "--backend", sweep, "--sizes", COMM_SIZES, "--reps", "5",
+                  "-o", str(comms[sweep]), **env)  # fmt: skip
     rows = []
     for name, (backend, args) in WORKLOADS.items():
         here = out / f"{hosts}x{ppn}" / name.replace(" ", "-")
-        base = gamma_base(here, [*args, "--backend", backend], ranks, duration)
-        hpcdl("run", *args, "--np", str(ranks), "--backend", backend, "--duration", duration,
-              "-o", str(here / "run"), **env)  # fmt: skip
+        base = kept_base(here, ranks) or gamma_base(here, [*args, "--backend", backend], ranks, duration)
+        if not list((here / "run").glob("*.json")):
+            hpcdl("run", *args, "--np", str(ranks), "--backend", backend, "--duration", duration,
+                  "-o", str(here / "run"), **env)  # fmt: skip
         rec = record(here / "run")
         got = measured_parts(rec)
         hosts_seen = sorted({r["host"] for r in rec["metrics"]["per_rank"]})
@@ -135,7 +148,7 @@ def main() -> int:
     ap.add_argument("--rate", default="200mbit", help="each host's link, in tc's units (default 200mbit)")
     ap.add_argument("--duration", default="8", help="timed seconds of every run (default 8)")
     ap.add_argument("--layouts", default="2x2,4x1", help="HOSTSxRANKS of 4 ranks each (default 2x2,4x1)")
-    ap.add_argument("-o", "--output", help="keep the records here (default: a temporary directory)")
+    ap.add_argument("-o", "--output", help="keep the records here and reuse them (default: a temporary dir)")
     args = ap.parse_args()
     out = Path(args.output or tempfile.mkdtemp(prefix="hpcdl-emulated-"))
     layouts = [tuple(int(x) for x in lay.split("x")) for lay in args.layouts.split(",")]

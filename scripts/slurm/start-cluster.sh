@@ -321,8 +321,13 @@ for i in $(seq 1 "$NODES"); do
   mkdir -p "$SPOOL/d-$n" "$SPOOL/tmp-$n"
   alive "$RUN/slurmd-$n.pid" "$SLURMD_EXE" && continue
   clean_stale_pmix "$n"
-  if [ "$NETWORK" = emulated ]; then   # host hI's network, a UTS namespace named nI
-    nsenter --net="/run/netns/hpcdl-h$i" unshare --uts sh -c "hostname $n && exec slurmd -N $n" </dev/null >/dev/null 2>&1
+  if [ "$NETWORK" = emulated ]; then
+    # host hI's network, a UTS namespace named nI, and the host's resolv.conf (no DNS server on the
+    # emulated network: lookups fail at once) in a mount namespace of its own; /etc/hosts stays
+    # the machine's, where the block above names the nodes
+    nsenter --net="/run/netns/hpcdl-h$i" unshare --uts --mount sh -c \
+      "mount --bind /etc/netns/hpcdl-h$i/resolv.conf /etc/resolv.conf && hostname $n && exec slurmd -N $n" \
+      </dev/null >/dev/null 2>&1
   elif [ $UTS = 1 ]; then   # own hostname per node; the network (loopback) is shared
     unshare --uts sh -c "hostname $n && exec slurmd -N $n" </dev/null >/dev/null 2>&1
   else
