@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
-from hpcdl.errors import HpcdlError
+from hpcdl.errors import HpcdlError, InputError
 
 
 def mpirun_command(np: int, module_args: Sequence[str], *, oversubscribe: bool = True) -> list[str]:
@@ -44,7 +44,7 @@ def mpirun_path() -> str:
     chosen = os.environ.get(MPIRUN_ENV)
     if chosen:
         if not os.access(chosen, os.X_OK):
-            raise HpcdlError(f"{MPIRUN_ENV}={chosen!r} is not an executable file")
+            raise InputError(MPIRUN_ENV, chosen, "an executable file (e.g. scripts/cluster/mpirun)")
         return chosen
     mpirun = shutil.which("mpirun")
     if mpirun is None:
