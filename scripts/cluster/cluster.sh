@@ -91,7 +91,7 @@ burst_of() {  # the token bucket's depth: 2 ms at RATE, but at least 64 KiB (one
 
 rate_bits() {  # 200mbit -> 200000000 (tc's units: bit, kbit, mbit, gbit)
   local r=$1 n u
-  [[ "$r" =~ ^([0-9]+)(bit|kbit|mbit|gbit)$ ]] || return 1
+  [[ "$r" =~ ^([0-9]{1,12})(bit|kbit|mbit|gbit)$ ]] || return 1
   n=${BASH_REMATCH[1]}; u=${BASH_REMATCH[2]}
   case $u in bit) echo "$n" ;; kbit) echo $((n * 1000)) ;; mbit) echo $((n * 1000000)) ;; gbit) echo $((n * 1000000000)) ;; esac
 }
@@ -100,8 +100,8 @@ start() {
   local hosts=${1:-4} rate=${2:-200mbit} bits burst cur i h ns
   [[ "$hosts" =~ ^[0-9]+$ ]] && [ "$hosts" -ge 1 ] && [ "$hosts" -le 200 ] ||
     bad "HOSTS='$hosts' is invalid: an integer 1..200"
-  bits=$(rate_bits "$rate") && [ "$bits" -ge 1000000 ] ||
-    bad "RATE='$rate' is invalid: a rate of at least 1mbit, in bit, kbit, mbit or gbit (e.g. 200mbit)"
+  bits=$(rate_bits "$rate") && [ "$bits" -ge 1000000 ] && [ "$bits" -le 400000000000 ] ||
+    bad "RATE='$rate' is invalid: 1mbit to 400gbit, in bit, kbit, mbit or gbit (e.g. 200mbit)"
   [[ "$NET" =~ ^(10|192\.168|172\.(1[6-9]|2[0-9]|3[01]))(\.[0-9]+){0,2}$ ]] && [ "$(tr -cd . <<<"$NET" | wc -c)" = 2 ] ||
     bad "HPCDL_CLUSTER_NET='$NET' is invalid: the first three parts of a private IPv4 /24 (e.g. 10.231.0)"
   cur=$(running_config)
