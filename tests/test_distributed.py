@@ -387,11 +387,11 @@ import numpy as np
 from mpi4py import MPI
 
 comm = MPI.COMM_WORLD
-buf, ack = np.arange(1 << 19, dtype=np.float32), np.zeros(1, dtype=np.float32)  # 2 MiB
+buf, ack = np.arange(1 << 20, dtype=np.float32), np.zeros(1, dtype=np.float32)  # 4 MiB
 rates = {}
 for peer in (1, 2):  # rank 1 shares rank 0's host, rank 2 is on the other host
     best = 0.0
-    for _ in range(5):  # the best of 5: a rank the busy machine left waiting for a core is no link
+    for _ in range(4):  # the best of 4: a rank the busy machine left waiting for a core is no link
         comm.Barrier()
         t0 = MPI.Wtime()
         if comm.rank == 0:
@@ -411,7 +411,7 @@ if comm.rank == 0:
 
 
 def test_traffic_between_hosts_crosses_the_limited_link(on_cluster: Cluster, tmp_path: Path) -> None:
-    """Ranks 0 and 1 on h1, rank 2 on h2: 2 MiB from 0 to 2 cross two veths limited to the link's
+    """Ranks 0 and 1 on h1, rank 2 on h2: 4 MiB from 0 to 2 cross two veths limited to the link's
     rate (tbf counts Ethernet frames: TCP/IP headers leave ~95 % of it to the payload), while
     0 -> 1 goes through shared memory, far faster."""
     script = tmp_path / "send.py"
