@@ -1,7 +1,69 @@
-"""Shared test settings."""
+"""Shared test settings, and the emulated cluster that multi-node tests run on."""
 
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
 import torch
 
 # One intra-op thread: the test models are tiny, and on a busy 2-core machine OpenMP's
 # spinning threads made them up to 20x slower. Subprocesses (CLI, MPI ranks) set their own.
 torch.set_num_threads(1)
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER_SCRIPT = ROOT / "scripts" / "cluster" / "cluster.sh"
+CLUSTER_HOSTS = 4
+CLUSTER_RATE_MBIT = 200
+"""each emulated host's link: low enough that a test can see it, high enough that the
+multi-rank tests' small gradients (~100 kB) cost a few ms a step"""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The running emulated cluster: ``hosts`` hosts h1 ... hN, each on a link of ``rate_mbit``."""
+
+    hosts: int
+    rate_mbit: int
+    mpirun: str
+    """scripts/cluster/mpirun: set it as HPCDL_MPIRUN to place hpcdl's ranks on the hosts"""
+
+    def exec_cmd(self, host: str, *cmd: str) -> list[str]:
+        """The command line that runs ``cmd`` on ``host`` (its name, network and hosts file)."""
+        return ["bash", str(CLUSTER_SCRIPT), "exec", host, *cmd]
+
+
+def _cluster_script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(CLUSTER_SCRIPT), *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def emulated_cluster() -> Iterator[Cluster]:
+    """4 hosts as network namespaces on 200 Mbit/s links (scripts/cluster/cluster.sh), for the
+    whole session; stopped at its end, pass or fail, unless it already ran before the session
+    (or HPCDL_CLUSTER_KEEP=1). Skipped only where namespaces cannot be made (not root)."""
+    if os.geteuid() != 0:
+        pytest.skip("the emulated cluster needs root (network namespaces, tc)")
+    was_running = _cluster_script("status").returncode == 0
+    start = _cluster_script("start", str(CLUSTER_HOSTS), f"{CLUSTER_RATE_MBIT}mbit")
+    if start.returncode != 0:
+        pytest.skip(f"the emulated cluster could not start: {start.stderr.strip()[-500:]}")
+    try:
+        yield Cluster(CLUSTER_HOSTS, CLUSTER_RATE_MBIT, str(ROOT / "scripts" / "cluster" / "mpirun"))
+    finally:
+        if not (was_running or os.environ.get("HPCDL_CLUSTER_KEEP")):
+            _cluster_script("stop")
+
+
+@pytest.fixture
+def on_cluster(emulated_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    """hpcdl's mpirun (and every ``mpi_env()``) places ranks on the emulated hosts, one per
+    host, for this test only."""
+    monkeypatch.setenv("HPCDL_MPIRUN", emulated_cluster.mpirun)
+    monkeypatch.delenv("HPCDL_CLUSTER_PPN", raising=False)
+    monkeypatch.delenv("HPCDL_CLUSTER_HOSTS", raising=False)
+    return emulated_cluster

@@ -1,5 +1,8 @@
 """hpcdl submit, status and collect against a real Slurm cluster: scripts/slurm/start-cluster.sh
-runs four slurmd "nodes" (n1 ... n4) on this machine, with accounting (sacct) through slurmdbd.
+runs four slurmd nodes (n1 ... n4) on the hosts of the emulated cluster (tests/conftest.py: each
+node in its own network namespace, on a 200 Mbit/s link), with accounting (sacct) through
+slurmdbd; slurmctld runs on the emulated cluster's head, and the tests reach it through the
+client wrappers of scripts/slurm/client/ (first on PATH), as users do from a login node.
 
 The cluster is started once for the session and stopped at its end, pass or fail (set
 HPCDL_SLURM_KEEP=1 to leave it running). Every job is tiny: the fake nodes share two cores.
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Cluster  # beside this file, on pytest's path
 
 from hpcdl import cli
 from hpcdl.cli.jobs import status_table
@@ -42,13 +46,16 @@ LONG_RUN = {"steps": 10_000_000, "min_duration_s": 0.0}  # runs until cancelled
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[None]:
-    """The 4-node test cluster, up for the whole session."""
+def cluster(emulated_cluster: Cluster) -> Iterator[None]:
+    """The 4-node test cluster on the emulated hosts, up for the whole session."""
+    path = os.environ["PATH"]
+    os.environ["PATH"] = f"{ROOT / 'scripts/slurm/client'}{os.pathsep}{path}"
     start = subprocess.run(
         ["bash", str(ROOT / "scripts/slurm/start-cluster.sh"), "4"],
         capture_output=True,
         text=True,
         timeout=900,
+        env={**os.environ, "HPCDL_SLURM_NETWORK": "emulated"},
     )
     try:
         if start.returncode != 0:
@@ -59,6 +66,7 @@ def cluster() -> Iterator[None]:
             subprocess.run(
                 ["bash", str(ROOT / "scripts/slurm/stop-cluster.sh")], capture_output=True, timeout=300
             )
+        os.environ["PATH"] = path
 
 
 def toml_value(v: Any) -> str:

@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 from types import FrameType
 
-from hpcdl.errors import HpcdlError
+from hpcdl.errors import HpcdlError, InputError
 
 
 def mpirun_command(np: int, module_args: Sequence[str], *, oversubscribe: bool = True) -> list[str]:
@@ -31,11 +31,27 @@ def mpirun_command(np: int, module_args: Sequence[str], *, oversubscribe: bool =
     not hide a layout that does not fit. ``--bind-to none``: hpcdl divides the cores among the
     ranks itself.
     """
+    mpirun = mpirun_path()
+    place = ["--oversubscribe"] if oversubscribe else []
+    return [mpirun, "-np", str(np), *place, "--bind-to", "none", sys.executable, "-m", *module_args]
+
+
+MPIRUN_ENV = "HPCDL_MPIRUN"
+"""an mpirun to use instead of the one on PATH: ``scripts/cluster/mpirun`` places the ranks on
+the hosts of the emulated cluster (it takes mpirun's arguments and adds its hosts and network)"""
+
+
+def mpirun_path() -> str:
+    """The mpirun hpcdl launches: ``$HPCDL_MPIRUN`` when set, else the one on PATH."""
+    chosen = os.environ.get(MPIRUN_ENV)
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise InputError(MPIRUN_ENV, chosen, "an executable file (e.g. scripts/cluster/mpirun)")
+        return chosen
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise HpcdlError("mpirun not found on PATH (Debian: apt-get install openmpi-bin libopenmpi-dev)")
-    place = ["--oversubscribe"] if oversubscribe else []
-    return [mpirun, "-np", str(np), *place, "--bind-to", "none", sys.executable, "-m", *module_args]
+    return mpirun
 
 
 def mpi_env() -> dict[str, str]:

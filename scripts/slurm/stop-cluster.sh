@@ -64,23 +64,37 @@ descendants() {  # pid -> all its descendants' pids
   for k in $(ps -o pid= --ppid "$1" 2>/dev/null); do echo "$k"; descendants "$k"; done
 }
 
+# Where slurmctld answers and the nodes' namespaces (start-cluster.sh HPCDL_SLURM_NETWORK=emulated):
+# while the emulated cluster still runs, commands go to its head and sockets are read per node.
+NETWORK=$(cat "$RUN/network" 2>/dev/null || echo loopback)
+CLUSTER_SH="$(dirname "$(readlink -f "$0")")/../cluster/cluster.sh"
+[ "$NETWORK" = emulated ] && [ -e /run/netns/hpcdl-head ] || NETWORK=loopback
+on_head() { if [ "$NETWORK" = emulated ]; then bash "$CLUSTER_SH" exec head "$@"; else "$@"; fi; }
+node_sockets() {  # listening Unix sockets with their pids, of this machine and every node namespace
+  ss -xlpn 2>/dev/null
+  if [ "$NETWORK" = emulated ]; then
+    for ns in /run/netns/hpcdl-h*; do [ -e "$ns" ] && nsenter --net="$ns" ss -xlpn 2>/dev/null; done
+  fi
+  return 0
+}
+
 SLURMD_EXE=$(command -v slurmd || echo /usr/sbin/slurmd)
 CTLD_EXE=$(command -v slurmctld || echo /usr/sbin/slurmctld)
 STEPD_EXE=$(command -v slurmstepd || echo /usr/sbin/slurmstepd)
 
 # 1. cancel all jobs while the daemons are still up
 if alive "$RUN/slurmctld.pid" "$CTLD_EXE"; then
-  jobs=$(squeue -h -o %A 2>/dev/null | sort -u | tr '\n' ' ')
+  jobs=$(on_head squeue -h -o %A 2>/dev/null | sort -u | tr '\n' ' ')
   if [ -n "${jobs// /}" ]; then
     log "cancelling jobs: $jobs"
-    scancel $jobs 2>/dev/null || true
-    for _ in $(seq 1 75); do [ -z "$(squeue -h -o %A 2>/dev/null)" ] && break; sleep 0.2; done
+    on_head scancel $jobs 2>/dev/null || true
+    for _ in $(seq 1 75); do [ -z "$(on_head squeue -h -o %A 2>/dev/null)" ] && break; sleep 0.2; done
   fi
 fi
 
 # 2. job steps still alive after that
 if [ -d "$SPOOL" ]; then
-  for pid in $(ss -xlpn 2>/dev/null | awk -v d="$SPOOL/d-" 'index($5, d) == 1' |
+  for pid in $(node_sockets | awk -v d="$SPOOL/d-" 'index($5, d) == 1' |
                grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
     [ "$(exe_of "$pid")" = "$(readlink -f "$STEPD_EXE")" ] || continue
     tree=$(descendants "$pid")
@@ -105,7 +119,7 @@ specs=()
 [ -e "$RUN/mariadbd.pid" ] && specs+=("$RUN/mariadbd.pid|/usr/sbin/mariadbd|mariadbd")
 [ -e "$RUN/munged.pid" ] && specs+=("$RUN/munged.pid|/usr/sbin/munged|munged")
 [ ${#specs[@]} = 0 ] || stop_pidfiles "${specs[@]}"
-rm -f /run/mysqld/hpcdl-mariadbd.pid
+rm -f /run/mysqld/hpcdl-mariadbd.pid "$RUN/network"
 
 if [ "$PURGE" = 1 ]; then
   rm -rf "$SPOOL" "$LOG" "$RUN" "$ETC/slurm.conf" "$ETC/slurmdbd.conf" "$ETC/hpcdl-task-prolog.sh"
