@@ -61,21 +61,28 @@ def saved_activation_elements(spec: Spec, batch: int = 2) -> int:
 
 
 def training_step_bytes(spec: Spec, optimizer: str = "adamw", steps: int = 2) -> int:
-    """Memory a few training steps of ``spec`` (fp32 on the CPU, its batch size) add to this
-    process: the rise of the peak resident set over the resident set before the model is built,
-    after one warm-up step of a one-sample model of the same spec has loaded the kernels.
-    What ``metrics.memory_estimate`` estimates, measured (Linux only: ``/proc/self``)."""
+    """Memory a few training steps of ``spec`` (on the CPU, its batch size and precision:
+    autocast for bf16/fp16, as ``measure.loop`` trains) add to this process: the rise of the peak
+    resident set over the resident set before the model is built, after one warm-up step of a
+    one-sample model of the same spec has loaded the kernels. What ``metrics.memory_estimate``
+    estimates, measured (Linux only: ``/proc/self``)."""
     import gc
 
     from hpcdl.measure.data import make_batch
+    from hpcdl.workloads.precision import precision
+
+    p = precision(spec.precision)
 
     def step(s: Spec) -> None:
         model = s.build().train()
         opt = (torch.optim.AdamW if optimizer == "adamw" else torch.optim.SGD)(model.parameters(), lr=1e-4)
         x, y = make_batch(s, s.batch_size)
         for _ in range(steps):
-            logits = model(x)
-            torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
+            with torch.autocast("cpu", dtype=p.dtype, enabled=p.autocast):
+                logits = model(x)
+            flat = logits.reshape(-1, logits.shape[-1]).float()
+            loss = torch.nn.functional.cross_entropy(flat, y.reshape(-1))
+            loss.backward()
             opt.step()
             opt.zero_grad()
 
