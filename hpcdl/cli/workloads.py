@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from hpcdl import metrics
 from hpcdl.errors import InputError
 from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.device import device_name, memory_capacity, resolve_device
@@ -44,9 +43,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "train_flops_per_sample": c.train_flops,
         "activation_bytes_per_sample": act,
         "memory_estimate_bytes": {
-            opt: metrics.memory_estimate(c.params, spec.memory_per_sample(), spec.batch_size, opt)
-            for opt in ("adamw", "sgd")
+            opt: spec.memory_estimate(spec.batch_size, opt) for opt in ("adamw", "sgd")
         },
+        "memory_parts_bytes": spec.memory_parts(spec.batch_size, "adamw"),
     }
     if args.json:
         print(json.dumps(info, indent=1))
@@ -67,6 +66,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 ],
                 ["activations / sample", si(act, "B")],
                 [f"memory, batch {spec.batch_size} (AdamW)", si(info["memory_estimate_bytes"]["adamw"], "B")],
+                *[
+                    [f"  {part.replace('_', ' ')}", si(b, "B")]
+                    for part, b in info["memory_parts_bytes"].items()
+                ],
             ],
             numeric=False,
         )

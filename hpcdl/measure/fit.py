@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hpcdl import metrics
 from hpcdl.errors import InputError, SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.device import memory_capacity
@@ -90,12 +89,11 @@ class Fit:
 def estimated_batch(spec: Spec, optimizer: str, fraction: float, capacity: int) -> int:
     """The largest batch whose estimated memory is within ``fraction`` of ``capacity``; a
     one-line error when even one sample does not fit."""
-    count = spec.count()
-    fixed = metrics.memory_estimate(count.params, 0, 0, optimizer)
+    fixed = spec.memory_estimate(0, optimizer)
     per_sample = spec.memory_per_sample()
     room = fraction * capacity - fixed
     if room < per_sample:
-        need = metrics.memory_estimate(count.params, per_sample, 1, optimizer)
+        need = spec.memory_estimate(1, optimizer)
         raise SpecError(
             f"{spec.family}.batch_size",
             "fit",
@@ -136,7 +134,7 @@ def search(
             batch = math.floor((target - fixed) / slope)
         else:  # no line yet: double up from the last batch within the target, or halve down
             batch = 2 * lo if lo else max(1, min(t.batch for t in trials) // 4)
-        batch = min(max(batch, lo + 1), hi - 1, MAX_GROWTH * max(lo, 1))
+        batch = min(max(batch, lo + 1), hi - 1, MAX_GROWTH * lo if lo else hi - 1)
         if any(t.batch == batch for t in trials):
             batch = (lo + hi) // 2 if hi < 2**31 else 2 * lo  # inside the bracket, not tried yet
             if batch <= lo or batch >= hi or any(t.batch == batch for t in trials):
@@ -190,8 +188,7 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
             "rank; this workload needs a larger device (or more ranks sharding it)",
         )
     fitted = spec.replace(batch_size=batch)
-    count = fitted.count()
-    estimate = metrics.memory_estimate(count.params, fitted.memory_per_sample(), batch, cfg.optimizer)
+    estimate = fitted.memory_estimate(batch, cfg.optimizer)
     peak = next((t.peak_bytes for t in trials if t.batch == batch), None)
     return fitted, Fit(
         fraction=cfg.fit_fraction,

@@ -57,6 +57,8 @@ def train_steps(spec: Spec, optimizer: str, pool_batches: int, device: torch.dev
     (autocast in bf16/fp16, the loss in fp32), with the run's pool of batches on the device."""
     from hpcdl.measure.data import make_batch
 
+    if optimizer not in ("adamw", "sgd"):
+        raise ValueError(f"optimizer {optimizer!r}: adamw or sgd")
     model = spec.build().to(device)
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9) if optimizer == "sgd" else torch.optim.AdamW(params)
@@ -117,7 +119,7 @@ def cpu_trial(spec: Spec, optimizer: str, pool_batches: int, limit_bytes: int) -
     if child.returncode != 0:
         if child.returncode == -signal.SIGKILL:  # the kernel's OOM killer, despite the limit
             return Trial(spec.batch_size, None)
-        last = (err.strip().splitlines() or ["no output"])[-1]
+        last = (err.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
         raise TrialFailed(f"a trial step at batch {spec.batch_size} failed: {last}")
     return Trial(spec.batch_size, int(json.loads(out.strip().splitlines()[-1])["peak_bytes"]))
 

@@ -86,6 +86,20 @@ def host_peak(r: RankMeasurement, ranks: Sequence[RankMeasurement]) -> Peak:
     return raised_to_ceiling(r.peak, per_cpu * max(len(r.cpus), 1))
 
 
+def memory_split(spec: Spec, cfg: RunConfig, ranks: Sequence[RankMeasurement]) -> dict[str, Any]:
+    """Where a rank's memory goes: the estimate's parts at the batch that ran, and what the
+    device measured (its peak: on a CPU the process's resident set, which also holds the
+    interpreter and libraries, so its parts cannot be told apart there)."""
+    estimated = spec.memory_parts(spec.batch_size, cfg.optimizer)
+    return {
+        "estimated": {**estimated, "total": sum(estimated.values())},
+        "measured": {
+            "peak_bytes": max(r.peak_memory_bytes for r in ranks),
+            "kind": ranks[0].peak_memory_kind,
+        },
+    }
+
+
 def unknown_peak_reason(device: torch.device, name: str) -> str:
     if device.type == "cuda":
         return f"unknown: no datasheet peak for {name!r} in hpcdl; give --peak-flops"
@@ -358,6 +372,7 @@ def build_record(
         io=ranks[0].io,
         energy=energy_of(ranks, count.train_flops, sum(samples), window),
         fit=dataclasses.asdict(fit) if fit else None,
+        memory=memory_split(spec, cfg, ranks),
         target=target_of(cfg, logs, sum(samples)),
         window_start_unix=min(g.start_unix for g in logs),
         window_end_unix=max(g.start_unix + g.window_s for g in logs),
