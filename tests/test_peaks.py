@@ -241,6 +241,12 @@ def test_a_run_whose_ceiling_beats_the_estimate_records_the_implied_clock(
     assert "implied by the measured GEMM ceiling" in m.peak_source
     assert not any("GEMM ceiling is" in f for f in m.flags) and m.mfu <= 1
     assert m.measured_matmul_flops == pytest.approx(m.peak_flops)
+    # where the memory goes: the estimate's parts at the batch that ran, and the measured peak
+    parts = m.memory["estimated"]
+    assert (
+        parts["total"] == spec.memory_estimate(8, "adamw") == sum(v for k, v in parts.items() if k != "total")
+    )
+    assert m.memory["measured"] == {"peak_bytes": m.peak_memory_bytes, "kind": m.peak_memory_kind}
 
 
 def test_a_note_shared_by_every_workload_is_printed_once() -> None:

@@ -57,6 +57,7 @@ class Tally:
         self.activations = 0
         self.largest_param = 0
         self.largest_output = 0
+        self.last_linear = 0  # the latest linear's output: the logits if nothing follows it
         self.workspace = 0
 
     def matmul(self, m: int, k: int, n: int, *, grads: int = 2, times: int = 1) -> None:
@@ -78,7 +79,8 @@ class Tally:
         self.matmul(tokens, fan_in, fan_out, grads=1 if data_input else 2)
         self.activations += tokens * fan_out
         self.largest_param = max(self.largest_param, fan_in * fan_out)
-        self.largest_output = max(self.largest_output, tokens * fan_out, tokens * fan_in)
+        self.output(tokens * fan_in)
+        self.last_linear = tokens * fan_out
 
     def conv2d(
         self,
@@ -98,7 +100,7 @@ class Tally:
         self.matmul(out_elems, (c_in // groups) * kh * kw, c_out, grads=1 if data_input else 2)
         self.activations += out_elems * c_out
         self.largest_param = max(self.largest_param, c_out * (c_in // groups) * kh * kw)
-        self.largest_output = max(self.largest_output, out_elems * c_out)
+        self.output(out_elems * c_out)
 
     def add_params(self, n: int) -> None:
         """Parameters that cost no counted FLOPs (embeddings, norm scales and shifts, biases)."""
@@ -108,7 +110,8 @@ class Tally:
     def output(self, elements: int) -> None:
         """A layer output of ``elements`` per sample that ``linear`` and ``conv2d`` do not see
         (a recurrent layer's sequence, an embedding's): its gradient is alive in backward."""
-        self.largest_output = max(self.largest_output, elements)
+        self.largest_output = max(self.largest_output, elements, self.last_linear)
+        self.last_linear = 0
 
     def add_workspace(self, elements: int) -> None:
         """Elements per sample a backend kernel keeps beyond the saved activations counted."""
@@ -120,7 +123,9 @@ class Tally:
 
     def result(self) -> Count:
         # while a layer's backward runs, the gradient of its output and that of its input are
-        # alive beside everything kept: twice the largest layer output bounds them
+        # alive beside everything kept: twice the largest layer output bounds them. The last
+        # linear's output is the logits, whose gradients the loss's copies already count
+        # (metrics.LOSS_COPIES)
         transient = GRADIENT_BUFFERS * self.largest_output
         return Count(
             self.params,
