@@ -201,5 +201,5 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
         fixed_bytes=fixed,
         per_sample_bytes=slope,
         trials=[{"batch": t.batch, "peak_bytes": t.peak_bytes} for t in trials],
-        measured_by="torch.cuda.max_memory_allocated" if gpu else "peak RSS of a child process",
+        measured_by="torch.cuda.max_memory_reserved" if gpu else "peak RSS of a child process",
     )

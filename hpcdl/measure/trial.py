@@ -3,7 +3,7 @@
 is its own (nothing the parent holds counts), and which the parent watches and ends itself when
 its resident set passes a limit: a trial too large is stopped, never killed by the kernel's
 out-of-memory killer with the run beside it. On CUDA it runs in this process, measured by the
-allocator (``torch.cuda.max_memory_allocated``), an out-of-memory error meaning too large.
+caching allocator (``torch.cuda.max_memory_reserved``), an out-of-memory error meaning too large.
 
     python -m hpcdl.measure.trial SPEC_JSON OPTIMIZER POOL_BATCHES   # prints {"peak_bytes": N}
 """
@@ -75,15 +75,17 @@ def train_steps(spec: Spec, optimizer: str, pool_batches: int, device: torch.dev
 
 
 def cuda_trial(spec: Spec, optimizer: str, pool_batches: int, device: torch.device) -> Trial:
-    """A trial on a GPU, in this process: the allocator's peak above what was allocated before;
-    too large on an out-of-memory error (cuBLAS and cuDNN report theirs as RuntimeErrors)."""
+    """A trial on a GPU, in this process: the caching allocator's peak reserved memory above
+    what it held before (``torch.cuda.max_memory_reserved``: what a run runs out of, allocated
+    tensors and the fragmentation between them); too large on an out-of-memory error (cuBLAS
+    and cuDNN report theirs as RuntimeErrors)."""
     gc.collect()
     torch.cuda.empty_cache()
-    before = torch.cuda.memory_allocated(device)
+    before = torch.cuda.memory_reserved(device)
     torch.cuda.reset_peak_memory_stats(device)
     try:
         train_steps(spec, optimizer, pool_batches, device)
-        return Trial(spec.batch_size, torch.cuda.max_memory_allocated(device) - before)
+        return Trial(spec.batch_size, torch.cuda.max_memory_reserved(device) - before)
     except torch.OutOfMemoryError:
         return Trial(spec.batch_size, None)
     except RuntimeError as e:
