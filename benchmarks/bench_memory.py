@@ -1,7 +1,7 @@
 """On-demand benchmark: the memory estimate behind --fit (``Spec.memory_estimate``) against the
 memory a real training step takes, over sampled specs of every family in fp32 and bf16, each
 measured in a fresh process (the rise of the peak resident set;
-``crosscheck.training_step_bytes``); then auto-fit's error per family: how far below the target
+``measure.trial``, as auto-fit measures); then auto-fit's error per family: how far below the target
 the measured peak of the batch ``measure.fit.search`` chose lands (real trials, child processes).
 
 Prints, per family and precision, the ratio measured / estimate (min, median, max) over the specs
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 
 from hpcdl.measure.fit import search
 from hpcdl.measure.trial import cpu_trial
@@ -25,15 +23,6 @@ from hpcdl.workloads.sampling import sample_spec
 
 MIN_BYTES = 30 << 20
 
-MEASURE = """
-import sys, torch
-torch.set_num_threads(1)
-from hpcdl.workloads.sampling import sample_spec
-from hpcdl.workloads.crosscheck import training_step_bytes
-spec = sample_spec(sys.argv[1], int(sys.argv[2]), batch_size=int(sys.argv[3]), precision=sys.argv[4])
-print(training_step_bytes(spec))
-"""
-
 
 def ratios(family: str, precision: str, seeds: int, batch: int) -> list[float]:
     out = []
@@ -42,9 +31,12 @@ def ratios(family: str, precision: str, seeds: int, batch: int) -> list[float]:
         estimate = spec.memory_estimate(batch, "adamw")
         if estimate < MIN_BYTES or estimate > 2 << 30:
             continue
-        args = [sys.executable, "-c", MEASURE, family, str(seed), str(batch), precision]
-        measured = int(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
-        out.append(measured / estimate)
+        measured = cpu_trial(spec, "adamw", 1, 4 * estimate + (1 << 30)).peak_bytes
+        out.append((measured or 0) / estimate)
+        print(
+            f"  {family} {precision} seed {seed}: {si(estimate, 'B')} estimated, ratio {out[-1]:.2f}",
+            flush=True,
+        )
         if len(out) == seeds:
             break
     return out

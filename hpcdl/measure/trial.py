@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from hpcdl.errors import RunFailed
-from hpcdl.measure.device import synchronize
+from hpcdl.measure.device import reset_peak_memory, synchronize
 from hpcdl.workloads.precision import precision
 from hpcdl.workloads.spec import Spec
 
@@ -147,18 +147,18 @@ def _status_kb(key: str) -> int:
 
 def main(argv: list[str]) -> None:
     """The child: load the kernels with a one-sample step, then measure the trial's steps as the
-    rise of the peak resident set (``VmHWM``, reset through ``clear_refs``) over the resident set
-    before them."""
+    rise of the peak resident set (``VmHWM``, reset through ``clear_refs`` after ``malloc_trim``)
+    over the resident set before them."""
     from hpcdl.workloads.registry import spec_from_dict
 
     spec = spec_from_dict(json.loads(argv[0]))
     optimizer, pool = argv[1], int(argv[2])
     cpu = torch.device("cpu")
     train_steps(spec.replace(batch_size=1), optimizer, 1, cpu)  # libraries and kernels: the process's
-    gc.collect()
+    # what the warm-up freed goes back to the system (else the trial reuses it unseen) and
+    # VmHWM := VmRSS, as the run resets its peak
+    reset_peak_memory(cpu)
     base = _status_kb("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := VmRSS
     train_steps(spec, optimizer, pool, cpu)
     print(json.dumps({"peak_bytes": (_status_kb("VmHWM") - base) * 1024}))
 
