@@ -147,6 +147,7 @@ def test_fit_measures_the_batch_that_fills_the_target_and_records_how(tmp_path: 
     assert fit["measured_peak_bytes"] <= fit["target_bytes"]
     assert fit["measured_peak_bytes"] >= 0.95 * fit["target_bytes"] or len(fit["trials"]) == 8
     assert fit["estimate_bytes"] > 0 and fit["estimated_batch"] >= 1
+    assert f"batch {batch}/rank (the estimate chose {fit['estimated_batch']})" in p.stdout  # said once
 
 
 def test_list_shows_every_class_with_its_figures() -> None:

@@ -149,6 +149,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name, res in results.items():
         if (target := res.result.metrics.target) is not None:
             print(f"{name}: {target_text(target)}")
+        if res.result.metrics.fit:
+            print(f"{name}: {fit_text(res.result.metrics.fit)}")
     print("\n".join(peak_lines(results)) + f"\nRecords in {out}/")
     if args.repeat > 1:
         print(repeat_table(specs, results, args.repeat, out, stamp))
@@ -169,6 +171,16 @@ def check_log(path: Path) -> None:
             pass
     except OSError as e:
         raise InputError("mllog", str(path), f"a file hpcdl can append to ({e.strerror or e})") from None
+
+
+def fit_text(fit: dict[str, Any]) -> str:
+    """How --fit chose the batch, in words, for the run's summary."""
+    peak, target = fit.get("measured_peak_bytes"), fit.get("target_bytes") or 0
+    measured = f", measured peak {si(peak, 'B')} = {peak / target:.1%} of it" if peak and target else ""
+    return (
+        f"--fit {fit['fraction']:g}: batch {fit['batch']}/rank (the estimate chose {fit['estimated_batch']}) "
+        f"after {len(fit.get('trials') or [])} trials; target {si(target, 'B')}{measured}"
+    )
 
 
 def target_text(target: Target) -> str:
