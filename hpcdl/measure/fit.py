@@ -90,7 +90,7 @@ def estimated_batch(spec: Spec, optimizer: str, fraction: float, capacity: int) 
     """The largest batch whose estimated memory is within ``fraction`` of ``capacity``; a
     one-line error when even one sample does not fit."""
     fixed = spec.memory_estimate(0, optimizer)
-    per_sample = spec.memory_per_sample()
+    per_sample = spec.memory_estimate(1, optimizer) - fixed
     room = fraction * capacity - fixed
     if room < per_sample:
         need = spec.memory_estimate(1, optimizer)
