@@ -145,7 +145,10 @@ def test_fit_measures_the_batch_that_fills_the_target_and_records_how(tmp_path: 
     assert fit["target_bytes"] == pytest.approx(fraction * fit["capacity_bytes"], rel=1e-6)
     # within the target and, unless the search ran out of trials, within 5 % below it
     assert fit["measured_peak_bytes"] <= fit["target_bytes"]
-    assert fit["measured_peak_bytes"] >= 0.95 * fit["target_bytes"] or len(fit["trials"]) == 8
+    # (the CPU peak steps with the batch: the search may also end with batch + 1 above the target)
+    above = [t for t in fit["trials"] if t["batch"] == batch + 1]
+    closed = bool(above) and (above[0]["peak_bytes"] is None or above[0]["peak_bytes"] > fit["target_bytes"])
+    assert fit["measured_peak_bytes"] >= 0.95 * fit["target_bytes"] or len(fit["trials"]) == 8 or closed
     assert fit["estimate_bytes"] > 0 and fit["estimated_batch"] >= 1
     assert f"batch {batch}/rank (the estimate chose {fit['estimated_batch']})" in p.stdout  # said once
 
