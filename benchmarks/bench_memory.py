@@ -1,67 +1,94 @@
-"""On-demand benchmark: the memory estimate behind --fit (``metrics.memory_estimate``) against
-the memory a real training step takes, over sampled specs of every family, each measured in a
-fresh process (the rise of the peak resident set; ``crosscheck.training_step_bytes``).
+"""On-demand benchmark: the memory estimate behind --fit (``Spec.memory_estimate``) against the
+memory a real training step takes, over sampled specs of every family in fp32 and bf16, each
+measured in a fresh process (the rise of the peak resident set;
+``measure.trial``, as auto-fit measures); then auto-fit's error per family: how far below the target
+the measured peak of the batch ``measure.fit.search`` chose lands (real trials, child processes).
 
-Prints, per family, the ratio measured / estimate (min, median, max) over the specs whose
-estimate exceeds 30 MB (below that the allocator's granularity dominates), for METRICS.md.
+Prints, per family and precision, the ratio measured / estimate (min, median, max) over the specs
+whose estimate exceeds 30 MB (below that the allocator's granularity dominates), for METRICS.md.
 
-    .venv/bin/python benchmarks/bench_memory.py [--seeds 6] [--batch 32]
+    .venv/bin/python benchmarks/bench_memory.py [--seeds 4] [--batch 32] [--fit-mb 300]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 
-from hpcdl import metrics
+from hpcdl.measure.fit import search
+from hpcdl.measure.trial import cpu_trial
 from hpcdl.results.text import si, table
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.sampling import sample_spec
 
 MIN_BYTES = 30 << 20
 
-MEASURE = """
-import sys, torch
-torch.set_num_threads(1)
-from hpcdl.workloads.sampling import sample_spec
-from hpcdl.workloads.crosscheck import training_step_bytes
-print(training_step_bytes(sample_spec(sys.argv[1], int(sys.argv[2]), batch_size=int(sys.argv[3]))))
-"""
 
-
-def ratios(family: str, seeds: int, batch: int) -> list[float]:
+def ratios(family: str, precision: str, seeds: int, batch: int) -> list[float]:
     out = []
-    for seed in range(seeds * 3):  # draw until enough specs are large enough to measure
-        spec = sample_spec(family, seed, batch_size=batch)
-        estimate = metrics.memory_estimate(spec.count().params, spec.memory_per_sample(), batch, "adamw")
-        if estimate < MIN_BYTES or estimate > 4 << 30:
+    for seed in range(seeds * 4):  # draw until enough specs are large enough to measure
+        spec = sample_spec(family, seed, batch_size=batch, precision=precision)
+        estimate = spec.memory_estimate(batch, "adamw")
+        if estimate < MIN_BYTES or estimate > 2 << 30:
             continue
-        args = [sys.executable, "-c", MEASURE, family, str(seed), str(batch)]
-        measured = int(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
-        out.append(measured / estimate)
+        measured = cpu_trial(spec, "adamw", 1, 4 * estimate + (1 << 30)).peak_bytes
+        out.append((measured or 0) / estimate)
+        print(
+            f"  {family} {precision} seed {seed}: {si(estimate, 'B')} estimated, ratio {out[-1]:.2f}",
+            flush=True,
+        )
         if len(out) == seeds:
             break
     return out
 
 
+def fit_error(family: str, target: int) -> tuple[int, int, int, float]:
+    """(estimated batch, chosen batch, trials, measured peak / target) of a fit of the first
+    sampled spec of ``family`` to ``target`` bytes of model memory, fp32."""
+    spec = sample_spec(family, 0, batch_size=1)
+    per_sample = spec.memory_per_sample()
+    start = max(1, (target - spec.memory_estimate(0, "adamw")) // max(per_sample, 1))
+    batch, trials, _, _ = search(
+        lambda b: cpu_trial(spec.replace(batch_size=b), "adamw", 1, 4 * target + (512 << 20)),
+        int(start),
+        target,
+        2 * target,
+        float(per_sample),
+    )
+    peak = next(t.peak_bytes for t in trials if t.batch == batch)
+    return int(start), batch, len(trials), (peak or 0) / target
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, default=6)
+    p.add_argument("--seeds", type=int, default=4)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument(
+        "--fit-mb", type=int, default=300, help="auto-fit's target in MB of model memory (0: skip)"
+    )
+    p.add_argument("--families", default=",".join(FAMILIES))
     a = p.parse_args()
+    families = a.families.split(",")
     rows = []
-    for family in FAMILIES:
-        r = ratios(family, a.seeds, a.batch)
-        if r:
-            rows.append(
-                [family, str(len(r)), f"{min(r):.2f}", f"{statistics.median(r):.2f}", f"{max(r):.2f}"]
-            )
+    for family in families:
+        for precision in ("fp32", "bf16"):
+            r = ratios(family, precision, a.seeds, a.batch)
+            if r:
+                rows.append(
+                    [family, precision, str(len(r))]
+                    + [f"{x:.2f}" for x in (min(r), statistics.median(r), max(r))]
+                )
     print(
         f"measured / estimated memory of a training step, batch {a.batch}, estimates >= {si(MIN_BYTES, 'B')}"
     )
-    print(table(["family", "specs", "min", "median", "max"], rows))
+    print(table(["family", "precision", "specs", "min", "median", "max"], rows), flush=True)
+    if a.fit_mb:
+        fits = []
+        for family in families:
+            start, batch, n, ratio = fit_error(family, a.fit_mb << 20)
+            fits.append([family, str(start), str(batch), str(n), f"{ratio:.3f}", f"{ratio - 1:+.1%}"])
+        print(f"\nauto-fit to {a.fit_mb} MiB of model memory (fp32, seed 0 of each family)")
+        print(table(["family", "estimated batch", "fitted batch", "trials", "peak / target", "error"], fits))
 
 
 if __name__ == "__main__":

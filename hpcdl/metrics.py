@@ -66,21 +66,72 @@ def mfu(achieved_flops_per_s: float, peak_flops_per_s: float) -> float:
 LOSS_COPIES = 3
 """fp32 tensors of the logits' size alive when backward starts: the log-softmax output the loss
 keeps, its gradient and the logits' gradient"""
+ADAMW_TEMPORARIES = 2
+"""fp32 temporaries of one parameter's size that AdamW's per-tensor step allocates (the square
+root of the second moment and its bias-corrected quotient): PyTorch's CPU default, one tensor at
+a time; SGD's momentum updates in place"""
+ALLOCATOR_OVERHEAD = 0.10
+"""memory the allocator holds beyond the live tensors, as a fraction of them: glibc keeps freed
+blocks below its dynamic mmap threshold (up to 32 MiB) for reuse and the peak resident set counts
+them (CUDA's caching allocator rounds and fragments likewise). Not derived: measured at 7-22 %
+over the other parts on CPUs across families (benchmarks/bench_memory.py), 10 % assumed"""
+AUTOCAST_COPY_BYTES = 2
+"""bytes per parameter of the 16-bit weight copies autocast makes and its products keep for
+backward (bf16/fp16)"""
 
 
-def sample_memory(activation_bytes: int, logits_elements: int) -> int:
-    """Bytes one sample adds to a training step: the activations kept for backward and the
-    loss's fp32 tensors of the logits' size (dominant for language models' vocabularies)."""
-    return activation_bytes + LOSS_COPIES * 4 * logits_elements
+def sample_memory(activation_bytes: int, logits_elements: int, workspace_bytes: int = 0) -> int:
+    """Bytes one sample adds to a training step: the activations kept for backward, the
+    workspace alive during it (activation gradients, backend workspaces) and the loss's fp32
+    tensors of the logits' size (dominant for language models' vocabularies)."""
+    return activation_bytes + workspace_bytes + LOSS_COPIES * 4 * logits_elements
 
 
-def memory_estimate(params: int, sample_bytes: int, batch: int, optimizer: str) -> int:
-    """Bytes a training step needs, roughly: fp32 weights and gradients, optimizer state
-    (AdamW two moments; SGD one momentum buffer) and ``batch`` samples of ``sample_memory``.
+def memory_parts(
+    params: int,
+    sample_bytes: int,
+    batch: int,
+    optimizer: str,
+    *,
+    largest_param: int = 0,
+    autocast: bool = False,
+    sample_workspace_bytes: int = 0,
+) -> dict[str, int]:
+    """Where a training step's memory goes (Deep500's split): ``weights`` (fp32, plus
+    autocast's 16-bit copies), ``gradients`` (fp32), ``optimizer_state`` (AdamW's two moments,
+    SGD's momentum), ``activations`` (kept for backward and the loss's copies of the logits,
+    ``sample_bytes - sample_workspace_bytes`` per sample), ``workspace`` (activation gradients
+    and backend workspaces per sample, and the optimizer step's temporaries) and ``allocator``
+    (``ALLOCATOR_OVERHEAD`` of the rest)."""
+    adamw = optimizer == "adamw"
+    parts = {
+        "weights": params * (4 + (AUTOCAST_COPY_BYTES if autocast else 0)),
+        "gradients": params * 4,
+        "optimizer_state": params * (8 if adamw else 4),
+        "activations": (sample_bytes - sample_workspace_bytes) * batch,
+        "workspace": sample_workspace_bytes * batch + (ADAMW_TEMPORARIES * 4 * largest_param if adamw else 0),
+    }
+    parts["allocator"] = int(ALLOCATOR_OVERHEAD * sum(parts.values()))
+    return parts
+
+
+def memory_estimate(
+    params: int,
+    sample_bytes: int,
+    batch: int,
+    optimizer: str,
+    *,
+    largest_param: int = 0,
+    autocast: bool = False,
+) -> int:
+    """Bytes a training step needs: the sum of ``memory_parts`` (weights, gradients,
+    optimizer state, ``batch`` samples of ``sample_memory``, the optimizer's temporaries).
     ``batch`` is the micro-batch: gradient accumulation runs its micro-batches one after the
     other, each freeing its activations in its backward, so it adds no memory."""
-    state_per_param = 8 if optimizer == "adamw" else 4
-    return params * (4 + 4 + state_per_param) + sample_bytes * batch
+    parts = memory_parts(
+        params, sample_bytes, batch, optimizer, largest_param=largest_param, autocast=autocast
+    )
+    return sum(parts.values())
 
 
 def aggregate_throughput(samples_per_rank: Sequence[int], windows_s: Sequence[float]) -> float:

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
+import hpcdl
+from hpcdl.measure import runner
+from hpcdl.measure.config import RunConfig
 from hpcdl.measure.loop import StepLog
 from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import (
+    DATASHEET_PEAKS,
     CpuInfo,
     Peak,
     cpu_info,
@@ -19,9 +24,13 @@ from hpcdl.measure.peaks import (
     datasheet_peak,
     flops_per_cycle,
     gemm_ceiling,
+    raised_to_ceiling,
     theoretical_peak,
 )
 from hpcdl.records.build import energy_of, implausible, job_peak
+from hpcdl.records.loader import read_record
+from hpcdl.results.text import notes_once
+from hpcdl.workloads.registry import spec_from_dict
 
 ZEN5 = CpuInfo(
     "AuthenticAMD", 0x1A, 2, frozenset({"avx2", "fma", "avx512f", "avx512_bf16"}), 2, 2.6e9, "test"
@@ -184,3 +193,63 @@ def test_figures_that_cannot_be_true_are_flagged_with_a_cause() -> None:
 def test_gemm_ceiling_is_the_best_of_several_sizes() -> None:
     flops = gemm_ceiling(torch.device("cpu"), "fp32", seconds=0.3, sizes=(64, 128))
     assert flops > 0
+
+
+def test_a_ceiling_above_the_estimate_raises_the_clock_and_keeps_the_estimate_s_inputs() -> None:
+    estimate = cpu_peak("fp32", ZEN4)  # 2 x 2.60 GHz x 32 = 166 GFLOP/s, as on the Zen 4
+    assert estimate is not None and estimate.flops == pytest.approx(166.4e9)
+    raised = raised_to_ceiling(estimate, 206e9)
+    assert raised.flops == 206e9 and raised.kind == "estimate"
+    assert raised.inputs["clock_hz"] == pytest.approx(206e9 / (2 * 32))  # 3.22 GHz
+    assert raised.inputs["estimated_clock_hz"] == 2.6e9 and raised.inputs["estimated_flops"] == estimate.flops
+    assert "3.22 GHz (implied by the measured GEMM ceiling of 206.0 GFLOP/s" in raised.source
+    assert "2.60 GHz, 166.4 GFLOP/s" in raised.source
+    assert raised_to_ceiling(estimate, 100e9) is estimate  # a ceiling below the estimate proves nothing
+    sheet = Peak(1e12, "datasheet: x")
+    assert raised_to_ceiling(sheet, 2e12) is sheet  # a datasheet is not an estimate: flagged instead
+    assert any("GEMM ceiling is 200%" in f for f in implausible(0.5, 0.5, 2e12, sheet))
+
+
+def test_every_precision_hpcdl_runs_has_a_peak_or_no_mfu() -> None:
+    assert datasheet_peak("NVIDIA H100 80GB HBM3", "tf32") == Peak(
+        494.7e12, "datasheet: NVIDIA H100 datasheet, SXM5"
+    )
+    assert datasheet_peak("NVIDIA A100-SXM4-80GB", "tf32").flops == 156e12  # type: ignore[union-attr]
+    assert datasheet_peak("Tesla V100-SXM2-32GB", "bf16") is None  # no bf16 units: no MFU, not a wrong one
+    assert datasheet_peak("Tesla V100-SXM2-32GB", "tf32") is None
+    for name, peaks, _ in DATASHEET_PEAKS:
+        assert {"fp32", "fp16"} <= set(peaks), name
+        if "tf32" in peaks and "bf16" in peaks:
+            assert peaks["tf32"] == pytest.approx(peaks["bf16"] / 2, rel=0.02), name
+
+
+def test_a_run_whose_ceiling_beats_the_estimate_records_the_implied_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    estimate = cpu_peak("fp32")
+    if estimate is None:
+        pytest.skip("this machine's clock cannot be read: no estimate to raise")
+    # the one synthetic figure, at the function boundary: a ceiling 1.25x the estimate
+    monkeypatch.setattr(runner, "measured_ceiling", lambda *a: 1.25 * estimate.flops)
+    spec = spec_from_dict({"family": "mlp", "layers": 1, "width": 64, "batch_size": 8})
+    res = hpcdl.run(spec, RunConfig(steps=3, min_duration_s=0.0), output_dir=tmp_path, name="t")
+    assert res.path is not None
+    m = read_record(res.path).result.metrics  # through the file and the loader
+    assert m.peak_flops == pytest.approx(1.25 * estimate.flops) and m.peak_kind == "estimate"
+    assert m.peak_inputs["estimated_clock_hz"] == estimate.inputs["clock_hz"]
+    assert m.peak_inputs["clock_hz"] == pytest.approx(1.25 * estimate.inputs["clock_hz"])
+    assert "implied by the measured GEMM ceiling" in m.peak_source
+    assert not any("GEMM ceiling is" in f for f in m.flags) and m.mfu <= 1
+    assert m.measured_matmul_flops == pytest.approx(m.peak_flops)
+    # where the memory goes: the estimate's parts at the batch that ran, and the measured peak
+    parts = m.memory["estimated"]
+    assert (
+        parts["total"] == spec.memory_estimate(8, "adamw") == sum(v for k, v in parts.items() if k != "total")
+    )
+    assert m.memory["measured"] == {"peak_bytes": m.peak_memory_bytes, "kind": m.peak_memory_kind}
+
+
+def test_a_note_shared_by_every_workload_is_printed_once() -> None:
+    notes = notes_once({"a": ["machine", "only a"], "b": ["machine"], "c": ["machine", "only c"]})
+    assert notes == ["machine", "a: only a", "c: only c"]
+    assert notes_once({"a": ["x"]}) == ["a: x"]

@@ -23,7 +23,7 @@ from hpcdl.parallel.world import World, init_world, under_mpi
 from hpcdl.records import mllog, repeats, schema
 from hpcdl.records.store import read_steps, write_record
 from hpcdl.records.views import Target
-from hpcdl.results.text import mfu_text, si, table
+from hpcdl.results.text import mfu_text, notes_once, si, table
 from hpcdl.workloads import recipes
 from hpcdl.workloads.spec import Spec
 
@@ -77,6 +77,15 @@ def summary_rows(results: dict[str, RunResult]) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def peak_lines(results: dict[str, RunResult]) -> list[str]:
+    """What MFU is against, once per precision (the peak belongs to the machine, not the run)."""
+    peaks: dict[str, str] = {}
+    for res in results.values():
+        m = res.result.metrics
+        peaks.setdefault(res.result.settings.precision, f"{si(m.peak_flops, 'FLOP/s')} ({m.peak_source})")
+    return [f"MFU in {prec} is against {text}" for prec, text in peaks.items()]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -140,13 +149,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         "valid",
     ]
     print(table(headers, summary_rows(results)))
+    for note in notes_once({name: res.result.metrics.flags for name, res in results.items()}):
+        print(f"(!) {note}")
     for name, res in results.items():
-        for flag in res.result.metrics.flags:
-            print(f"(!) {name}: {flag}")
         if (target := res.result.metrics.target) is not None:
             print(f"{name}: {target_text(target)}")
-    first = next(iter(results.values())).result.metrics
-    print(f"MFU is against {si(first.peak_flops, 'FLOP/s')} ({first.peak_source}). Records in {out}/")
+        if res.result.metrics.fit:
+            print(f"{name}: {fit_text(res.result.metrics.fit)}")
+    print("\n".join(peak_lines(results)) + f"\nRecords in {out}/")
     if args.repeat > 1:
         print(repeat_table(specs, results, args.repeat, out, stamp))
     if len(results) > 1:
@@ -172,6 +182,16 @@ def log_run(path: Path, res: RunResult, started: float, say: Any) -> int:
         say(f"hpcdl: --mllog {path}: the lines of {res.result.name} were not written ({why}); its record was")
         return 1
     return 0
+
+
+def fit_text(fit: dict[str, Any]) -> str:
+    """How --fit chose the batch, in words, for the run's summary."""
+    peak, target = fit.get("measured_peak_bytes"), fit.get("target_bytes") or 0
+    measured = f", measured peak {si(peak, 'B')} = {peak / target:.1%} of it" if peak and target else ""
+    return (
+        f"--fit {fit['fraction']:g}: batch {fit['batch']}/rank (the estimate chose {fit['estimated_batch']}) "
+        f"after {len(fit.get('trials') or [])} trials; target {si(target, 'B')}{measured}"
+    )
 
 
 def target_text(target: Target) -> str:

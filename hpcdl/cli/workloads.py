@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from hpcdl import metrics
 from hpcdl.errors import InputError
 from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.device import device_name, memory_capacity, resolve_device
@@ -46,9 +45,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "samples_per_step": spec.samples_per_step,
         "train_flops_per_step": c.train_flops * spec.samples_per_step,
         "memory_estimate_bytes": {
-            opt: metrics.memory_estimate(c.params, spec.memory_per_sample(), spec.batch_size, opt)
-            for opt in ("adamw", "sgd")
+            opt: spec.memory_estimate(spec.batch_size, opt) for opt in ("adamw", "sgd")
         },
+        "memory_parts_bytes": spec.memory_parts(spec.batch_size, "adamw"),
     }
     if args.json:
         print(json.dumps(info, indent=1))
@@ -74,6 +73,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 ["training FLOPs / step / rank", si(c.train_flops * spec.samples_per_step, "FLOP")],
                 ["activations / sample", si(act, "B")],
                 [f"memory, batch {spec.batch_size} (AdamW)", si(info["memory_estimate_bytes"]["adamw"], "B")],
+                *[
+                    [f"  {part.replace('_', ' ')}", si(b, "B")]
+                    for part, b in info["memory_parts_bytes"].items()
+                ],
             ],
             numeric=False,
         )

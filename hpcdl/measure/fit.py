@@ -1,33 +1,38 @@
 """Auto-fit, hpcdl's version of HPL's N: the per-rank batch that fills a stated fraction of the
-device's memory. The batch comes from the analytic memory estimate (``metrics.memory_estimate``);
-then one trial training step per rank, without communication, halves it on an out-of-memory
-error until every rank fits. The record keeps the batch chosen and how it was found.
+device's memory, found by measurement. The analytic estimate (``metrics.memory_estimate``)
+picks the starting batch; trial steps (``measure.trial``) at two smaller batches measure the
+fixed part and the per-sample slope of the peak; the batch is extrapolated to the target and
+confirmed by a trial of its own, bracketing until a trial lands within ``WINDOW`` below the
+target. The batch moves up as well as down from the estimate's; the chosen batch is always one
+whose trial stayed within the target. The record keeps the target, the estimate, every trial
+and the measured peak of the chosen batch.
 
-The trial step runs before the ranks communicate on purpose: an out-of-memory error inside a
-collective would leave the other ranks waiting for the failed one.
+Trials run before the ranks communicate on purpose: an out-of-memory error inside a collective
+would leave the other ranks waiting for the failed one.
 """
 
 from __future__ import annotations
 
-import gc
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
-from hpcdl import metrics
 from hpcdl.errors import InputError, SpecError
 from hpcdl.measure.config import RunConfig
-from hpcdl.measure.data import make_batch
-from hpcdl.measure.device import memory_capacity, synchronize
+from hpcdl.measure.device import memory_capacity
+from hpcdl.measure.trial import Trial, cpu_trial, cuda_trial
 from hpcdl.parallel.world import World
-from hpcdl.workloads.precision import precision
 from hpcdl.workloads.spec import Spec
 
-MAX_BACKOFFS = 8
-"""halvings tried after an out-of-memory error before giving up"""
+WINDOW = 0.05
+"""a trial whose peak is within this fraction below the target ends the search"""
+MAX_TRIALS = 8
+"""trials per rank at most; the best batch within the target found so far is then taken"""
+MAX_GROWTH = 8
+"""an extrapolated batch is at most this multiple of the largest batch measured so far: a slope
+read from small trials may be noise"""
 
 
 RANK_PROCESS_BYTES = 256 << 20
@@ -60,25 +65,35 @@ class Fit:
 
     fraction: float
     capacity_bytes: int
-    """memory of one rank (the smallest over ranks)"""
+    """memory of one rank for its model (the smallest over ranks)"""
+    target_bytes: int
+    """``fraction x capacity_bytes``: what the chosen batch's measured peak should reach"""
     estimated_batch: int
-    """the batch the analytic estimate chose"""
+    """the batch the analytic estimate chose (the search's start)"""
     batch: int
-    """the batch that ran, after any backing off"""
+    """the batch that ran"""
     estimate_bytes: int
     """the analytic estimate at ``batch``"""
-    backoffs: int
+    measured_peak_bytes: int | None
+    """the peak this rank's trial at ``batch`` measured (None: another rank's search chose it)"""
+    fixed_bytes: float | None = None
+    """the peak's fixed part, from the last two trials' line"""
+    per_sample_bytes: float | None = None
+    """the peak's slope per sample, from the same line"""
+    trials: list[dict[str, int | None]] = field(default_factory=list)
+    """rank 0's trials in order: ``batch`` and ``peak_bytes`` (None: too large, stopped)"""
+    measured_by: str = "cpu child process peak RSS"
+    """how a trial's peak was measured"""
 
 
 def estimated_batch(spec: Spec, optimizer: str, fraction: float, capacity: int) -> int:
     """The largest batch whose estimated memory is within ``fraction`` of ``capacity``; a
     one-line error when even one sample does not fit."""
-    count = spec.count()
-    fixed = metrics.memory_estimate(count.params, 0, 0, optimizer)
-    per_sample = spec.memory_per_sample()
+    fixed = spec.memory_estimate(0, optimizer)
+    per_sample = spec.memory_estimate(1, optimizer) - fixed
     room = fraction * capacity - fixed
     if room < per_sample:
-        need = metrics.memory_estimate(count.params, per_sample, 1, optimizer)
+        need = spec.memory_estimate(1, optimizer)
         raise SpecError(
             f"{spec.family}.batch_size",
             "fit",
@@ -89,50 +104,102 @@ def estimated_batch(spec: Spec, optimizer: str, fraction: float, capacity: int) 
     return max(1, math.floor(room / max(per_sample, 1)))
 
 
+def search(
+    measure: Callable[[int], Trial], start: int, target: float, limit: float, fallback_slope: float
+) -> tuple[int, list[Trial], float | None, float | None]:
+    """The largest batch whose measured peak is within ``target``, found with few ``measure``
+    calls: trials at a quarter and half of ``start``, then the batch where the line through the
+    two largest measured trials (fixed part + slope x batch) meets the target, kept between the
+    largest batch within the target (``lo``) and the smallest above it (``hi``), until a trial
+    lands in the window below the target or the two meet. A batch the line puts above ``limit``
+    is refused without running. ``fallback_slope`` stands in for a slope that noise made zero or
+    negative. Returns (batch, trials, fixed part, slope); batch 0 when even batch 1 is above the
+    target."""
+    trials: list[Trial] = []
+    fixed: float | None = None
+    slope: float | None = None
+    lo, hi = 0, 2**31
+    first = max(1, start // 4)
+    queue = [first, max(first + 1, start // 2)]
+    while len(trials) < MAX_TRIALS and hi - lo > 1:
+        measured = sorted((t for t in trials if t.peak_bytes is not None), key=lambda t: t.batch)[-2:]
+        if len(measured) == 2:
+            (b0, p0), (b1, p1) = ((t.batch, t.peak_bytes or 0) for t in measured)
+            slope = (p1 - p0) / (b1 - b0)
+            slope = slope if slope > 0 else fallback_slope
+            fixed = p1 - slope * b1
+        if queue:
+            batch = queue.pop(0)
+        elif fixed is not None and slope is not None:
+            batch = math.floor((target - fixed) / slope)
+        else:  # no line yet: double up from the last batch within the target, or halve down
+            batch = 2 * lo if lo else max(1, min(t.batch for t in trials) // 4)
+        batch = min(max(batch, lo + 1), hi - 1, MAX_GROWTH * lo if lo else hi - 1)
+        if any(t.batch == batch for t in trials):
+            batch = (lo + hi) // 2 if hi < 2**31 else 2 * lo  # inside the bracket, not tried yet
+            if batch <= lo or batch >= hi or any(t.batch == batch for t in trials):
+                break
+        if fixed is not None and slope is not None and fixed + slope * batch > limit:
+            trials.append(Trial(batch, None))  # refused before it runs: it would not fit
+            hi = batch
+            continue
+        trial = measure(batch)
+        trials.append(trial)
+        if trial.peak_bytes is not None and trial.peak_bytes <= target:
+            lo = batch
+            if trial.peak_bytes >= (1 - WINDOW) * target:
+                break
+        else:
+            hi = batch
+            queue = [q for q in queue if q < batch]
+    return lo, trials, fixed, slope
+
+
 def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) -> tuple[Spec, Fit]:
-    """``spec`` with the batch that fills ``cfg.fit_fraction`` of every rank's memory."""
+    """``spec`` with the batch whose measured peak fills ``cfg.fit_fraction`` of every rank's
+    memory; a one-line error when even batch 1 does not fit, and the trial's reason when a
+    trial fails otherwise."""
     capacity = min(world.allgather(rank_memory(device, world)))
-    batch = estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, capacity)
-    first, backoffs = batch, 0
-    # a CPU that runs out of memory is ended by the kernel, not told: there the estimate decides
+    target = cfg.fit_fraction * capacity
+    start = estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, capacity)
     gpu = device.type == "cuda"
-    while gpu and not world.all_true(trial_step_fits(spec.replace(batch_size=batch), device)):
-        if backoffs == MAX_BACKOFFS or batch == 1:
-            raise SpecError(
-                f"{spec.family}.batch_size", batch, f"out of device memory even after {backoffs} halvings"
-            )
-        batch, backoffs = max(1, batch // 2), backoffs + 1
+    # a CPU trial is stopped when its process passes the rank's whole share of the host
+    limit = capacity + RANK_PROCESS_BYTES
+
+    def measure(batch: int) -> Trial:
+        s = spec.replace(batch_size=batch)
+        if gpu:
+            return cuda_trial(s, cfg.optimizer, cfg.pool_batches, device)
+        return cpu_trial(s, cfg.optimizer, cfg.pool_batches, limit)
+
+    batch, trials, fixed, slope = search(measure, start, target, capacity, float(spec.memory_per_sample()))
+    batch = min(world.allgather(batch))
+    if batch < 1:
+        smallest = min((t for t in trials if t.peak_bytes is not None), key=lambda t: t.batch, default=None)
+        took = (
+            f"measured {smallest.peak_bytes / 2**30:.2f} GiB"
+            if smallest and smallest.peak_bytes
+            else "ran out"
+        )
+        raise SpecError(
+            f"{spec.family}.batch_size",
+            "fit",
+            f"even batch 1 {took}, more than {cfg.fit_fraction:g} of the {capacity / 2**30:.2f} GiB of a "
+            "rank; this workload needs a larger device (or more ranks sharding it)",
+        )
     fitted = spec.replace(batch_size=batch)
-    count = fitted.count()
-    estimate = metrics.memory_estimate(count.params, fitted.memory_per_sample(), batch, cfg.optimizer)
-    return fitted, Fit(cfg.fit_fraction, capacity, first, batch, estimate, backoffs)
-
-
-def trial_step_fits(spec: Spec, device: torch.device, step: Callable[..., None] | None = None) -> bool:
-    """One forward, backward and AdamW step of ``spec`` on ``device``, alone: False when the
-    device runs out of memory (its memory is released either way)."""
-    try:
-        (step or _adamw_step)(spec, device)
-        return True
-    except torch.OutOfMemoryError:
-        return False
-    except RuntimeError as e:  # cuBLAS and cuDNN report their failed allocations so
-        if "ALLOC_FAILED" in str(e) or "out of memory" in str(e):
-            return False
-        raise
-    finally:
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-
-
-def _adamw_step(spec: Spec, device: torch.device) -> None:
-    model = spec.build().to(device)
-    optimizer = torch.optim.AdamW(model.parameters())
-    x, y = make_batch(spec, spec.batch_size, device)
-    p = precision(spec.precision)
-    with torch.autocast(device.type, dtype=p.dtype, enabled=p.autocast):
-        logits = model(x)
-    F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)).backward()
-    optimizer.step()
-    synchronize(device)
+    estimate = fitted.memory_estimate(batch, cfg.optimizer)
+    peak = next((t.peak_bytes for t in trials if t.batch == batch), None)
+    return fitted, Fit(
+        fraction=cfg.fit_fraction,
+        capacity_bytes=capacity,
+        target_bytes=int(target),
+        estimated_batch=start,
+        batch=batch,
+        estimate_bytes=estimate,
+        measured_peak_bytes=peak,
+        fixed_bytes=fixed,
+        per_sample_bytes=slope,
+        trials=[{"batch": t.batch, "peak_bytes": t.peak_bytes} for t in trials],
+        measured_by="torch.cuda.max_memory_reserved" if gpu else "peak RSS of a child process",
+    )

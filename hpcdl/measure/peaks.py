@@ -27,24 +27,66 @@ from hpcdl.workloads.precision import precision as precision_of
 # names come before the names they contain) -> dense peak FLOP/s by precision, and the source.
 # fp32 is the CUDA-core (vector) figure on NVIDIA: hpcdl runs fp32 in IEEE precision, never TF32
 # (measure.device.ieee_fp32). On AMD CDNA the FP32 matrix cores compute full fp32, so the fp32
-# matrix figure is the peak. MI250X: each of its two dies (GCDs) is a device of its own, so a
-# device's peak is half the package's. Structured-sparsity figures (twice these) are never used.
+# matrix figure is the peak. tf32 (NVIDIA Ampere and later, AMD MI300X; half the bf16 figure) is
+# listed for `hpcdl info` and for readers comparing: hpcdl itself never trains in it. MI250X: each
+# of its two dies (GCDs) is a device of its own, so a device's peak is half the package's.
+# Structured-sparsity figures (twice these) are never used.
 DATASHEET_PEAKS: list[tuple[str, dict[str, float], str]] = [
-    ("GH200", {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12}, "NVIDIA GH200 datasheet"),
-    ("H200 NVL", {"fp32": 60e12, "bf16": 835.5e12, "fp16": 835.5e12}, "NVIDIA H200 NVL datasheet"),
-    ("H200", {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12}, "NVIDIA H200 datasheet, SXM"),
-    ("H100 NVL", {"fp32": 60e12, "bf16": 835.5e12, "fp16": 835.5e12}, "NVIDIA H100 NVL datasheet"),
-    ("H100 PCIe", {"fp32": 51.2e12, "bf16": 756.5e12, "fp16": 756.5e12}, "NVIDIA H100 datasheet, PCIe"),
-    ("H100", {"fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12}, "NVIDIA H100 datasheet, SXM5"),
-    ("GB200", {"fp32": 90e12, "bf16": 2500e12, "fp16": 2500e12}, "NVIDIA Blackwell datasheet, GB200 per GPU"),
-    ("B200", {"fp32": 80e12, "bf16": 2250e12, "fp16": 2250e12}, "NVIDIA Blackwell datasheet, HGX B200"),
-    ("A100", {"fp32": 19.5e12, "bf16": 312e12, "fp16": 312e12}, "NVIDIA A100 datasheet"),
-    ("A10", {"fp32": 31.2e12, "bf16": 125e12, "fp16": 125e12}, "NVIDIA A10 datasheet"),
-    ("L40S", {"fp32": 91.6e12, "bf16": 362.05e12, "fp16": 362.05e12}, "NVIDIA L40S datasheet"),
-    ("L40", {"fp32": 90.5e12, "bf16": 181.05e12, "fp16": 181.05e12}, "NVIDIA L40 datasheet"),
-    ("L4", {"fp32": 30.3e12, "bf16": 121e12, "fp16": 121e12}, "NVIDIA L4 datasheet"),
+    (
+        "GH200",
+        {"tf32": 494.7e12, "fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12},
+        "NVIDIA GH200 datasheet",
+    ),
+    (
+        "H200 NVL",
+        {"tf32": 417.5e12, "fp32": 60e12, "bf16": 835.5e12, "fp16": 835.5e12},
+        "NVIDIA H200 NVL datasheet",
+    ),
+    (
+        "H200",
+        {"tf32": 494.7e12, "fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12},
+        "NVIDIA H200 datasheet, SXM",
+    ),
+    (
+        "H100 NVL",
+        {"tf32": 417.5e12, "fp32": 60e12, "bf16": 835.5e12, "fp16": 835.5e12},
+        "NVIDIA H100 NVL datasheet",
+    ),
+    (
+        "H100 PCIe",
+        {"tf32": 378e12, "fp32": 51.2e12, "bf16": 756.5e12, "fp16": 756.5e12},
+        "NVIDIA H100 datasheet, PCIe",
+    ),
+    (
+        "H100",
+        {"tf32": 494.7e12, "fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12},
+        "NVIDIA H100 datasheet, SXM5",
+    ),
+    (
+        "GB200",
+        {"tf32": 1250e12, "fp32": 90e12, "bf16": 2500e12, "fp16": 2500e12},
+        "NVIDIA Blackwell datasheet, GB200 per GPU",
+    ),
+    (
+        "B200",
+        {"tf32": 1125e12, "fp32": 80e12, "bf16": 2250e12, "fp16": 2250e12},
+        "NVIDIA Blackwell datasheet, HGX B200",
+    ),
+    ("A100", {"tf32": 156e12, "fp32": 19.5e12, "bf16": 312e12, "fp16": 312e12}, "NVIDIA A100 datasheet"),
+    ("A10", {"tf32": 62.5e12, "fp32": 31.2e12, "bf16": 125e12, "fp16": 125e12}, "NVIDIA A10 datasheet"),
+    (
+        "L40S",
+        {"tf32": 183e12, "fp32": 91.6e12, "bf16": 362.05e12, "fp16": 362.05e12},
+        "NVIDIA L40S datasheet",
+    ),
+    ("L40", {"tf32": 90.5e12, "fp32": 90.5e12, "bf16": 181.05e12, "fp16": 181.05e12}, "NVIDIA L40 datasheet"),
+    ("L4", {"tf32": 60e12, "fp32": 30.3e12, "bf16": 121e12, "fp16": 121e12}, "NVIDIA L4 datasheet"),
     ("V100", {"fp32": 15.7e12, "fp16": 125e12}, "NVIDIA V100 datasheet, SXM2"),
-    ("MI300X", {"fp32": 163.4e12, "bf16": 1307.4e12, "fp16": 1307.4e12}, "AMD Instinct MI300X data sheet"),
+    (
+        "MI300X",
+        {"tf32": 653.7e12, "fp32": 163.4e12, "bf16": 1307.4e12, "fp16": 1307.4e12},
+        "AMD Instinct MI300X data sheet",
+    ),
     ("MI250X", {"fp32": 47.85e12, "bf16": 191.5e12, "fp16": 191.5e12}, "AMD MI250X data sheet, per GCD"),
 ]
 ROCM_NAMES = {("gfx942", 304): "AMD Instinct MI300X", ("gfx90a", 110): "AMD Instinct MI250X"}
@@ -210,6 +252,36 @@ def cpu_peak(precision: str, info: CpuInfo | None = None) -> Peak | None:
             "flops_per_cycle_source": why,
         },
     )
+
+
+def raised_to_ceiling(peak: Peak, ceiling_flops: float) -> Peak:
+    """A CPU estimate that the measured GEMM ceiling proves low, recomputed with the clock the
+    measurement implies, ``ceiling / (cores x FLOPs per cycle)``; any other peak unchanged.
+
+    A machine cannot exceed its peak, so a ceiling above the estimate means the estimate's clock
+    is low (a VM's ``/proc/cpuinfo`` shows the base clock, not the boost). The implied clock is a
+    lower bound of the real one; the estimate's own inputs stay in ``inputs`` (``estimated_*``)."""
+    needed = ("cores", "clock_hz", "clock_source", "flops_per_cycle", "flops_per_cycle_source")
+    if peak.kind != "estimate" or not ceiling_flops > peak.flops or not all(k in peak.inputs for k in needed):
+        return peak
+    cores, per_cycle = peak.inputs["cores"], peak.inputs["flops_per_cycle"]
+    clock = ceiling_flops / (cores * per_cycle)
+    said = peak.inputs["clock_hz"]
+    inputs = {
+        **peak.inputs,
+        "clock_hz": clock,
+        "clock_source": "implied by the measured GEMM ceiling",
+        "estimated_clock_hz": said,
+        "estimated_clock_source": peak.inputs["clock_source"],
+        "estimated_flops": peak.flops,
+        "gemm_ceiling_flops": ceiling_flops,
+    }
+    source = (
+        f"estimate: {cores} cores x {clock / 1e9:.2f} GHz (implied by the measured GEMM ceiling of "
+        f"{ceiling_flops / 1e9:.1f} GFLOP/s; {peak.inputs['clock_source']} says {said / 1e9:.2f} GHz, "
+        f"{peak.flops / 1e9:.1f} GFLOP/s) x {per_cycle} FLOP/cycle ({peak.inputs['flops_per_cycle_source']})"
+    )
+    return Peak(ceiling_flops, source, kind="estimate", inputs=inputs)
 
 
 def has_bf16(device: torch.device) -> bool:

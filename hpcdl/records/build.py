@@ -19,7 +19,7 @@ from hpcdl.measure.environment import environment
 from hpcdl.measure.fit import Fit
 from hpcdl.measure.loop import StepLog
 from hpcdl.measure.measurement import RankMeasurement
-from hpcdl.measure.peaks import Peak
+from hpcdl.measure.peaks import Peak, raised_to_ceiling
 from hpcdl.parallel.backends import BACKENDS, Backend
 from hpcdl.parallel.checks import parameters_identical
 from hpcdl.records import schema, validity
@@ -65,15 +65,39 @@ def job_peak(device: torch.device, override: float, ranks: Sequence[RankMeasurem
     for (host, _), r in units.items():
         if r.peak is None:
             return None
-        share = 1.0
+        peak, share = r.peak, 1.0
         if not gpu:  # this host's cores of every rank, against the one rank's
             cpus = {c for x in ranks if x.host == host for c in x.cpus}
             share = len(cpus) / max(len(r.cpus), 1)
-        total += r.peak.flops * share
-        first = first or r.peak
+            peak = host_peak(r, [x for x in ranks if x.host == host])
+        total += peak.flops * share
+        first = first or peak
     assert first is not None
     times = f" x {len(units)} {per}s" if len(units) > 1 else ""
     return Peak(total, first.source + times, kind=first.kind, inputs=first.inputs)
+
+
+def host_peak(r: RankMeasurement, ranks: Sequence[RankMeasurement]) -> Peak:
+    """Rank ``r``'s CPU peak, raised to the clock that the best GEMM ceiling per CPU of its host's
+    ``ranks`` implies where that exceeds the estimate (``peaks.raised_to_ceiling``): the
+    estimate's clock is then demonstrably low."""
+    assert r.peak is not None
+    per_cpu = max(x.gemm_ceiling_flops / max(len(x.cpus), 1) for x in ranks)
+    return raised_to_ceiling(r.peak, per_cpu * max(len(r.cpus), 1))
+
+
+def memory_split(spec: Spec, cfg: RunConfig, ranks: Sequence[RankMeasurement]) -> dict[str, Any]:
+    """Where a rank's memory goes: the estimate's parts at the batch that ran, and what the
+    device measured (its peak: on a CPU the process's resident set, which also holds the
+    interpreter and libraries, so its parts cannot be told apart there)."""
+    estimated = spec.memory_parts(spec.batch_size, cfg.optimizer)
+    return {
+        "estimated": {**estimated, "total": sum(estimated.values())},
+        "measured": {
+            "peak_bytes": max(r.peak_memory_bytes for r in ranks),
+            "kind": ranks[0].peak_memory_kind,
+        },
+    }
 
 
 def unknown_peak_reason(device: torch.device, name: str) -> str:
@@ -86,11 +110,14 @@ def implausible(mfu: float, fraction: float, ceiling: float, peak: Peak | None) 
     """Figures that cannot be true, each with its likely cause: they are flagged, never shown
     plain (METRICS.md, "Peaks and MFU")."""
     flags = []
-    low_inputs = (
-        f"the estimated peak's inputs are low (clock from {peak.inputs.get('clock_source')})"
-        if peak is not None and peak.kind == "estimate"
-        else "the peak figure is too low for this device"
-    )
+    low_inputs = "the peak figure is too low for this device"
+    if peak is not None and peak.kind == "estimate":
+        low_inputs = (
+            "the peak is the measured GEMM ceiling (the estimate was below it), which this "
+            "workload's kernels outrun"
+            if "estimated_flops" in peak.inputs
+            else f"the estimated peak's inputs are low (clock from {peak.inputs.get('clock_source')})"
+        )
     if mfu > 1:
         flags.append(
             f"MFU {mfu:.1%} > 100%: {low_inputs}, or kernels do fewer FLOPs than counted "
@@ -346,6 +373,7 @@ def build_record(
         io=ranks[0].io,
         energy=energy_of(ranks, count.train_flops, sum(samples), window),
         fit=dataclasses.asdict(fit) if fit else None,
+        memory=memory_split(spec, cfg, ranks),
         target=target_of(cfg, logs, sum(samples)),
         window_start_unix=min(g.start_unix for g in logs),
         window_end_unix=max(g.start_unix + g.window_s for g in logs),

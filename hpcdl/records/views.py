@@ -291,6 +291,10 @@ class Metrics:
     """figures that cannot be true (an MFU above 100 %), each with its likely cause"""
     fit: dict[str, Any] | None = None
     """how ``--fit`` chose the batch per rank (``measure.fit.Fit``), when it did"""
+    memory: dict[str, Any] = field(default_factory=dict)
+    """where the memory goes: ``estimated`` (``Spec.memory_parts`` at the batch that ran:
+    weights, gradients, optimizer_state, activations, workspace) and ``measured`` (what the
+    device tells: the peak and its kind; records before 2026-11 leave it out)"""
     target: Target | None = None
     """time to target, when the run had one"""
     window_start_unix: float | None = None

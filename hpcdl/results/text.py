@@ -24,6 +24,19 @@ def mfu_text(mfu: float | None, flags: Sequence[str] = ()) -> str:
     return f"{mfu:.1%}" + (" (!)" if flags else "")
 
 
+def notes_once(notes: dict[str, Sequence[str]]) -> list[str]:
+    """Each distinct note once, from ``{name: its notes}``: a note every name shares (one that
+    belongs to the machine, not to a workload) without names, any other after the names it
+    concerns, in first-seen order."""
+    who: dict[str, list[str]] = {}
+    for name, lines in notes.items():
+        for line in lines:
+            who.setdefault(line, []).append(name)
+    return [
+        note if len(names) == len(notes) > 1 else f"{', '.join(names)}: {note}" for note, names in who.items()
+    ]
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: bool = True) -> str:
     """Columns aligned, with a rule under the header: the first column left, the others right
     (figures) when ``numeric``, else all left."""

@@ -26,6 +26,12 @@ class Count:
     """FLOPs of the backward pass (input and weight gradients, layer by layer)"""
     activation_elements: int
     """elements of the activations kept for the backward pass (an estimate)"""
+    largest_param: int = 0
+    """elements of the largest parameter tensor (a step's per-tensor optimizer temporaries)"""
+    workspace_elements: int = 0
+    """elements per sample alive only during the step beside what is kept: the gradients of a
+    layer's output and input while its backward runs, and the backend's own workspaces (oneDNN's
+    fused LSTM); ``metrics.sample_memory`` adds them"""
 
     @property
     def train_flops(self) -> int:
@@ -36,6 +42,10 @@ class Count:
         """Estimated activation memory of one sample at the given precision."""
         return self.activation_elements * precision(precision_name).bytes
 
+    def workspace_bytes(self, precision_name: str) -> int:
+        """Estimated workspace of one sample at the given precision (``workspace_elements``)."""
+        return self.workspace_elements * precision(precision_name).bytes
+
 
 class Tally:
     """Accumulates parameters, FLOPs and saved activations layer by layer."""
@@ -45,6 +55,10 @@ class Tally:
         self.forward = 0
         self.backward = 0
         self.activations = 0
+        self.largest_param = 0
+        self.largest_output = 0
+        self.last_linear = 0  # the latest linear's output: the logits if nothing follows it
+        self.workspace = 0
 
     def matmul(self, m: int, k: int, n: int, *, grads: int = 2, times: int = 1) -> None:
         """A product of an (m x k) and a (k x n) matrix, ``times`` times.
@@ -64,6 +78,9 @@ class Tally:
         self.params += fan_in * fan_out + (fan_out if bias else 0)
         self.matmul(tokens, fan_in, fan_out, grads=1 if data_input else 2)
         self.activations += tokens * fan_out
+        self.largest_param = max(self.largest_param, fan_in * fan_out)
+        self.output(tokens * fan_in)
+        self.last_linear = tokens * fan_out
 
     def conv2d(
         self,
@@ -82,17 +99,46 @@ class Tally:
         out_elems = out_hw[0] * out_hw[1]
         self.matmul(out_elems, (c_in // groups) * kh * kw, c_out, grads=1 if data_input else 2)
         self.activations += out_elems * c_out
+        self.largest_param = max(self.largest_param, c_out * (c_in // groups) * kh * kw)
+        self.output(out_elems * c_out)
 
     def add_params(self, n: int) -> None:
         """Parameters that cost no counted FLOPs (embeddings, norm scales and shifts, biases)."""
         self.params += n
+        self.largest_param = max(self.largest_param, n)
+
+    def output(self, elements: int) -> None:
+        """A layer output of ``elements`` per sample that ``linear`` and ``conv2d`` do not see
+        (a recurrent layer's sequence, an embedding's): its gradient is alive in backward."""
+        self.largest_output = max(self.largest_output, elements, self.last_linear)
+        self.last_linear = 0
+
+    def add_workspace(self, elements: int) -> None:
+        """Elements per sample a backend kernel keeps beyond the saved activations counted."""
+        self.workspace += elements
 
     def keep(self, elements: int) -> None:
         """Activations kept for backward by element-wise layers (norms, activations, dropout)."""
         self.activations += elements
 
     def result(self) -> Count:
-        return Count(self.params, self.forward, self.backward, self.activations)
+        # while a layer's backward runs, the gradient of its output and that of its input are
+        # alive beside everything kept: twice the largest layer output bounds them. The last
+        # linear's output is the logits, whose gradients the loss's copies already count
+        # (metrics.LOSS_COPIES)
+        transient = GRADIENT_BUFFERS * self.largest_output
+        return Count(
+            self.params,
+            self.forward,
+            self.backward,
+            self.activations,
+            self.largest_param,
+            self.workspace + transient,
+        )
+
+
+GRADIENT_BUFFERS = 2
+"""activation gradients alive at once in backward: a layer's output gradient and its input's"""
 
 
 def conv_out(size: int, kernel: int, stride: int, padding: int) -> int:

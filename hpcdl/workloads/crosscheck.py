@@ -58,39 +58,3 @@ def saved_activation_elements(spec: Spec, batch: int = 2) -> int:
     with decomposed(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(inputs)
     return sum(seen.values()) // batch
-
-
-def training_step_bytes(spec: Spec, optimizer: str = "adamw", steps: int = 2) -> int:
-    """Memory a few training steps of ``spec`` (fp32 on the CPU, its batch size) add to this
-    process: the rise of the peak resident set over the resident set before the model is built,
-    after one warm-up step of a one-sample model of the same spec has loaded the kernels.
-    What ``metrics.memory_estimate`` estimates, measured (Linux only: ``/proc/self``)."""
-    import gc
-
-    from hpcdl.measure.data import make_batch
-
-    def step(s: Spec) -> None:
-        model = s.build().train()
-        opt = (torch.optim.AdamW if optimizer == "adamw" else torch.optim.SGD)(model.parameters(), lr=1e-4)
-        x, y = make_batch(s, s.batch_size)
-        for _ in range(steps):
-            logits = model(x)
-            torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
-            opt.step()
-            opt.zero_grad()
-
-    step(spec.replace(batch_size=1))  # loads kernels and libraries: not the workload's memory
-    gc.collect()
-    base = _status_kb("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current resident set
-    step(spec)
-    return (_status_kb("VmHWM") - base) * 1024
-
-
-def _status_kb(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise OSError(f"no {key} in /proc/self/status")

@@ -63,6 +63,7 @@ def count_stack(
         for _ in range(directions):
             _layer(t, cell, steps, fan_in, hidden, data_input=data_input and layer == 0)
         fan_in = directions * hidden
+        t.output(steps * fan_in)  # the layer's output sequence: its gradient is alive in backward
     return fan_in
 
 

@@ -17,7 +17,7 @@ from torch import nn
 from hpcdl import metrics
 from hpcdl.workloads.counting import Count
 from hpcdl.workloads.knobs import Knobs, knob
-from hpcdl.workloads.precision import PRECISIONS
+from hpcdl.workloads.precision import PRECISIONS, precision
 
 __all__ = ["Knobs", "Ranges", "Spec", "knob"]
 
@@ -89,7 +89,27 @@ class Spec(Knobs):
 
     def memory_per_sample(self) -> int:
         """Bytes one sample adds to a training step (``metrics.sample_memory``)."""
-        return metrics.sample_memory(self.count().activation_bytes(self.precision), self.logits_elements)
+        c = self.count()
+        return metrics.sample_memory(
+            c.activation_bytes(self.precision), self.logits_elements, c.workspace_bytes(self.precision)
+        )
+
+    def memory_parts(self, batch: int, optimizer: str) -> dict[str, int]:
+        """Where a training step at ``batch`` would put its memory (``metrics.memory_parts``)."""
+        c = self.count()
+        return metrics.memory_parts(
+            c.params,
+            self.memory_per_sample(),
+            batch,
+            optimizer,
+            largest_param=c.largest_param,
+            autocast=precision(self.precision).autocast,
+            sample_workspace_bytes=c.workspace_bytes(self.precision),
+        )
+
+    def memory_estimate(self, batch: int, optimizer: str) -> int:
+        """Bytes a training step at ``batch`` needs (``metrics.memory_estimate``)."""
+        return sum(self.memory_parts(batch, optimizer).values())
 
     @property
     def samples_per_step(self) -> int:

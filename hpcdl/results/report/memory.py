@@ -47,7 +47,10 @@ def memory_points(records: Sequence[Audit]) -> list[figures.MemoryPoint]:
             continue
         optimizer = str(r.run.get("optimizer") or "adamw")
         sample_bytes = r.counts.memory_bytes_per_sample or r.counts.activation_bytes_per_sample
-        estimate = memory_estimate(r.counts.params, sample_bytes, batch, optimizer)
+        # the record's own split where it has one (METRICS.md, "Memory estimate"); older records
+        # lack it, and get the estimate recomputed from their counts
+        total = r.metrics.memory.get("estimated", {}).get("total")
+        estimate = int(total) if total else memory_estimate(r.counts.params, sample_bytes, batch, optimizer)
         if estimate <= 0:  # counts of an edited record: nothing to draw on a log axis
             continue
         kind = r.metrics.peak_memory_kind

@@ -139,6 +139,8 @@ class SpeechSpec(Spec):
             t.conv2d((f, frames), c_in, self.conv_channels, kernel, data_input=i == 0)
             t.add_params(2 * self.conv_channels)  # batch norm scale and shift
             t.keep(self.conv_channels * f * frames)  # the activation's input (batch norm output)
+            if i < len(self.conv_sizes()) - 1:  # its output, the next conv's input (the last one's
+                t.keep(self.conv_channels * f * frames)  # is made contiguous for the RNN, below)
             c_in = self.conv_channels
         frames = self.target_shape()[0]
         t.keep(frames * self.rnn_input)  # (channels x freq, time) made contiguous for the RNN

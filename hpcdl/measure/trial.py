@@ -1,0 +1,167 @@
+"""A trial training step at one batch size, and the peak memory it took: what auto-fit
+(``measure.fit``) measures. On a CPU the trial runs in a child process, whose peak resident set
+is its own (nothing the parent holds counts), and which the parent watches and ends itself when
+its resident set passes a limit: a trial too large is stopped, never killed by the kernel's
+out-of-memory killer with the run beside it. On CUDA it runs in this process, measured by the
+caching allocator (``torch.cuda.max_memory_reserved``), an out-of-memory error meaning too large.
+
+    python -m hpcdl.measure.trial SPEC_JSON OPTIMIZER POOL_BATCHES   # prints {"peak_bytes": N}
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from hpcdl.errors import RunFailed
+from hpcdl.measure.device import reset_peak_memory, synchronize
+from hpcdl.workloads.precision import precision
+from hpcdl.workloads.spec import Spec
+
+STEPS = 2
+"""training steps per trial: the optimizer allocates its state in the first, so the second holds
+weights, gradients, state and activations at once, as every later step does"""
+POLL_S = 0.02
+"""how often the parent reads a CPU trial's resident set"""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial: its batch and the peak memory the step added above the process before its
+    model (CPU: resident set; CUDA: allocated), or None when it passed the limit."""
+
+    batch: int
+    peak_bytes: int | None
+
+    @property
+    def too_large(self) -> bool:
+        return self.peak_bytes is None
+
+
+class TrialFailed(RunFailed):
+    """A trial that failed for a reason other than memory: the run ends with that reason (one
+    line, exit code 1), not with a smaller batch."""
+
+
+def train_steps(spec: Spec, optimizer: str, pool_batches: int, device: torch.device) -> None:
+    """``STEPS`` forward, backward and optimizer steps of ``spec`` as ``measure.loop`` trains it
+    (autocast in bf16/fp16, the loss in fp32), with the run's pool of batches on the device."""
+    from hpcdl.measure.data import make_batch
+
+    if optimizer not in ("adamw", "sgd"):
+        raise ValueError(f"optimizer {optimizer!r}: adamw or sgd")
+    model = spec.build().to(device)
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9) if optimizer == "sgd" else torch.optim.AdamW(params)
+    x, y = make_batch(spec, spec.batch_size * max(pool_batches, 1), device)
+    x, y = x[: spec.batch_size], y[: spec.batch_size]
+    p = precision(spec.precision)
+    for _ in range(STEPS):
+        with torch.autocast(device.type, dtype=p.dtype, enabled=p.autocast):
+            logits = model(x)
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad()
+    synchronize(device)
+
+
+def cuda_trial(spec: Spec, optimizer: str, pool_batches: int, device: torch.device) -> Trial:
+    """A trial on a GPU, in this process: the caching allocator's peak reserved memory above
+    what it held before (``torch.cuda.max_memory_reserved``: what a run runs out of, allocated
+    tensors and the fragmentation between them); too large on an out-of-memory error (cuBLAS
+    and cuDNN report theirs as RuntimeErrors)."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    try:
+        train_steps(spec, optimizer, pool_batches, device)
+        return Trial(spec.batch_size, torch.cuda.max_memory_reserved(device) - before)
+    except torch.OutOfMemoryError:
+        return Trial(spec.batch_size, None)
+    except RuntimeError as e:
+        if "ALLOC_FAILED" in str(e) or "out of memory" in str(e):
+            return Trial(spec.batch_size, None)
+        raise TrialFailed(f"a trial step at batch {spec.batch_size} failed: {e}") from None
+    finally:
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def cpu_trial(spec: Spec, optimizer: str, pool_batches: int, limit_bytes: int) -> Trial:
+    """A trial in a child process with this process's threads; None as its peak when the
+    child's resident set passed ``limit_bytes`` (the parent ended it)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    args = [
+        sys.executable,
+        "-m",
+        "hpcdl.measure.trial",
+        json.dumps(spec.to_dict()),
+        optimizer,
+        str(pool_batches),
+    ]
+    child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    while child.poll() is None:
+        rss = _rss(child.pid)
+        if rss is not None and rss > limit_bytes:
+            child.send_signal(signal.SIGKILL)
+            child.communicate()
+            return Trial(spec.batch_size, None)
+        time.sleep(POLL_S)
+    out, err = child.communicate()
+    if child.returncode != 0:
+        if child.returncode == -signal.SIGKILL:  # the kernel's OOM killer, despite the limit
+            return Trial(spec.batch_size, None)
+        last = (err.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
+        raise TrialFailed(f"a trial step at batch {spec.batch_size} failed: {last}")
+    return Trial(spec.batch_size, int(json.loads(out.strip().splitlines()[-1])["peak_bytes"]))
+
+
+def _rss(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise OSError(f"no {key} in /proc/self/status")
+
+
+def main(argv: list[str]) -> None:
+    """The child: load the kernels with a one-sample step, then measure the trial's steps as the
+    rise of the peak resident set (``VmHWM``, reset through ``clear_refs`` after ``malloc_trim``)
+    over the resident set before them."""
+    from hpcdl.workloads.registry import spec_from_dict
+
+    spec = spec_from_dict(json.loads(argv[0]))
+    optimizer, pool = argv[1], int(argv[2])
+    cpu = torch.device("cpu")
+    train_steps(spec.replace(batch_size=1), optimizer, 1, cpu)  # libraries and kernels: the process's
+    # what the warm-up freed goes back to the system (else the trial reuses it unseen) and
+    # VmHWM := VmRSS, as the run resets its peak
+    reset_peak_memory(cpu)
+    base = _status_kb("VmRSS")
+    train_steps(spec, optimizer, pool, cpu)
+    print(json.dumps({"peak_bytes": (_status_kb("VmHWM") - base) * 1024}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

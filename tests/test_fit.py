@@ -1,0 +1,73 @@
+"""Auto-fit by measurement: the search reaches the target from either side of the estimate,
+refuses what would not fit before running it, and a real trial in a child process measures a
+peak, is stopped by its parent past the limit, and reports a failure that is not memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcdl.errors import RunFailed
+from hpcdl.measure.fit import WINDOW, search
+from hpcdl.measure.trial import Trial, cpu_trial
+from hpcdl.workloads.registry import spec_from_dict
+
+MB = 1 << 20
+
+
+def line(fixed: float, per_sample: float, wobble: float = 0.0, ceiling: float = float("inf")):  # type: ignore[no-untyped-def]
+    """A measured peak that grows linearly with the batch, give or take the allocator's
+    granularity (``wobble``, alternating in sign), and is too large past ``ceiling``."""
+    calls: list[int] = []
+
+    def measure(batch: int) -> Trial:
+        calls.append(batch)
+        peak = fixed + per_sample * batch + (wobble if len(calls) % 2 else -wobble)
+        return Trial(batch, None if peak > ceiling else int(peak))
+
+    return measure, calls
+
+
+@pytest.mark.parametrize("start", [40, 400, 4000])  # the estimate 5x too high, about right, 5x too low
+def test_the_search_lands_within_the_window_below_the_target_from_either_side(start: int) -> None:
+    measure, calls = line(100 * MB, 1 * MB, wobble=0.5 * MB)
+    target = 600 * MB  # batch 500 fills it
+    batch, trials, fixed, slope = search(measure, start, target, 2 * target, 1 * MB)
+    peak = next(t.peak_bytes for t in trials if t.batch == batch)
+    assert peak is not None and (1 - WINDOW) * target <= peak <= target, trials
+    assert len(calls) <= 5 and calls[0] == max(1, start // 4)  # two trials, then the line's batch
+    assert fixed == pytest.approx(100 * MB, rel=0.05) and slope == pytest.approx(MB, rel=0.05)
+
+
+def test_a_batch_the_line_puts_past_the_limit_is_refused_before_it_runs() -> None:
+    measure, calls = line(0, 1 * MB)
+    # the line says 2000 fits the target, but the watchdog's limit is lower: never run above it
+    batch, trials, _, _ = search(measure, 100, 2000 * MB, 500 * MB, 1 * MB)
+    assert max(calls) <= 500 and 0 < batch <= 500
+    assert any(t.peak_bytes is None and t.batch not in calls for t in trials)  # refused, not run
+
+
+def test_too_large_trials_move_the_batch_down_and_batch_one_over_the_target_gives_zero() -> None:
+    measure, calls = line(50 * MB, 10 * MB, ceiling=300 * MB)  # a trial past 300 MB is stopped
+    batch, trials, _, _ = search(measure, 400, 280 * MB, 300 * MB, 1 * MB)
+    assert 21 <= batch <= 23 and any(t.too_large for t in trials)
+    nothing, _, _, _ = search(line(500 * MB, 1 * MB)[0], 8, 100 * MB, 1000 * MB, 1 * MB)
+    assert nothing == 0
+
+
+SMALL = {"family": "mlp", "layers": 1, "width": 256, "input_size": 256, "output_size": 10}
+
+
+def test_a_real_trial_measures_its_peak_and_is_stopped_past_its_limit() -> None:
+    spec = spec_from_dict({**SMALL, "batch_size": 64})
+    t = cpu_trial(spec, "adamw", 1, 8 << 30)
+    params = 256 * 256 + 256 + 256 * 10 + 10
+    assert t.peak_bytes is not None and 0 < t.peak_bytes < 200 * MB
+    assert t.peak_bytes >= 12 * params  # weights' gradients and AdamW's two moments at least
+    # a limit below what the interpreter and torch take: the parent ends the child itself
+    assert cpu_trial(spec, "adamw", 1, 64 * MB).too_large
+
+
+def test_a_trial_that_fails_for_another_reason_ends_the_run_with_it() -> None:
+    spec = spec_from_dict({**SMALL, "batch_size": 4})
+    with pytest.raises(RunFailed, match="trial step at batch 4 failed: ValueError: optimizer 'lamb'"):
+        cpu_trial(spec, "lamb", 1, 8 << 30)  # not memory: no smaller batch is tried
