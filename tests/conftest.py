@@ -45,13 +45,14 @@ def _cluster_script(*args: str) -> subprocess.CompletedProcess[str]:
 def emulated_cluster() -> Iterator[Cluster]:
     """4 hosts as network namespaces on 200 Mbit/s links (scripts/cluster/cluster.sh), for the
     whole session; stopped at its end, pass or fail, unless it already ran before the session
-    (or HPCDL_CLUSTER_KEEP=1). Skipped only where namespaces cannot be made (not root)."""
+    (or HPCDL_CLUSTER_KEEP=1). Skipped only where namespaces cannot be made (not root); a
+    start that fails as root fails the tests that need it."""
     if os.geteuid() != 0:
         pytest.skip("the emulated cluster needs root (network namespaces, tc)")
     was_running = _cluster_script("status").returncode == 0
     start = _cluster_script("start", str(CLUSTER_HOSTS), f"{CLUSTER_RATE_MBIT}mbit")
-    if start.returncode != 0:
-        pytest.skip(f"the emulated cluster could not start: {start.stderr.strip()[-500:]}")
+    if start.returncode != 0:  # as root it must start: a broken script is a failure, not a skip
+        pytest.fail(f"the emulated cluster could not start: {start.stderr.strip()[-500:]}")
     try:
         yield Cluster(CLUSTER_HOSTS, CLUSTER_RATE_MBIT, str(ROOT / "scripts" / "cluster" / "mpirun"))
     finally:
