@@ -142,7 +142,9 @@ def test_fit_measures_the_batch_that_fills_the_target_and_records_how(tmp_path: 
         len(fit["trials"]) >= 2
         and {"batch": batch, "peak_bytes": fit["measured_peak_bytes"]} in fit["trials"]
     )
-    assert fit["target_bytes"] == pytest.approx(fraction * fit["capacity_bytes"], rel=1e-6)
+    # the fraction as the command line gave it (8 decimals), not the float it was printed from
+    given = record["run"]["fit_fraction"]
+    assert fit["target_bytes"] == pytest.approx(given * fit["capacity_bytes"], rel=1e-6)
     # within the target and, unless the search ran out of trials, within 5 % below it
     assert fit["measured_peak_bytes"] <= fit["target_bytes"]
     # (the CPU peak steps with the batch: the search may also end with batch + 1 above the target)

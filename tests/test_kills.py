@@ -260,3 +260,29 @@ def test_a_kill_between_the_two_renames_leaves_no_record_and_the_next_write_clea
     assert left[0].startswith(".r.json.") and left[1] == "r.0123456789ab.steps.h5", left
     _, path, steps = write_pair({"id": "fedcba9876543210"}, {"step_s": [0.2]}, tmp_path, "r")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".r.lock", path.name, steps.name])
+
+
+SWALLOWED = """
+import os, signal, sys
+from hpcdl.parallel.launch import Terminated, stop_signals_raise, supervise
+with stop_signals_raise():
+    try:  # as logging's after-fork hook does when SIGTERM lands in fork: the exception is lost
+        os.kill(os.getpid(), signal.SIGTERM)
+    except Terminated:
+        pass
+    try:
+        supervise([sys.executable, "-c", "open(sys.argv[1], 'w')", sys.argv[1]], "run", 30)
+    except Terminated as e:
+        sys.exit(e.code)
+sys.exit(0)
+"""
+
+
+def test_a_stop_signal_whose_exception_was_swallowed_still_stops_the_next_launch(tmp_path: Path) -> None:
+    """A SIGTERM that lands in ``fork`` raises inside a callback that ignores exceptions; the
+    signal is remembered, and the next launch is not started (it once ran a whole sweep point)."""
+    marker = tmp_path / "launched"
+    cmd = [sys.executable, "-c", SWALLOWED, str(marker)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr
+    assert not marker.exists()

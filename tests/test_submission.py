@@ -153,7 +153,7 @@ def test_a_bad_description_gets_one_line_per_problem(tmp_path: Path, hpcdl_cli: 
         assert sum(line.startswith(field) for line in lines) == 1, (field, lines)
     (tmp_path / "broken.toml").write_text("[system\n")
     p = hpcdl_cli("system", "check", str(tmp_path / "broken.toml"))
-    assert p.returncode == 2 and "not TOML" in p.stderr and len(p.stderr.splitlines()) == 1
+    assert p.returncode == 2 and "not valid TOML" in p.stderr and len(p.stderr.splitlines()) == 1
 
 
 def test_every_field_is_documented_in_submitting_md() -> None:

@@ -76,8 +76,21 @@ class Terminated(Exception):
         self.code = 128 + signum
 
 
+_received: list[int] = []
+"""the stop signals this process received: a handler's exception raised inside a callback that
+swallows exceptions (logging's after-fork hook, when the signal lands in ``fork``) is lost, the
+signal is not; :func:`raise_if_terminated` raises it again at the next safe point"""
+
+
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    _received.append(signum)
     raise Terminated(signum)
+
+
+def raise_if_terminated() -> None:
+    """Raise :class:`Terminated` if a stop signal arrived whose exception may have been lost."""
+    if _received:
+        raise Terminated(_received[0])
 
 
 @contextlib.contextmanager
@@ -226,9 +239,11 @@ def supervise(cmd: list[str], what: str, timeout_s: float | None) -> int:
         stop = os.path.join(private, "stop")
         env = {**mpi_env(), **launcher_env(), STOP_ENV: stop}
         die = partial(die_with_parent, os.getpid())
+        raise_if_terminated()  # a signal whose exception an earlier fork's callback swallowed
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die)
         with stop_signals_raise():
             try:
+                raise_if_terminated()  # ... or this fork's
                 return proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 print(f"hpcdl: the {what} exceeded {timeout_s:g} s; ending it", file=sys.stderr, flush=True)
