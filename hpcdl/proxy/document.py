@@ -26,6 +26,7 @@ from typing import Any
 
 from hpcdl.errors import InputError
 from hpcdl.proxy.kernels import CLASSES
+from hpcdl.records.loader import Unreadable, read_object
 from hpcdl.records.schema import PROFILE, PROFILE_VERSION
 from hpcdl.workloads.precision import PRECISIONS
 
@@ -147,16 +148,13 @@ class Profile:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """A JSON document from a file, or a one-line ``InputError``."""
+    """A JSON object from a file, read with the bounded reader of every hpcdl document (a
+    regular file only, a size and a depth bound: a FIFO, ``/dev/zero`` or JSON nested 100,000
+    deep is refused, not waited on or recursed into), or a one-line ``InputError``."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise InputError("profile", str(path), f"cannot be read ({e.strerror or e})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError("profile", str(path), f"is not JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise InputError("profile", str(path), "expected a JSON object")
-    return doc
+        return read_object(path)
+    except Unreadable as e:
+        raise InputError("profile", str(path), str(e)) from None
 
 
 def save(doc: dict[str, Any], path: Path) -> None:
