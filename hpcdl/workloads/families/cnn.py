@@ -354,13 +354,13 @@ class CNNSpec(Spec):
         k = b.kernel
         if self.block == "inverted":
             expand = self._conv_norm_relu(b.c_in, b.hidden, 1) if b.expands else []
-            body = nn.Sequential(
+            inverted = nn.Sequential(
                 *expand,
                 *self._conv_norm_relu(b.hidden, b.hidden, k, b.stride, groups=b.hidden),
                 self._conv(b.hidden, b.c_out, 1),
                 self._norm(b.c_out),
             )
-            return body if b.projects else Residual(body, nn.Identity(), relu=False)
+            return inverted if b.projects else Residual(inverted, nn.Identity(), relu=False)
         if self.block == "plain":
             return nn.Sequential(*self._conv_norm_relu(b.c_in, b.c_out, k, b.stride))
         if self.block == "separable":
