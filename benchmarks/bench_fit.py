@@ -50,16 +50,16 @@ CASES = [
     Case("lstm_lm 35 b8", "recurrent", "rnn", lambda: real_models.lstm_lm(35, 8)),
 ]
 OTHERS = [
-    Case("ResNet-18 112px b4", "CNN", "cnn", other_models.resnet18),
-    Case("ResNet-34 112px b4", "CNN", "cnn", other_models.resnet34),
-    Case("VGG-11 64px b2", "CNN", "cnn", other_models.vgg11),
-    Case("MobileNetV2 112px b4", "CNN", "cnn", other_models.mobilenet_v2),
-    Case("MobileNetV1 112px b4", "CNN", "cnn", other_models.mobilenet_v1),
-    Case("SqueezeNet-1.1-like 112px b8", "CNN", "cnn", other_models.squeezenet),
-    Case("plain CNN 64px b16", "CNN", "cnn", other_models.plain_cnn),
-    Case("DistilBERT 128 b4", "encoder", "attention", other_models.distilbert),
-    Case("pre-norm decoder 256 b4", "decoder", "attention", other_models.prenorm_decoder),
-    Case("GRU LM 64 b8", "recurrent", "rnn", other_models.gru_lm),
+    Case("ResNet-18 64px b2", "CNN", "cnn", lambda: other_models.resnet18(64, 2)),
+    Case("ResNet-34 64px b2", "CNN", "cnn", lambda: other_models.resnet34(64, 2)),
+    Case("VGG-11 32px b2", "CNN", "cnn", lambda: other_models.vgg11(32, 2)),
+    Case("MobileNetV2 64px b4", "CNN", "cnn", lambda: other_models.mobilenet_v2(64, 4)),
+    Case("MobileNetV1 64px b4", "CNN", "cnn", lambda: other_models.mobilenet_v1(64, 4)),
+    Case("SqueezeNet-1.1-like 64px b4", "CNN", "cnn", lambda: other_models.squeezenet(64, 4)),
+    Case("plain CNN 32px b8", "CNN", "cnn", lambda: other_models.plain_cnn(32, 8)),
+    Case("DistilBERT 64 b2", "encoder", "attention", lambda: other_models.distilbert(64, 2)),
+    Case("pre-norm decoder 128 b2", "decoder", "attention", lambda: other_models.prenorm_decoder(128, 2)),
+    Case("GRU LM 32 b4", "recurrent", "rnn", lambda: other_models.gru_lm(32, 4)),
 ]
 """networks no preset mimics (``--others``)"""
 

@@ -1,10 +1,13 @@
 """The search: the spec of one family (or of every family that takes the data) whose costs are
 closest to a profile's.
 
-Three stages, all seeded:
+Three stages, all seeded, over each family's space (``hpcdl.proxy.space``), in which the
+profile's hints and the network's own structure (``hpcdl.proxy.layout``) have already fixed what
+they say -- for a CNN whose layout the family can express, everything:
 
-1. **Counting.** Candidates are ranked by the cheap figures, parameters and training FLOPs (the
-   spec's exact analytic count, microseconds each): ``DRAWS`` random points of each family's
+1. **Counting.** A candidate whose estimated training memory (:func:`training_bytes`) exceeds the
+   memory available is left out before it is built. Candidates are ranked by the cheap
+   figures, parameters and training FLOPs (the spec's exact analytic count, microseconds each): ``DRAWS`` random points of each family's
    space, then a compass search (every axis in turn steps by ±32, ±16, ... ±1 positions while
    that lowers the objective) from the points nearest to the family's presets (real
    architectures: a model like one of them is found again) and from the best ``STARTS`` distinct
