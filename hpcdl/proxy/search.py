@@ -7,8 +7,8 @@ they say -- for a CNN whose layout the family can express, everything:
 
 1. **Counting.** A candidate whose estimated training memory (:func:`training_bytes`) exceeds the
    memory available is left out before it is built. Candidates are ranked by the cheap
-   figures, parameters and training FLOPs (the spec's exact analytic count, microseconds each): ``DRAWS`` random points of each family's
-   space, then a compass search (every axis in turn steps by ±32, ±16, ... ±1 positions while
+   figures, parameters and training FLOPs (the spec's exact analytic count, microseconds
+   each): ``DRAWS`` random points of each family's space, then a compass search (every axis in turn steps by ±32, ±16, ... ±1 positions while
    that lowers the objective) from the points nearest to the family's presets (real
    architectures: a model like one of them is found again) and from the best ``STARTS`` distinct
    draws. Each compass search ends in its own local optimum. A second pass adds activation
