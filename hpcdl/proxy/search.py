@@ -5,16 +5,17 @@ Three stages, all seeded, over each family's space (``hpcdl.proxy.space``), in w
 profile's hints and the network's own structure (``hpcdl.proxy.layout``) have already fixed what
 they say -- for a CNN whose layout the family can express, everything:
 
-1. **Counting.** A candidate whose estimated training memory (:func:`training_bytes`) exceeds the
-   memory available is left out before it is built. Candidates are ranked by the cheap
-   figures, parameters and training FLOPs (the spec's exact analytic count, microseconds
-   each): ``DRAWS`` random points of each family's space, then a compass search (every axis in turn steps by ±32, ±16, ... ±1 positions while
-   that lowers the objective) from the points nearest to the family's presets (real
-   architectures: a model like one of them is found again) and from the best ``STARTS`` distinct
-   draws. Each compass search ends in its own local optimum. A second pass adds activation
-   memory: it measures the best optimum's saved bytes once, scales every candidate's analytic
-   estimate by measured / estimated (each family's estimate has its own bias) and searches again
-   from the first pass's optima. The same seed and profile give the same optima.
+1. **Counting.** A candidate whose estimated training memory (:func:`training_bytes`) exceeds
+   the memory available is left out before it is built. Candidates are ranked by the cheap
+   figures, parameters and training FLOPs (the spec's exact analytic count, microseconds each):
+   ``DRAWS`` random points of each family's space, then a compass search (every axis in turn
+   steps by ±32, ±16, ... ±1 positions while that lowers the objective) from the points nearest
+   to the family's presets (real architectures: a model like one of them is found again) and
+   from the best ``STARTS`` distinct draws. Each compass search ends in its own local optimum. A
+   second pass adds activation memory: it measures the best optimum's saved bytes once, scales
+   every candidate's analytic estimate by measured / estimated (each family's estimate has its
+   own bias) and searches again from the first pass's optima. The same seed and profile give the
+   same optima.
 2. **Screening.** Many networks share a parameter count and FLOPs (a ResNet and a wider plain
    CNN, an LSTM and a transformer); their activation memory and FLOP mix tell them apart. The
    best ``SCREENED`` optima of each family that reach the profile are built and their saved
