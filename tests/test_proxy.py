@@ -195,7 +195,7 @@ def test_fit_measures_finalists_and_records_errors(gpt2_profile: Profile) -> Non
     assert rec["finalists"][0]["measured"]["figures"]["params"] == result.spec.count().params
 
 
-FAR = {"params": 50, "train_flops_per_sample": 10**9}
+FAR = {"params": 5, "train_flops_per_sample": 10**7}
 """no CNN is that small and that costly"""
 
 
@@ -218,7 +218,7 @@ def test_a_miss_is_still_an_answer() -> None:
 def test_candidates_are_checked_against_memory_before_they_are_built() -> None:
     doc = far_profile()
     doc["figures"] = {"params": 10**9, "train_flops_per_sample": 10**12}  # a 16 GB AdamW state
-    limit = 256 << 20
+    limit = 8 << 20
     result = hpcdl.fit(doc, "cnn", budget_s=2, finalists=1, steps=1, memory_bytes=limit)
     assert training_bytes(result.spec) <= limit and not result.reached
     assert result.families[0].too_large > 0

@@ -153,7 +153,10 @@ def search_family(
     def score(point: Point) -> float:
         if point in scores:
             return scores[point]
-        if result.evaluations >= evaluations or time.monotonic() > deadline:
+        # the random draws are always counted (microseconds each): a deadline met before them,
+        # on a loaded machine or with a tiny budget, would leave a random point as the best
+        late = result.evaluations >= min(DRAWS, evaluations) and time.monotonic() > deadline
+        if result.evaluations >= evaluations or late:
             result.cut_by_budget = True
             return float("inf")
         result.evaluations += 1

@@ -49,6 +49,8 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.layers = layers
         self.norm_outputs: set[int] = set()
+        self.kept: list[torch.Tensor] = []
+        """the layer norms' outputs, held for the pass: a freed storage's address would be reused"""
         self.norm_added = False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -65,6 +67,7 @@ class _Recorder(TorchDispatchMode):
                     self.norm_added = True
         if name == "native_layer_norm" and isinstance(out, tuple):
             self.norm_outputs.add(_key(out[0]))
+            self.kept.append(out[0])
         return out
 
 
