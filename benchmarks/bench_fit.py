@@ -76,7 +76,7 @@ def run_case(name: str, args: argparse.Namespace) -> list[str]:
     e = result.best.errors
     r = comparison.ratio
     print(f"{case.name}: {result.spec.family} {describe_spec(result.spec)}", flush=True)
-    return [
+    row = [
         case.name,
         case.kind,
         result.spec.family + ("" if result.reached else " (miss)"),
@@ -85,6 +85,8 @@ def run_case(name: str, args: argparse.Namespace) -> list[str]:
         f"{e['memory']:+.1%}" if "memory" in e else "",
         f"{r['median']:.3f} ({r['p10']:.2f}-{r['p90']:.2f}; fastest {comparison.fastest_ratio:.3f})",
     ]
+    print("row: " + " | ".join(row), flush=True)  # as each case ends: a long run keeps its rows
+    return row
 
 
 def main() -> None:
@@ -96,9 +98,10 @@ def main() -> None:
     ap.add_argument("--others", action="store_true")
     args = ap.parse_args()
     cases = OTHERS if args.others else CASES
-    names = [
-        c.name for c in cases if not args.only or any(c.name.startswith(o) for o in args.only.split(","))
-    ]
+    wanted = args.only.split(",") if args.only else []
+    names = [c.name for c in cases]
+    if wanted:  # in the order asked
+        names = [n for o in wanted for n in names if n.startswith(o)]
     # each case in a fresh process: two large models and their optimizer states per case would
     # otherwise pile up (a run of all four once ran out of 23 GiB)
     spawn = multiprocessing.get_context("spawn")
