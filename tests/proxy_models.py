@@ -61,3 +61,9 @@ def plain_cnn() -> tuple[nn.Module, torch.Tensor]:
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(36, 7),
     )  # fmt: skip
     return model, torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+
+
+def wrong_input() -> tuple[nn.Module, torch.Tensor]:
+    """A model and a batch that does not match it (5 channels for a 3-channel conv)."""
+    model, _ = tiny_cnn()
+    return model, torch.zeros(2, 5, 8, 8)

@@ -481,3 +481,10 @@ def test_a_bad_structure_names_the_field(structure_doc: Any, field: str) -> None
     with pytest.raises(InputError) as err:
         Profile.from_dict(doc)
     assert err.value.field == field
+
+
+def test_a_batch_that_does_not_fit_the_model_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "profile", f"{MODELS}:wrong_input", "--steps", "1")
+    errors = [line for line in err.splitlines() if "error" in line]  # after one progress line
+    assert code == 2 and errors == err.splitlines()[-1:] and "Traceback" not in err
+    assert "model='wrong_input' is invalid: its forward pass fails on the example batch (RuntimeError" in err

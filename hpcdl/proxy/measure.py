@@ -245,8 +245,15 @@ def measure(
         raise InputError("steps", steps, "expected at least 1 timed step (and warm-up >= 0)")
     kind, shape, batch = input_description(trainee.batch)
     say("forward pass (output, operators)")
-    with _observed() as (census, attention), structure.recording() as layout:
-        output = logits_of(call(trainee.model, trainee.batch))
+    try:
+        with _observed() as (census, attention), structure.recording() as layout:
+            output = logits_of(call(trainee.model, trainee.batch))
+    except (RuntimeError, TypeError, ValueError, IndexError, AttributeError) as e:
+        # a batch that does not match the model, or a forward the hooks cannot follow
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise InputError(
+            "model", name, f"its forward pass fails on the example batch ({type(e).__name__}: {first})"
+        ) from None
     if output is None or output.dim() < 2:
         raise InputError(
             "model output", type(output).__name__, "expected logits of shape (batch, ..., classes)"
