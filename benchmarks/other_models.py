@@ -49,7 +49,8 @@ def mobilenet_v1(image: int = 112, batch: int = 4) -> Made:
     from transformers import MobileNetV1Config, MobileNetV1ForImageClassification
 
     torch.manual_seed(SEED)
-    cfg = MobileNetV1Config(image_size=image, tf_padding=False, num_labels=1000)
+    # its default classifier dropout is 0.999 (a TF checkpoint's); torchvision's MobileNets use 0.2
+    cfg = MobileNetV1Config(image_size=image, tf_padding=False, num_labels=1000, classifier_dropout_prob=0.2)
     return MobileNetV1ForImageClassification(cfg), {"pixel_values": _images(batch, image)}
 
 
