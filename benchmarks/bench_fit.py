@@ -9,7 +9,7 @@ Targets: parameters and training FLOPs within 2 %, step time within 10 %.
 
     .venv/bin/python benchmarks/bench_fit.py [--only resnet50,gpt2] [--budget 300] [--rounds 10]
         [--any-family]     # search every family that takes the data, not only the expected one
-        [--others]         # also models that no preset mimics (ResNet-18, a 4-layer BERT)
+        [--others]         # instead, ten networks no preset mimics (other_models.py)
 
 Needs ``pip install -e '.[fidelity]'`` (transformers).
 """
@@ -24,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import other_models
 import real_models
 import torch
 
@@ -49,11 +50,18 @@ CASES = [
     Case("lstm_lm 35 b8", "recurrent", "rnn", lambda: real_models.lstm_lm(35, 8)),
 ]
 OTHERS = [
-    Case("resnet18 112px b4", "CNN", "cnn", lambda: real_models.resnet(
-        112, 4, layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512])),
-    Case("bert 4x512 128 b4", "encoder", "attention", lambda: real_models.bert(
-        128, 4, num_hidden_layers=4, hidden_size=512, num_attention_heads=8, intermediate_size=2048)),
-]  # fmt: skip
+    Case("ResNet-18 64px b2", "CNN", "cnn", lambda: other_models.resnet18(64, 2)),
+    Case("ResNet-34 64px b2", "CNN", "cnn", lambda: other_models.resnet34(64, 2)),
+    Case("VGG-11 32px b2", "CNN", "cnn", lambda: other_models.vgg11(32, 2)),
+    Case("MobileNetV2 64px b4", "CNN", "cnn", lambda: other_models.mobilenet_v2(64, 4)),
+    Case("MobileNetV1 64px b4", "CNN", "cnn", lambda: other_models.mobilenet_v1(64, 4)),
+    Case("SqueezeNet-1.1-like 64px b4", "CNN", "cnn", lambda: other_models.squeezenet(64, 4)),
+    Case("plain CNN 32px b8", "CNN", "cnn", lambda: other_models.plain_cnn(32, 8)),
+    Case("DistilBERT 64 b2", "encoder", "attention", lambda: other_models.distilbert(64, 2)),
+    Case("pre-norm decoder 128 b2", "decoder", "attention", lambda: other_models.prenorm_decoder(128, 2)),
+    Case("GRU LM 32 b4", "recurrent", "rnn", lambda: other_models.gru_lm(32, 4)),
+]
+"""networks no preset mimics (``--others``)"""
 
 
 def run_case(name: str, args: argparse.Namespace) -> list[str]:
@@ -62,20 +70,23 @@ def run_case(name: str, args: argparse.Namespace) -> list[str]:
     module, batch = case.real()
     profile = hpcdl.profile(module, batch, name=case.name, steps=4)
     result = hpcdl.fit(profile, None if args.any_family else case.family, budget_s=args.budget, finalists=2)
+    print(f"{case.name}: {result.miss or 'reached'}", flush=True)
     module, batch = case.real()  # untrained weights again, as profiled
     comparison, entry = verify(result.spec, RealModel(case.name, module, batch, None), rounds=args.rounds)
     e = result.best.errors
     r = comparison.ratio
     print(f"{case.name}: {result.spec.family} {describe_spec(result.spec)}", flush=True)
-    return [
+    row = [
         case.name,
         case.kind,
-        result.spec.family,
+        result.spec.family + ("" if result.reached else " (miss)"),
         f"{e['params']:+.2%}",
         f"{e['flops']:+.2%}",
         f"{e['memory']:+.1%}" if "memory" in e else "",
         f"{r['median']:.3f} ({r['p10']:.2f}-{r['p90']:.2f}; fastest {comparison.fastest_ratio:.3f})",
     ]
+    print("row: " + " | ".join(row), flush=True)  # as each case ends: a long run keeps its rows
+    return row
 
 
 def main() -> None:
@@ -86,10 +97,11 @@ def main() -> None:
     ap.add_argument("--any-family", action="store_true")
     ap.add_argument("--others", action="store_true")
     args = ap.parse_args()
-    cases = CASES + (OTHERS if args.others else [])
-    names = [
-        c.name for c in cases if not args.only or any(c.name.startswith(o) for o in args.only.split(","))
-    ]
+    cases = OTHERS if args.others else CASES
+    wanted = args.only.split(",") if args.only else []
+    names = [c.name for c in cases]
+    if wanted:  # in the order asked
+        names = [n for o in wanted for n in names if n.startswith(o)]
     # each case in a fresh process: two large models and their optimizer states per case would
     # otherwise pile up (a run of all four once ran out of 23 GiB)
     spawn = multiprocessing.get_context("spawn")

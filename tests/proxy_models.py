@@ -48,3 +48,22 @@ def returns_a_number() -> Any:
 
 def returns_no_module() -> Any:
     return "not a module", torch.zeros(2, 3)
+
+
+def plain_cnn() -> tuple[nn.Module, torch.Tensor]:
+    """The issue's tutorial CNN, small: no residuals, max-pool downsampling, irregular widths, a
+    5x5 first convolution, no normalisation, a global-pool head."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 12, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(12, 20, 3, padding=1), nn.ReLU(), nn.Conv2d(20, 20, 3, padding=1), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Conv2d(20, 36, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(36, 7),
+    )  # fmt: skip
+    return model, torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+
+
+def wrong_input() -> tuple[nn.Module, torch.Tensor]:
+    """A model and a batch that does not match it (5 channels for a 3-channel conv)."""
+    model, _ = tiny_cnn()
+    return model, torch.zeros(2, 5, 8, 8)

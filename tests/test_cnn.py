@@ -53,7 +53,7 @@ def _draw(rng: random.Random) -> CNNSpec:
 
 
 SPECS = [_draw(random.Random(seed)) for seed in range(N_RANDOM)]
-BLOCK_KINDS = ["plain", "basic", "bottleneck", "separable"]
+BLOCK_KINDS = ["plain", "basic", "bottleneck", "separable", "inverted"]
 
 
 def _counter_counts_grouped_weight_grad_per_group() -> bool:
@@ -72,22 +72,63 @@ GROUPED_BUG = _counter_counts_grouped_weight_grad_per_group()
 
 def _counter_excess(spec: CNNSpec) -> int:
     """Backward FLOPs per sample that FlopCounterMode adds over the true count (depthwise convs)."""
-    if not GROUPED_BUG or spec.block != "separable":
+    if not GROUPED_BUG or spec.block not in ("separable", "inverted"):
         return 0
     excess = 0
     for stage in spec.plan().stages:
         for b in stage:
+            c = b.hidden if spec.block == "inverted" else b.c_in
             t = Tally()
-            t.conv2d((b.size_out, b.size_out), b.c_in, b.c_in, (spec.kernel_size,) * 2, groups=b.c_in)
-            excess += (b.c_in - 1) * t.forward
+            t.conv2d((b.size_out, b.size_out), c, c, (b.kernel,) * 2, groups=c)
+            excess += (c - 1) * t.forward
     return excess
 
 
+def _draw_layout(rng: random.Random) -> CNNSpec:
+    """A small random spec with a stage-by-stage layout (the knobs that describe a given network)."""
+    while True:
+        stages = rng.randint(1, 3)
+        stem = rng.choice(["none", "simple", "imagenet"])
+        knobs: dict[str, Any] = {
+            "batch_size": 2,
+            "image_size": rng.randint(8, 24),
+            "classes": rng.randint(2, 12),
+            "stem": stem,
+            "stages": stages,
+            "blocks": [rng.randint(1, 2) for _ in range(stages)],
+            "base_width": rng.randint(2, 8),
+            "widths": [rng.randint(2, 12) for _ in range(stages)],
+            "kernels": [rng.choice([1, 3, 5]) for _ in range(stages)],
+            "downsamples": [rng.choice(["stride", "maxpool", "none"]) for _ in range(stages)],
+            "expansions": [rng.randint(1, 4) for _ in range(stages)],
+            "block": rng.choice(BLOCK_KINDS),
+            "norm": rng.choice(["batch", "none"]),
+            "head_conv": rng.choice([0, rng.randint(2, 16)]),
+            "head_layers": rng.randint(0, 1),
+            "head_width": rng.randint(4, 24),
+        }
+        if stem != "none":
+            knobs |= {"stem_kernel": rng.choice([0, 3, 5]), "stem_stride": rng.choice([0, 1, 2])}
+        try:
+            return CNNSpec(**knobs)
+        except SpecError as e:
+            assert e.field == "cnn.image_size", e
+
+
+LAYOUTS = [_draw_layout(random.Random(100 + seed)) for seed in range(N_RANDOM)]
+
+
 def test_random_specs_cover_every_block_kind() -> None:
-    assert {s.block for s in SPECS} == set(BLOCK_KINDS)
+    assert {s.block for s in SPECS} | {"inverted"} == set(BLOCK_KINDS)
+    assert {s.block for s in LAYOUTS} == set(BLOCK_KINDS)
+    assert {d for s in LAYOUTS for d in s.downsamples} == {"stride", "maxpool", "none"}
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=[f"r{i}-{s.block}" for i, s in enumerate(SPECS)])
+@pytest.mark.parametrize(
+    "spec",
+    SPECS + LAYOUTS,
+    ids=[f"r{i}-{s.block}" for i, s in enumerate(SPECS)] + [f"l{i}-{s.block}" for i, s in enumerate(LAYOUTS)],
+)
 def test_count_matches_model(spec: CNNSpec) -> None:
     count = spec.count()
     model = spec.build()
@@ -122,6 +163,19 @@ def test_same_seed_same_weights() -> None:
     assert not all(torch.equal(a[k], c[k]) for k in a if a[k].is_floating_point() and a[k].numel() > 1)
 
 
+def test_a_mobilenet_v2_layout_counts_like_the_published_one() -> None:
+    # MobileNetV2 (1.0, 224 px): 3,504,872 parameters and 300 M multiply-adds, published
+    spec = CNNSpec(
+        image_size=224, classes=1000, stem="simple", stem_stride=2, base_width=32, block="inverted",
+        stages=7, blocks=[1, 2, 3, 4, 3, 3, 1], widths=[16, 24, 32, 64, 96, 160, 320],
+        expansions=[1, 6, 6, 6, 6, 6, 6], head_conv=1280,
+        downsamples=["none", "stride", "stride", "stride", "none", "stride", "none"],
+    )  # fmt: skip
+    assert spec.count().params == 3_504_872
+    assert spec.count().forward_flops / 2 == pytest.approx(300e6, rel=0.02)
+    assert sum(p.numel() for p in spec.build().parameters()) == 3_504_872
+
+
 def test_stage_widths_are_capped() -> None:
     spec = CNNSpec(base_width=16, width_mult=2.0, max_width=48, stages=4)
     assert spec.stage_widths() == (16, 32, 48, 48)
@@ -137,6 +191,11 @@ def test_stage_widths_are_capped() -> None:
         ({"block": "inception"}, "cnn.block"),
         ({"norm": "layer"}, "cnn.norm"),
         ({"stages": 0}, "cnn.stages"),
+        ({"stages": 2, "widths": [8]}, "cnn.widths"),
+        ({"stages": 2, "kernels": [3, 4]}, "cnn.kernels"),
+        ({"stages": 1, "downsamples": ["avgpool"]}, "cnn.downsamples"),
+        ({"stem": "none", "stem_kernel": 5}, "cnn.stem_kernel"),
+        ({"stem_kernel": 4}, "cnn.stem_kernel"),
     ],
 )
 def test_bad_knobs_name_the_knob(knobs: dict[str, Any], field: str) -> None:

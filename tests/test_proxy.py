@@ -16,11 +16,11 @@ from torch import nn
 import hpcdl
 from hpcdl.cli import main
 from hpcdl.errors import InputError
-from hpcdl.proxy import kernels
+from hpcdl.proxy import kernels, layout, structure
 from hpcdl.proxy.document import Profile
 from hpcdl.proxy.measure import flops, saved_bytes
 from hpcdl.proxy.objective import Weights, objective
-from hpcdl.proxy.search import FitError, search_family
+from hpcdl.proxy.search import FitError, search_family, training_bytes
 from hpcdl.proxy.space import space
 from hpcdl.proxy.training import Trainee, spec_trainee
 from hpcdl.proxy.verify import interleaved
@@ -195,13 +195,38 @@ def test_fit_measures_finalists_and_records_errors(gpt2_profile: Profile) -> Non
     assert rec["finalists"][0]["measured"]["figures"]["params"] == result.spec.count().params
 
 
-def test_a_family_that_cannot_reach_says_how_far() -> None:
+FAR = {"params": 5, "train_flops_per_sample": 10**7}
+"""no CNN is that small and that costly"""
+
+
+def far_profile() -> dict[str, Any]:
     doc = copy.deepcopy(HAND_WRITTEN)
-    doc["figures"] = {"params": 50, "train_flops_per_sample": 10**12}  # no CNN is that small and costly
+    doc["figures"] = FAR
+    doc["input"] |= {"shape": [3, 16, 16], "batch_size": 2}  # a small closest spec, quick to measure
+    return doc
+
+
+def test_a_miss_is_still_an_answer() -> None:
+    result = hpcdl.fit(far_profile(), "cnn", budget_s=2, finalists=1, steps=1)
+    assert not result.reached and result.spec.family == "cnn"
+    assert result.miss is not None and "misses the 2% tolerance: params +" in result.miss
+    # the closest was measured like any finalist; the profile has these two figures
+    assert result.best.measured is not None and set(result.best.errors) == {"params", "flops"}
+    assert result.to_record()["reached"] is False
+
+
+def test_candidates_are_checked_against_memory_before_they_are_built() -> None:
+    doc = far_profile()
+    doc["figures"] = {"params": 10**9, "train_flops_per_sample": 10**12}  # a 16 GB AdamW state
+    limit = 8 << 20
+    result = hpcdl.fit(doc, "cnn", budget_s=2, finalists=1, steps=1, memory_bytes=limit)
+    assert training_bytes(result.spec) <= limit and not result.reached
+    assert result.families[0].too_large > 0
     with pytest.raises(
-        FitError, match=r"family cnn cannot reach the profile within 2%: cnn's best fit is off by"
+        FitError,
+        match=r"family cnn has no candidate that can be built here: \d+ candidates would need more than",
     ):
-        hpcdl.fit(doc, "cnn", budget_s=10)
+        hpcdl.fit(doc, "cnn", budget_s=2, memory_bytes=1000)
 
 
 def test_interleaved_comparison() -> None:
@@ -254,16 +279,13 @@ def test_bad_profile_and_unreachable_family_are_one_line(
     path.write_text(json.dumps(bad))
     code, _, err = _run(capsys, "fit", str(path))
     assert code == 2 and "profile.figures.params=-1 is invalid" in err and err.count("\n") == 1
-    far = copy.deepcopy(HAND_WRITTEN)
-    far["figures"] = {"params": 50, "train_flops_per_sample": 10**12}
-    path.write_text(json.dumps(far))
-    code, _, err = _run(capsys, "fit", str(path), "--family", "cnn", "--budget", "5")
-    # progress lines come first; the error is the last line, and the only one
-    errors = [line for line in err.splitlines() if line.startswith("hpcdl: error:")]
-    assert code == 2 and errors == err.splitlines()[-1:] and "Traceback" not in err
-    assert "family cnn cannot reach the profile within 2%: cnn's best fit is off by +" in errors[0]
+    path.write_text(json.dumps(far_profile()))
+    code, out, err = _run(capsys, "fit", str(path), "--family", "cnn", "--budget", "2", "--finalists", "1")
+    # a miss: the closest spec's table, and exit code 1
+    assert code == 1 and "closest (misses the tolerance) cnn" in out and "\nparams " in out
+    assert "misses the 2% tolerance: params +" in out and "Traceback" not in err
     code, _, err = _run(capsys, "fit", str(path), "--family", "attention")
-    assert code == 2 and "cannot take inputs ['images', 3, 32, 32]" in err
+    assert code == 2 and "cannot take inputs ['images', 3, 16, 16]" in err
 
 
 @pytest.mark.slow
@@ -274,7 +296,7 @@ def test_profile_fit_verify_and_verify_again(capsys: pytest.CaptureFixture[str],
     spec = tmp_path / "gpt2.toml"
     code, out, _ = _run(
         capsys, "fit", str(profile), "--family", "attention", "--budget", "900", "--finalists", "1",
-        "--verify", "--rounds", "2", "-o", str(spec),
+        "--verify", "--model", f"{MODELS}:tiny_gpt2", "--rounds", "2", "-o", str(spec),
     )  # fmt: skip
     assert code == 0 and "step time, proxy / real model" in out
     record_path = tmp_path / "gpt2.fit.json"
@@ -284,7 +306,9 @@ def test_profile_fit_verify_and_verify_again(capsys: pytest.CaptureFixture[str],
     import tomllib
 
     assert hpcdl.spec_from_dict(tomllib.loads(spec.read_text())) == hpcdl.spec_from_dict(record["spec"])
-    code, out, _ = _run(capsys, "fit", str(record_path), "--verify", "--rounds", "2")
+    code, out, _ = _run(
+        capsys, "fit", str(record_path), "--verify", "--model", f"{MODELS}:tiny_gpt2", "--rounds", "2"
+    )
     assert code == 0 and "drift against" in out
     record = json.loads(record_path.read_text())
     assert len(record["verifications"]) == 2 and "drift" in record["verifications"][1]
@@ -326,3 +350,141 @@ def test_fidelity_knobs_keep_the_counts_exact(spec: Any) -> None:
 def test_composed_tanh_gelu_is_the_tanh_gelu() -> None:
     x = torch.linspace(-6, 6, 1001)
     assert torch.allclose(ComposedTanhGELU()(x), nn.GELU(approximate="tanh")(x), atol=1e-6)
+
+
+PLANTED = """
+from pathlib import Path
+Path({marker!r}).write_text("ran")
+
+def make():
+    import torch
+    return torch.nn.Linear(4, 3), torch.zeros(2, 4)
+"""
+
+
+def test_no_document_runs_code(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # a shared profile and fit record whose source names a .py file shipped beside them
+    marker = tmp_path / "marker"
+    planted = tmp_path / "beside.py"
+    planted.write_text(PLANTED.format(marker=str(marker)))
+    ref = f"{planted}:make"
+    prof = copy.deepcopy(HAND_WRITTEN)
+    prof["source"] = {"ref": ref}
+    record = {"schema": "hpcdl.fit", "profile": prof, "spec": {"family": "mlp", "input_size": 4,
+              "output_size": 3, "layers": 1, "width": 16, "batch_size": 2}}  # fmt: skip
+    for name, doc in (("p.json", prof), ("r.fit.json", record)):
+        path = tmp_path / name
+        path.write_text(json.dumps(doc))
+        code, _, err = _run(capsys, "fit", str(path), "--verify", "--budget", "1")
+        assert code == 2 and err.count("\n") == 1 and f"pass --model {ref} if you trust" in err
+        assert not marker.exists(), f"{name}: the document's reference was imported"
+    # named on the command line, the same file does run (so the test above can fail)
+    code, out, err = _run(
+        capsys, "fit", str(tmp_path / "r.fit.json"), "--verify", "--model", ref, "--rounds", "1"
+    )
+    assert code == 0 and marker.exists() and f"loading the real model {ref}" in err
+    assert "step time, proxy / real model" in out
+
+
+def _fifo(path: Path) -> Path:
+    import os
+
+    os.mkfifo(path)
+    return path
+
+
+HOSTILE = {
+    "nested": lambda d: d.write_text("[" * 100_000 + "]" * 100_000) or d,
+    "fifo": _fifo,
+    "dev-zero": lambda _: Path("/dev/zero"),
+    "profile-a-string": lambda d: (
+        d.write_text(json.dumps({"schema": "hpcdl.profile", "profile": "x", "input": "x"})) or d
+    ),  # fmt: skip
+    "record-profile-a-string": lambda d: (
+        d.write_text(json.dumps({"schema": "hpcdl.fit", "profile": "x", "spec": "x"})) or d
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+@pytest.mark.parametrize("verify", [[], ["--verify", "--model", "nowhere:f"]])
+def test_hostile_documents_are_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str, verify: list[str]
+) -> None:
+    path = HOSTILE[kind](tmp_path / "doc.json")
+    code, out, err = _run(capsys, "fit", str(path), "--budget", "1", *verify)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err and not out
+
+
+def test_structure_says_heads_head_size_and_norm_position() -> None:
+    for make, position in ((proxy_models.tiny_gpt2, "pre"), (proxy_models.tiny_bert, "post")):
+        model, batch = make()
+        found = structure.read(model, lambda m=model, b=batch: m(**b))
+        calls = [e for e in found["layers"] if e["kind"] == "attention"]
+        assert [(e["heads"], e["head_dim"]) for e in calls] == [(2, 16), (2, 16)]
+        assert found["norm_position"] == position, make.__name__
+
+
+LAYOUT_SPECS = [
+    CNNSpec(image_size=16, stem="imagenet", block="basic", stages=2, blocks=[2, 1], widths=[8, 12]),
+    CNNSpec(image_size=16, block="bottleneck", stages=2, blocks=[1, 2], base_width=4, expansion=2),
+    CNNSpec(image_size=16, stem="simple", stem_stride=2, block="inverted", stages=3, blocks=[1, 2, 1],
+            widths=[4, 6, 8], expansions=[1, 3, 2], downsamples=["none", "stride", "none"], head_conv=16),
+    CNNSpec(image_size=16, stem="simple", stem_stride=2, block="separable", stages=2, base_width=4),
+    CNNSpec(image_size=16, stem="none", block="plain", stages=3, widths=[6, 10, 14], kernels=[5, 3, 3],
+            downsamples=["maxpool", "maxpool", "none"], norm="none", head_pool="flatten", head_layers=1,
+            head_width=16),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", LAYOUT_SPECS, ids=lambda s: s.block)
+def test_a_networks_structure_gives_back_its_layout(spec: CNNSpec) -> None:
+    # read from hpcdl's own network, the layout gives a network of the same costs
+    model = spec.build()
+    found = structure.read(
+        model, lambda: model(spec.sample_inputs(2, torch.Generator(), torch.device("cpu")))
+    )
+    knobs = layout.cnn(found["layers"])
+    fixed = {k: getattr(spec, k) for k in ("image_size", "in_channels", "classes", "batch_size")}
+    again = CNNSpec(**fixed, **knobs)
+    assert (again.count().params, again.count().train_flops) == (
+        spec.count().params,
+        spec.count().train_flops,
+    )
+    assert again.block == spec.block
+
+
+def test_the_plain_cnn_of_the_issue_is_fitted_exactly() -> None:
+    # counts alone could not pin it down (+2.6 % / -17.8 %); its structure does
+    p = hpcdl.profile(*proxy_models.plain_cnn(), steps=1)
+    result = hpcdl.fit(p, budget_s=30, finalists=1, steps=1)
+    assert result.reached and result.best.errors["params"] == 0 and result.best.errors["flops"] == 0
+    spec = result.spec
+    assert isinstance(spec, CNNSpec) and spec.widths == (12, 20, 36) and spec.kernels == (5, 3, 3)
+    assert spec.downsamples == ("maxpool", "maxpool", "none") and spec.norm == "none"
+    assert Profile.from_dict(json.loads(json.dumps(p.to_dict()))).structure == p.structure
+
+
+@pytest.mark.parametrize(
+    ("structure_doc", "field"),
+    [
+        ("conv", "profile.structure"),
+        ({"layers": [{"kind": "teleport"}]}, "profile.structure.layers[0]"),
+        ({"layers": [{"kind": "add", "size": -1}]}, "profile.structure.layers[0].size"),
+        ({"layers": [{"kind": "norm", "type": 3}]}, "profile.structure.layers[0].type"),
+        ({"layers": [], "norm_position": "middle"}, "profile.structure.norm_position"),
+    ],
+)
+def test_a_bad_structure_names_the_field(structure_doc: Any, field: str) -> None:
+    doc = copy.deepcopy(HAND_WRITTEN)
+    doc["structure"] = structure_doc
+    with pytest.raises(InputError) as err:
+        Profile.from_dict(doc)
+    assert err.value.field == field
+
+
+def test_a_batch_that_does_not_fit_the_model_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "profile", f"{MODELS}:wrong_input", "--steps", "1")
+    errors = [line for line in err.splitlines() if "error" in line]  # after one progress line
+    assert code == 2 and errors == err.splitlines()[-1:] and "Traceback" not in err
+    assert "model='wrong_input' is invalid: its forward pass fails on the example batch (RuntimeError" in err

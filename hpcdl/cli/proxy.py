@@ -15,7 +15,7 @@ from hpcdl.proxy import as_profile, document
 from hpcdl.proxy.kernels import CLASSES
 from hpcdl.proxy.measure import STEPS, measure
 from hpcdl.proxy.objective import PROFILE_FIGURE, Weights, describe_errors
-from hpcdl.proxy.reference import load_model, resolve
+from hpcdl.proxy.reference import RealModel, load_model, resolve_syntax
 from hpcdl.proxy.search import FINALISTS, TOLERANCE, FitResult, describe_spec, fit
 from hpcdl.proxy.training import Trainee
 from hpcdl.proxy.verify import ROUNDS, verify
@@ -59,7 +59,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise InputError("--steps", args.steps, "at least 1")
     _check_writable(args.output)
-    real = load_model(args.model)
+    real = load_model(args.model)  # the command's own argument: what the user typed
     trainee = Trainee(real.module, real.batch, real.loss_fn, precision=args.precision, device=args.device)
     name = args.name or args.model.rpartition(":")[2]
     p = measure(trainee, name=name, source={"ref": args.model}, steps=args.steps, progress=_progress)
@@ -112,6 +112,27 @@ def _check_fit_options(args: argparse.Namespace) -> None:
             raise InputError(name, value, allowed)
 
 
+def _named_model(args: argparse.Namespace, named: Any) -> str | None:
+    """The real model to verify against: only ever ``--model`` from the command line.
+
+    A profile or fit record is data that anyone may hand over; the reference it names
+    (``source.ref``) is shown for the user to pass, never imported, since importing a module or
+    a ``FILE.py`` runs its code (issue 16)."""
+    if not args.verify:
+        return None
+    if args.model:
+        return str(args.model)
+    hint = f"; it names {named!r}: pass --model {named} if you trust that code" if named else ""
+    allowed = f"needs the real model on the command line: --model MODULE:CALLABLE{hint}"
+    raise InputError("--verify", str(args.profile), allowed)
+
+
+def _show_and_load(ref: str) -> RealModel:
+    """Say which code is about to run, then import and call it."""
+    _progress(f"loading the real model {ref} (this runs its code)")
+    return load_model(ref)
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
     _check_fit_options(args)
     _check_writable(args.output, args.record)
@@ -120,13 +141,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if doc.get("schema") == FIT:
         return _reverify(args, doc)
     profile = as_profile(doc)
-    ref = args.model or profile.source.get("ref")
-    if args.verify:
-        if not ref:
-            raise InputError(
-                "--verify", str(args.profile), "needs the real model: give --model MODULE:CALLABLE"
-            )
-        resolve(str(ref))  # a reference that does not resolve is refused before the search
+    ref = _named_model(args, profile.source.get("ref"))
+    if ref:
+        resolve_syntax(ref)  # a malformed reference is refused before the search
     result = fit(
         profile,
         args.family,
@@ -138,10 +155,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
         device=args.device,
         progress=_progress,
     )
-    print(f"fitted {result.spec.family}: {describe_spec(result.spec)}")
+    verdict = "fitted" if result.reached else "closest (misses the tolerance)"
+    print(f"{verdict} {result.spec.family}: {describe_spec(result.spec)}")
     print(fit_table(result))
     print("run it: hpcdl run " + " ".join(spec_to_args(result.spec)))
-    if args.verify:
+    if ref:
         result.verifications.append(_verify(args, result.spec, ref))
     record = result.to_record()
     if args.output:
@@ -153,13 +171,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if record_path:
         document.save(record, record_path)
         print(f"fit record written to {record_path}")
+    if result.miss:  # the closest spec and its errors are above; the exit code says it is no fit
+        print(f"hpcdl: {result.miss}")
+        return 1
     return 0
 
 
-def _verify(args: argparse.Namespace, spec: Spec, ref: Any) -> dict[str, Any]:
-    if not ref:
-        raise InputError("--verify", args.profile, "needs the real model: give --model MODULE:CALLABLE")
-    real = load_model(str(ref))
+def _verify(args: argparse.Namespace, spec: Spec, ref: str) -> dict[str, Any]:
+    real = _show_and_load(ref)
     _progress(f"timing the proxy and {ref} interleaved, {args.rounds} rounds")
     comparison, entry = verify(spec, real, device=args.device, rounds=args.rounds)
     print(f"step time, proxy / real model: {comparison.describe()}")
@@ -173,19 +192,36 @@ def _reverify(args: argparse.Namespace, record: dict[str, Any]) -> int:
         raise InputError(
             "profile", str(args.profile), "is a fit record: add --verify to verify its spec again"
         )
+    profile = record.get("profile")
+    source = profile.get("source") if isinstance(profile, dict) else None
+    named = source.get("ref") if isinstance(source, dict) else None
+    ref = _named_model(args, named if isinstance(named, str) else None)
+    assert ref is not None  # --verify is set
     spec = spec_from_dict(record.get("spec", {}))
-    ref = args.model or record.get("profile", {}).get("source", {}).get("ref")
     entry = _verify(args, spec, ref)
-    earlier = [v for v in record.get("verifications", []) if isinstance(v, dict) and "ratio" in v]
+    verifications = record.get("verifications")
+    if not isinstance(verifications, list):
+        verifications = record["verifications"] = []
+    earlier = [(v, m) for v in verifications if (m := _first_median(v)) is not None]
     if earlier:
-        then = earlier[0]
-        drift = entry["ratio"]["median"] / then["ratio"]["median"] - 1
+        then, median = earlier[0]
+        drift = entry["ratio"]["median"] / median - 1
         print(f"drift against {then.get('host')} ({then.get('device')}, {then.get('when')}): {drift:+.1%}")
         entry["drift"] = drift
-    record.setdefault("verifications", []).append(entry)
+    verifications.append(entry)
     document.save(record, args.record or args.profile)
     print(f"fit record updated: {args.record or args.profile}")
     return 0
+
+
+def _first_median(entry: Any) -> float | None:
+    """A verification entry's median ratio when it is a finite positive number (a record is
+    data from anyone: a forged figure is skipped, not divided by)."""
+    ratio = entry.get("ratio") if isinstance(entry, dict) else None
+    median = ratio.get("median") if isinstance(ratio, dict) else None
+    if isinstance(median, int | float) and not isinstance(median, bool) and 0 < median < float("inf"):
+        return float(median)
+    return None
 
 
 def add_parsers(sub: Any) -> None:
@@ -212,6 +248,10 @@ def add_parsers(sub: Any) -> None:
     f.add_argument("--tolerance", type=float, default=TOLERANCE, help="largest params/FLOPs error (0.02)")
     f.add_argument("--device", default="cpu")
     f.add_argument("--verify", action="store_true", help="time the fit and the real model interleaved")
-    f.add_argument("--model", help="the real model for --verify (default: the profile's source)")
+    f.add_argument(
+        "--model",
+        help="the real model for --verify, MODULE:CALLABLE or FILE.py:CALLABLE (its code runs; a "
+        "profile's or record's own reference is only shown, never followed)",
+    )
     f.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds of --verify ({ROUNDS})")
     f.set_defaults(func=cmd_fit)

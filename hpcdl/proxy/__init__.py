@@ -6,6 +6,8 @@ hpcdl workload that costs the same (a *fit*), and verify the two side by side.
 * :mod:`~hpcdl.proxy.training` -- one training step of a real model or of a spec, the same way
 * :mod:`~hpcdl.proxy.kernels` -- kernel classes and the time and FLOP mix
 * :mod:`~hpcdl.proxy.measure` -- measuring a profile
+* :mod:`~hpcdl.proxy.structure` -- the network's layers from one hooked forward pass
+* :mod:`~hpcdl.proxy.layout` -- a structure mapped onto a family's knobs
 * :mod:`~hpcdl.proxy.space`, :mod:`~hpcdl.proxy.objective`, :mod:`~hpcdl.proxy.search` -- the fit
 * :mod:`~hpcdl.proxy.verify` -- interleaved step-time comparison
 """
@@ -37,7 +39,12 @@ def fit(
     ``family`` (default: of every family that takes the profile's data, the closest) whose
     parameters, FLOPs, memory, kernel mix and step time are nearest, with each figure's error.
     ``options`` are those of :func:`hpcdl.proxy.search.fit` (``weights``, ``seed``, ``budget_s``,
-    ``finalists``, ``tolerance``, ``device``, ...)."""
+    ``finalists``, ``tolerance``, ``device``, ``memory_bytes``, ...).
+
+    A miss is still an answer: when no spec reaches the tolerance the closest one is returned
+    with its errors, ``result.reached`` False and ``result.miss`` saying which figures are off.
+    Only invalid input raises (``InputError``), or :class:`FitError` when no candidate can be
+    built here at all."""
     return _fit(as_profile(profile), family, **options)
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from hpcdl.errors import InputError
 from hpcdl.proxy.kernels import CLASSES
+from hpcdl.proxy.structure import validate as validate_structure
 from hpcdl.records.loader import Unreadable, read_object
 from hpcdl.records.schema import PROFILE, PROFILE_VERSION
 from hpcdl.workloads.precision import PRECISIONS
@@ -81,6 +82,8 @@ class Profile:
     """the machine that measured it (empty for a profile written by hand)"""
     step_time_spread: dict[str, float] = field(default_factory=dict)
     """p10, p90 and n of the step time, when measured"""
+    structure: dict[str, Any] = field(default_factory=dict)
+    """the network's layers as one forward pass ran them (``hpcdl.proxy.structure``); may be empty"""
 
     @property
     def classes(self) -> int:
@@ -108,6 +111,8 @@ class Profile:
             doc["kernel_mix"] = {k: v for k, v in (("time", self.time_mix), ("flops", self.flop_mix)) if v}
         if self.hints:
             doc["hints"] = self.hints
+        if self.structure:
+            doc["structure"] = self.structure
         if self.environment:
             doc["environment"] = self.environment
         return doc
@@ -144,6 +149,7 @@ class Profile:
             source=_optional_table(doc, "source"),
             environment=_optional_table(doc, "environment"),
             step_time_spread=_optional_table(doc, "step_time_spread"),
+            structure=validate_structure(doc["structure"]) if "structure" in doc else {},
         )
 
 

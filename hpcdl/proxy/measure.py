@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from hpcdl.errors import InputError
 from hpcdl.measure.device import synchronize
 from hpcdl.measure.environment import environment
-from hpcdl.proxy import kernels
+from hpcdl.proxy import kernels, structure
 from hpcdl.proxy.document import Profile
 from hpcdl.proxy.training import Batch, LossFn, Trainee, call, first_tensor, logits_of
 from hpcdl.workloads.crosscheck import decomposed
@@ -100,18 +100,9 @@ class _Attention(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
-            self.causal.append(bool(kwargs.get("is_causal", False)) or _lower_triangular(mask))
+            self.causal.append(bool(kwargs.get("is_causal", False)) or structure.lower_triangular(mask))
             self.dropout = max(self.dropout, float(kwargs.get("dropout_p", 0.0) or 0.0))
         return func(*args, **kwargs)
-
-
-def _lower_triangular(mask: Any) -> bool:
-    """A mask that lets each position see itself and the ones before it, and nothing after."""
-    if not isinstance(mask, torch.Tensor) or mask.dim() < 2 or mask.shape[-1] != mask.shape[-2]:
-        return False
-    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
-    allowed = allowed.reshape(-1, *mask.shape[-2:])[0]
-    return bool(torch.equal(allowed.cpu(), torch.ones_like(allowed, device="cpu").tril()))
 
 
 def hints(model: nn.Module, ops: set[str], attention: _Attention) -> dict[str, Any]:
@@ -254,8 +245,15 @@ def measure(
         raise InputError("steps", steps, "expected at least 1 timed step (and warm-up >= 0)")
     kind, shape, batch = input_description(trainee.batch)
     say("forward pass (output, operators)")
-    with _observed() as (census, attention):
-        output = logits_of(call(trainee.model, trainee.batch))
+    try:
+        with _observed() as (census, attention), structure.recording() as layout:
+            output = logits_of(call(trainee.model, trainee.batch))
+    except (RuntimeError, TypeError, ValueError, IndexError, AttributeError) as e:
+        # a batch that does not match the model, or a forward the hooks cannot follow
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise InputError(
+            "model", name, f"its forward pass fails on the example batch ({type(e).__name__}: {first})"
+        ) from None
     if output is None or output.dim() < 2:
         raise InputError(
             "model output", type(output).__name__, "expected logits of shape (batch, ..., classes)"
@@ -293,6 +291,7 @@ def measure(
         time_mix=mix,
         flop_mix=flop_mix,
         hints=hints(trainee.model, census.ops, attention),
+        structure=layout,
         source=source or {},
         environment=environment(trainee.device),
         step_time_spread={

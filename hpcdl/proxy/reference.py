@@ -45,13 +45,24 @@ def _import(where: str, ref: str) -> ModuleType:
     return importlib.import_module(where)
 
 
-def resolve(ref: str) -> Any:
-    """The callable an import reference names; a one-line ``InputError`` when it does not resolve."""
+def resolve_syntax(ref: str) -> tuple[str, str]:
+    """(module or file, attribute) of an import reference, checked without importing anything."""
     where, sep, attr = ref.partition(":")
     if not sep or not where or not attr:
         raise InputError(
             FIELD, ref, "expected an import reference MODULE:CALLABLE, e.g. mypkg.models:make_resnet"
         )
+    if where.endswith(".py") and not Path(where).is_file():
+        raise InputError(FIELD, ref, f"{where} is not a Python file")
+    return where, attr
+
+
+def resolve(ref: str) -> Any:
+    """The callable an import reference names; a one-line ``InputError`` when it does not resolve.
+
+    Importing runs the module's (or the file's) code: call this only with a reference the user
+    gave on the command line or in Python, never with one read from a document (issue 16)."""
+    where, attr = resolve_syntax(ref)
     try:
         obj: Any = _import(where, ref)
     except ImportError as e:

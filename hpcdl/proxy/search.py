@@ -1,17 +1,21 @@
 """The search: the spec of one family (or of every family that takes the data) whose costs are
 closest to a profile's.
 
-Three stages, all seeded:
+Three stages, all seeded, over each family's space (``hpcdl.proxy.space``), in which the
+profile's hints and the network's own structure (``hpcdl.proxy.layout``) have already fixed what
+they say -- for a CNN whose layout the family can express, everything:
 
-1. **Counting.** Candidates are ranked by the cheap figures, parameters and training FLOPs (the
-   spec's exact analytic count, microseconds each): ``DRAWS`` random points of each family's
-   space, then a compass search (every axis in turn steps by ±32, ±16, ... ±1 positions while
-   that lowers the objective) from the points nearest to the family's presets (real
-   architectures: a model like one of them is found again) and from the best ``STARTS`` distinct
-   draws. Each compass search ends in its own local optimum. A second pass adds activation
-   memory: it measures the best optimum's saved bytes once, scales every candidate's analytic
-   estimate by measured / estimated (each family's estimate has its own bias) and searches again
-   from the first pass's optima. The same seed and profile give the same optima.
+1. **Counting.** A candidate whose estimated training memory (:func:`training_bytes`) exceeds
+   the memory available is left out before it is built. Candidates are ranked by the cheap
+   figures, parameters and training FLOPs (the spec's exact analytic count, microseconds each):
+   ``DRAWS`` random points of each family's space, then a compass search (every axis in turn
+   steps by ±32, ±16, ... ±1 positions while that lowers the objective) from the points nearest
+   to the family's presets (real architectures: a model like one of them is found again) and
+   from the best ``STARTS`` distinct draws. Each compass search ends in its own local optimum. A
+   second pass adds activation memory: it measures the best optimum's saved bytes once, scales
+   every candidate's analytic estimate by measured / estimated (each family's estimate has its
+   own bias) and searches again from the first pass's optima. The same seed and profile give the
+   same optima.
 2. **Screening.** Many networks share a parameter count and FLOPs (a ResNet and a wider plain
    CNN, an LSTM and a transformer); their activation memory and FLOP mix tell them apart. The
    best ``SCREENED`` optima of each family that reach the profile are built and their saved
@@ -32,7 +36,9 @@ from typing import Any
 
 import torch
 
+from hpcdl import metrics
 from hpcdl.errors import HpcdlError
+from hpcdl.measure.device import memory_capacity
 from hpcdl.proxy import kernels
 from hpcdl.proxy import objective as obj
 from hpcdl.proxy import space as spaces
@@ -60,7 +66,9 @@ Point = tuple[int, ...]
 
 
 class FitError(HpcdlError):
-    """No spec of the family (or of any family) reaches the profile within the tolerance."""
+    """No candidate of the family (or of any family) can be built here: none is a valid network,
+    or none fits in the memory there is. (A fit that misses the tolerance is not an error: it
+    returns the closest spec, see :attr:`FitResult.reached`.)"""
 
 
 @dataclass
@@ -93,6 +101,16 @@ class FamilySearch:
     ends: list[Point] = field(default_factory=list)
     """the optima's points in the space"""
     memory_scale: float | None = None
+    too_large: int = 0
+    """candidates left out because training them would not fit in the memory there is"""
+
+
+def training_bytes(spec: Spec) -> int:
+    """Bytes training the spec with AdamW needs, estimated from its analytic count (weights,
+    gradients, two moments, the batch's activations and loss tensors): known before it is built."""
+    count = spec.count()
+    sample = metrics.sample_memory(count.activation_bytes(spec.precision), spec.logits_elements)
+    return metrics.memory_estimate(count.params, sample, spec.batch_size, "adamw")
 
 
 def cheap_errors(profile: Profile, spec: Spec, memory_scale: float | None = None) -> dict[str, float]:
@@ -115,9 +133,11 @@ def search_family(
     deadline: float,
     memory_scale: float | None = None,
     starts: list[Point] | None = None,
+    capacity: int | None = None,
 ) -> FamilySearch:
     """Stage 1 in one family's space: compass searches from ``starts`` (default: the presets'
-    points and the best random draws) ranked by the analytic figures."""
+    points and the best random draws) ranked by the analytic figures. A candidate whose
+    estimated training memory exceeds ``capacity`` bytes is not a candidate: it is never built."""
     rng = random.Random(f"hpcdl.fit:{sp.family}:{seed}")
     result = FamilySearch(sp.family)
     cheap = obj.Weights(
@@ -133,12 +153,18 @@ def search_family(
     def score(point: Point) -> float:
         if point in scores:
             return scores[point]
-        if result.evaluations >= evaluations or time.monotonic() > deadline:
+        # the random draws are always counted (microseconds each): a deadline met before them,
+        # on a loaded machine or with a tiny budget, would leave a random point as the best
+        late = result.evaluations >= min(DRAWS, evaluations) and time.monotonic() > deadline
+        if result.evaluations >= evaluations or late:
             result.cut_by_budget = True
             return float("inf")
         result.evaluations += 1
         spec = sp.spec(point)
         value = float("inf")
+        if spec is not None and capacity is not None and training_bytes(spec) > capacity:
+            result.too_large += 1
+            spec = None
         if spec is not None:
             errs = cheap_errors(profile, spec, memory_scale)
             value = obj.objective(errs, cheap)
@@ -191,7 +217,9 @@ def _compass(point: Point, sizes: list[int], score: Callable[[Point], float]) ->
 
 @dataclass
 class FitResult:
-    """The fitted spec, each figure's error, and how the search went."""
+    """The fitted spec, each figure's error, and how the search went. ``reached`` is False when
+    the spec misses parameters or training FLOPs by more than ``tolerance``: it is then the
+    closest spec found, not a fit (``miss`` says by how much)."""
 
     profile: Profile
     best: Candidate
@@ -202,10 +230,26 @@ class FitResult:
     budget_s: float
     elapsed_s: float
     verifications: list[dict[str, Any]] = field(default_factory=list)
+    tolerance: float = TOLERANCE
+    reached: bool = True
+    memory_bytes: int | None = None
+    """the memory candidates were checked against"""
 
     @property
     def spec(self) -> Spec:
         return self.best.spec
+
+    @property
+    def miss(self) -> str | None:
+        """None when the fit reaches the tolerance, else one line saying which figures miss."""
+        if self.reached:
+            return None
+        off = [
+            f"{name} {self.best.errors[name]:+.1%}"
+            for name in obj.CHEAP
+            if abs(self.best.errors.get(name, 0.0)) > self.tolerance
+        ]
+        return f"the closest spec misses the {self.tolerance:.0%} tolerance: {', '.join(off)}"
 
     def to_record(self) -> dict[str, Any]:
         """The fit record (``schema: hpcdl.fit``): profile, spec, errors, search, verifications."""
@@ -215,17 +259,21 @@ class FitResult:
             "profile": self.profile.to_dict(),
             "spec": self.spec.to_dict(),
             "errors": self.best.errors,
+            "tolerance": self.tolerance,
+            "reached": self.reached,
             "objective": self.best.objective,
             "weights": self.weights.to_dict(),
             "seed": self.seed,
             "budget_s": self.budget_s,
             "elapsed_s": round(self.elapsed_s, 3),
+            "memory_bytes": self.memory_bytes,
             "search": [
                 {
                     "family": f.family,
                     "evaluations": f.evaluations,
                     "cut_by_budget": f.cut_by_budget,
                     "memory_scale": f.memory_scale,
+                    "too_large": f.too_large,
                 }
                 for f in self.families
             ],
@@ -279,10 +327,13 @@ def count_family(
     evaluations: int,
     tolerance: float,
     deadlines: list[float],
+    capacity: int | None = None,
 ) -> FamilySearch:
     """Stage 1 in one family: the first pass by parameters and FLOPs, then, when its best
     optimum reaches the profile, the second pass with memory from the first pass's optima."""
-    first = search_family(profile, sp, weights, seed=seed, evaluations=evaluations, deadline=deadlines[0])
+    first = search_family(
+        profile, sp, weights, seed=seed, evaluations=evaluations, deadline=deadlines[0], capacity=capacity
+    )
     if not (first.optima and weights.memory and _reaches(first.optima[0], tolerance)):
         return first
     scale = memory_scale(profile, first.optima[0].spec)
@@ -297,8 +348,10 @@ def count_family(
         deadline=deadlines[1],
         memory_scale=scale,
         starts=first.ends,
+        capacity=capacity,
     )
     second.evaluations += first.evaluations
+    second.too_large += first.too_large
     second.cut_by_budget |= first.cut_by_budget
     second.memory_scale = scale
     return second
@@ -316,16 +369,22 @@ def fit(
     tolerance: float = TOLERANCE,
     device: torch.device | str = "cpu",
     steps: int = 5,
+    memory_bytes: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> FitResult:
     """Search one family's knobs (or every family's that takes the profile's data) for the spec
     that best matches ``profile`` under the objective of :mod:`hpcdl.proxy.objective`, within
     ``budget_s`` seconds; finalists are measured on ``device`` with ``steps`` timed steps.
 
-    Raises :class:`FitError` when the best spec misses parameters or training FLOPs by more than
-    ``tolerance``, saying by how much."""
+    Candidates whose estimated training memory exceeds ``memory_bytes`` (default: the memory
+    available on ``device``, ``hpcdl.measure.device.memory_capacity``) are left out before any
+    is built. A miss is still an answer: when no candidate reaches parameters and training FLOPs
+    within ``tolerance``, the closest ones are measured all the same and the result says so
+    (``FitResult.reached`` is False, ``FitResult.miss`` says by how much). Only when no valid
+    candidate exists at all (none fits in memory) does it raise :class:`FitError`."""
     say = progress or (lambda _: None)
     weights = weights or obj.Weights()
+    capacity = memory_bytes if memory_bytes is not None else memory_capacity(torch.device(device))
     start = time.monotonic()
 
     def left(share: float = 1.0) -> float:
@@ -336,13 +395,17 @@ def fit(
     for n, sp in enumerate(chosen):
         # each family gets an equal share of the counting time, each of its two passes half
         ends = [start + budget_s * COUNTING_SHARE * (n + k) / len(chosen) for k in (0.5, 1)]
-        s = count_family(profile, sp, weights, seed, evaluations, tolerance, ends)
+        s = count_family(profile, sp, weights, seed, evaluations, tolerance, ends, capacity)
         summary = obj.describe_errors(s.optima[0].errors) if s.optima else "none valid"
         say(f"{sp.family}: {s.evaluations} candidates counted, {len(s.optima)} optima, best: {summary}")
         searches.append(s)
+    if not any(s.optima for s in searches):
+        raise FitError(_nothing_fits(searches, family, capacity))
     reaching = [[c for c in s.optima if _reaches(c, tolerance)][:SCREENED] for s in searches]
-    if not any(reaching):
-        raise FitError(_unreachable(profile, searches, family, tolerance))
+    reached = any(reaching)
+    if not reached:  # the closest of each family instead: a miss is still an answer
+        reaching = [s.optima[:SCREENED] for s in searches]
+        say(_unreachable(profile, searches, family, tolerance) + "; measuring the closest")
     say(f"screening {sum(map(len, reaching))} candidates by activation memory and FLOP mix")
     screened: list[list[Candidate]] = [[] for _ in reaching]
     for i in range(SCREENED):  # the families in turn, best first
@@ -366,7 +429,19 @@ def fit(
         slowest = max(slowest, time.monotonic() - began)
         measured.append(c)
     best = min(measured, key=lambda c: c.objective)
-    return FitResult(profile, best, measured, searches, weights, seed, budget_s, time.monotonic() - start)
+    return FitResult(
+        profile,
+        best,
+        measured,
+        searches,
+        weights,
+        seed,
+        budget_s,
+        time.monotonic() - start,
+        tolerance=tolerance,
+        reached=_reaches(best, tolerance),
+        memory_bytes=capacity,
+    )
 
 
 def _reaches(c: Candidate, tolerance: float) -> bool:
@@ -377,6 +452,17 @@ def describe_spec(spec: Spec) -> str:
     """The knobs that differ from the family's defaults, as ``key=value`` words."""
     base = type(spec)().to_dict()
     return " ".join(f"{k}={v}" for k, v in spec.to_dict().items() if k != "family" and base.get(k) != v)
+
+
+def _nothing_fits(searches: list[FamilySearch], family: str | None, capacity: int) -> str:
+    refused = sum(s.too_large for s in searches)
+    who = f"family {family} has no" if family else "no family has a"
+    why = (
+        f"{refused} candidates would need more than the {capacity / 2**30:.1f} GiB available"
+        if refused
+        else "no candidate is a valid network"
+    )
+    return f"fit: {who} candidate that can be built here: {why}"
 
 
 def _unreachable(profile: Profile, searches: list[FamilySearch], family: str | None, tolerance: float) -> str:

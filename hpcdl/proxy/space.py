@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcdl.errors import InputError, SpecError
+from hpcdl.proxy import layout
 from hpcdl.proxy.document import Profile
+from hpcdl.proxy.objective import errors
 from hpcdl.workloads.families.attention import ACTIVATIONS
 from hpcdl.workloads.recipes import presets
 from hpcdl.workloads.recurrent import CELLS
@@ -23,6 +25,8 @@ from hpcdl.workloads.spec import Spec
 
 Point = tuple[int, ...]
 """one index into each axis"""
+REACHED = 0.02
+"""largest count error at which a network's own layout is taken as it is"""
 
 
 @dataclass(frozen=True)
@@ -100,10 +104,21 @@ def _identity(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _reaches(profile: Profile, knobs: dict[str, Any]) -> bool:
+    """Whether these knobs are a valid network whose analytic counts reach the profile's."""
+    try:
+        count = spec_from_dict(knobs).count()
+    except SpecError:
+        return False
+    figures: dict[str, float] = {"params": count.params, "train_flops_per_sample": count.train_flops}
+    return all(abs(e) <= REACHED for e in errors(profile, figures).values())
+
+
 def attention(profile: Profile) -> Space:
     (steps,) = profile.input_shape
     lm = _per_position(profile, steps)
     hints = profile.hints
+    read = layout.attention(profile.structure.get("layers", []), profile.structure.get("norm_position"))
     fixed = {
         **_common(profile),
         "seq_len": steps,
@@ -111,7 +126,7 @@ def attention(profile: Profile) -> Space:
         "dropout": float(hints.get("dropout", 0.0)),
         "activation": hints["activation"] if hints.get("activation") in ACTIVATIONS else "gelu",
         "causal": bool(hints.get("causal", False)),
-        "norm": "pre" if hints.get("causal") else "post",
+        "norm": read.get("norm", "pre" if hints.get("causal") else "post"),
     }
     if lm:
         fixed["vocab"] = profile.classes
@@ -119,8 +134,9 @@ def attention(profile: Profile) -> Space:
         fixed["classes"] = profile.classes
     axes: dict[str, tuple[Any, ...]] = {
         "layers": (hints["attention_layers"],) if hints.get("attention_layers") else _ints(1, 64),
-        "heads": _ints(1, 64),
-        "head_dim": (16, 32, 64, 128),
+        # the heads and head size the attention calls showed, else every one
+        "heads": (read["heads"],) if read else _ints(1, 64),
+        "head_dim": (read["head_dim"],) if read else (16, 32, 64, 128),
         "ffn_mult": _steps(0.5, 8.0, 1 / 16),
         "positions": (0, *(p for p in (512, 1024, 2048, 4096, 8192) if p > steps)),
     }
@@ -155,6 +171,11 @@ def cnn(profile: Profile) -> Space:
         "classes": profile.classes,
         "dropout": float(profile.hints.get("dropout", 0.0)),
     }
+    read = layout.cnn(profile.structure.get("layers", []))
+    if read and _reaches(profile, {"family": "cnn", **fixed, **read}):
+        # the network's own layout, stage by stage, costs what the profile says: nothing is left
+        # to search (counts alone do not pin a CNN's layout down, its structure does)
+        return Space("cnn", {**fixed, **read}, {}, _identity, _identity)
     stages = 6
     axes: dict[str, tuple[Any, ...]] = {
         "stem": ("imagenet", "simple", "none"),
@@ -211,7 +232,10 @@ def rnn(profile: Profile) -> Space:
         "hidden": (hints["hidden"],) if hints.get("hidden") else _ints(16, 4096, 16),
         "bidirectional": (hints["bidirectional"],) if "bidirectional" in hints else (False, True),
     }
-    if tokens:
+    read = layout.rnn(profile.structure.get("layers", []))
+    if tokens and read:  # the embedding the forward pass showed
+        axes |= {"embedding": (read["embedding"],), "vocab": (read["vocab"],)}
+    elif tokens:
         # a language model's vocabulary is usually its output's: offer that value exactly
         axes |= {"embedding": _ints(16, 4096, 16), "vocab": _geometric(256, 262144, 8, (profile.classes,))}
     else:

@@ -88,8 +88,20 @@ def _valid_keys(cls: type[Knobs]) -> str:
     return "valid knobs are " + ", ".join(cls.knobs())
 
 
+_KINDS: dict[tuple[type, str], tuple[type, type]] = {}
+"""_kind's answers: get_type_hints evaluates every annotation of the class (milliseconds a call,
+once per knob of every spec built: a fit builds thousands)"""
+
+
 def _kind(cls: type[Knobs], name: str) -> tuple[type, type]:
     """(container, element) type of a knob: (int, int), (tuple, int), (str, str), ..."""
+    found = _KINDS.get((cls, name))
+    if found is None:
+        found = _KINDS[(cls, name)] = _kind_of(cls, name)
+    return found
+
+
+def _kind_of(cls: type[Knobs], name: str) -> tuple[type, type]:
     hint = typing.get_type_hints(cls)[name]
     origin = typing.get_origin(hint)
     if origin is tuple:

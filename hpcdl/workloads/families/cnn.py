@@ -22,7 +22,7 @@ from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
 
 STEMS = ("none", "simple", "imagenet")
-BLOCKS = ("plain", "basic", "bottleneck", "separable")
+BLOCKS = ("plain", "basic", "bottleneck", "separable", "inverted")
 DOWNSAMPLES = ("stride", "maxpool", "none")
 NORMS = ("batch", "group", "none")
 HEAD_POOLS = ("global", "flatten")
@@ -44,11 +44,20 @@ class BlockPlan:
     stride: int
     size_in: int
     size_out: int
+    kernel: int = 3
+    """side of the block's spatial (kxk) convolution"""
+    hidden: int = 0
+    """inverted only: channels of the expanded (depthwise) layer, ``c_in`` x the stage's expansion"""
 
     @property
     def projects(self) -> bool:
         """Whether a residual block needs a 1x1 projection on its shortcut (shape changes)."""
         return self.stride != 1 or self.c_in != self.c_out
+
+    @property
+    def expands(self) -> bool:
+        """Inverted only: whether a 1x1 conv expands the input (MobileNetV2's first block does not)."""
+        return self.hidden != self.c_in
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,8 @@ class Plan:
     stages: tuple[tuple[BlockPlan, ...], ...]
     stage_sizes: tuple[int, ...]
     """map side at the end of each stage (after the "maxpool" downsampling)"""
+    stage_pools: tuple[bool, ...] = ()
+    """whether a 2x2 max pool ends each stage"""
 
     @property
     def channels(self) -> int:
@@ -120,9 +131,15 @@ class CNNSpec(Spec):
         "basic",
         choices=BLOCKS,
         doc="plain: conv-norm-relu; basic: ResNet 2-conv residual; bottleneck: ResNet v1.5 "
-        "1x1-kxk-1x1 residual; separable: depthwise kxk + pointwise 1x1 (MobileNet)",
+        "1x1-kxk-1x1 residual; separable: depthwise kxk + pointwise 1x1 (MobileNet); inverted: "
+        "1x1 expand (x expansion), depthwise kxk, linear 1x1, residual when the shape stays (MobileNetV2)",
     )
-    expansion: int = knob(4, lo=1, hi=16, doc="bottleneck only: output channels = width * expansion")
+    expansion: int = knob(
+        4,
+        lo=1,
+        hi=16,
+        doc="bottleneck: output channels = width * expansion; inverted: hidden = input * expansion",
+    )
     downsample: str = knob(
         "stride",
         choices=DOWNSAMPLES,
@@ -140,6 +157,35 @@ class CNNSpec(Spec):
     head_layers: int = knob(0, lo=0, hi=16, doc="hidden fully connected layers (ReLU) before the classifier")
     head_width: int = knob(4096, lo=1, hi=1 << 17, doc="units per hidden head layer")
     dropout: float = knob(0.0, lo=0.0, hi=0.95, doc="dropout after each hidden head layer (VGG: 0.5)")
+    # --- the layout of a given network, stage by stage (empty / 0: from the knobs above) ---
+    widths: tuple[int, ...] = knob(
+        (),
+        lo=1,
+        hi=1 << 16,
+        doc="width of every stage, one entry per stage (default: base_width x width_mult^i)",
+    )
+    kernels: tuple[int, ...] = knob(
+        (), lo=1, hi=15, doc="side of each stage's spatial convolutions, odd (default: kernel_size)"
+    )
+    downsamples: tuple[str, ...] = knob(
+        (),
+        choices=DOWNSAMPLES,
+        doc="per stage: stride (its first block strides 2, stage 0 too), maxpool (a 2x2 max pool "
+        "ends it) or none (default: downsample for every stage)",
+    )
+    expansions: tuple[int, ...] = knob(
+        (), lo=1, hi=16, doc="per stage: the expansion of its blocks (default: expansion)"
+    )
+    stem_kernel: int = knob(
+        0, lo=0, hi=15, doc="side of the stem's conv, odd (0: 7 for imagenet, 3 for simple)"
+    )
+    stem_stride: int = knob(0, lo=0, hi=8, doc="stride of the stem's conv (0: 2 for imagenet, 1 for simple)")
+    head_conv: int = knob(
+        0,
+        lo=0,
+        hi=1 << 16,
+        doc="channels of a 1x1 conv-norm-relu before the head's pool (0: none; MobileNetV2 1280)",
+    )
 
     @classmethod
     def from_drawn(cls, drawn: dict[str, Any], ranges: Ranges, rng: random.Random) -> dict[str, Any]:
@@ -153,17 +199,30 @@ class CNNSpec(Spec):
 
     # --- layout --------------------------------------------------------------------------
     def check(self) -> None:
-        if self.kernel_size % 2 == 0:
-            raise SpecError(
-                f"{self.family}.kernel_size",
-                self.kernel_size,
-                "must be odd (padding k//2 keeps the map size)",
-            )
+        for name, value in (("kernel_size", self.kernel_size), ("stem_kernel", self.stem_kernel)):
+            if value % 2 == 0 and value:
+                raise SpecError(
+                    f"{self.family}.{name}", value, "must be odd (padding k//2 keeps the map size)"
+                )
+        if any(k % 2 == 0 for k in self.kernels):
+            raise SpecError(f"{self.family}.kernels", list(self.kernels), "must be odd (padding k//2)")
         if len(self.blocks) not in (1, self.stages):
             raise SpecError(
                 f"{self.family}.blocks",
                 list(self.blocks),
                 f"expected 1 entry or one per stage (stages={self.stages})",
+            )
+        for name in ("widths", "kernels", "downsamples", "expansions"):
+            value = getattr(self, name)
+            if value and len(value) != self.stages:
+                raise SpecError(
+                    f"{self.family}.{name}",
+                    list(value),
+                    f"expected no entry or one per stage (stages={self.stages})",
+                )
+        if self.stem == "none" and (self.stem_kernel or self.stem_stride):
+            raise SpecError(
+                f"{self.family}.stem_kernel", self.stem_kernel, "needs a stem (stem=simple or imagenet)"
             )
         if min(self.plan().sizes) < 1:
             raise SpecError(
@@ -183,6 +242,8 @@ class CNNSpec(Spec):
 
     def stage_widths(self) -> tuple[int, ...]:
         """Width of each stage (a bottleneck's inner width; its output is ``expansion`` times it)."""
+        if self.widths:
+            return self.widths
         return tuple(
             min(self.max_width, max(1, round(self.base_width * self.width_mult**i)))
             for i in range(self.stages)
@@ -191,32 +252,61 @@ class CNNSpec(Spec):
     def blocks_per_stage(self) -> tuple[int, ...]:
         return self.blocks * self.stages if len(self.blocks) == 1 else self.blocks
 
+    def stage_kernels(self) -> tuple[int, ...]:
+        return self.kernels or (self.kernel_size,) * self.stages
+
+    def stage_expansions(self) -> tuple[int, ...]:
+        return self.expansions or (self.expansion,) * self.stages
+
+    def stage_downsamples(self) -> tuple[str, ...]:
+        """Each stage's downsampling; the ``downsample`` knob never strides the first stage."""
+        if self.downsamples:
+            return self.downsamples
+        first = "none" if self.downsample == "stride" else self.downsample
+        return (first,) + (self.downsample,) * (self.stages - 1)
+
+    def stem_conv(self) -> tuple[int, int]:
+        """(kernel, stride) of the stem's conv."""
+        kernel, stride = (7, 2) if self.stem == "imagenet" else (3, 1)
+        return self.stem_kernel or kernel, self.stem_stride or stride
+
     def plan(self, image_size: int | None = None) -> Plan:
         """Channels, strides and map sides of every layer for ``image_size`` (default: the knob)."""
         size = self.image_size if image_size is None else image_size
         channels, conv_size = self.in_channels, size
         if self.stem != "none":
             channels = self.base_width
+            kernel, stride = self.stem_conv()
+            size = conv_size = conv_out(size, kernel, stride, kernel // 2)
             if self.stem == "imagenet":
-                conv_size = conv_out(size, 7, 2, 3)
                 size = conv_out(conv_size, 3, 2, 1)
         stem_channels, stem_size = channels, size
         stages: list[tuple[BlockPlan, ...]] = []
         stage_sizes: list[int] = []
-        for i, (width, n) in enumerate(zip(self.stage_widths(), self.blocks_per_stage(), strict=True)):
-            c_out = width * self.expansion if self.block == "bottleneck" else width
+        layout = zip(
+            self.stage_widths(),
+            self.blocks_per_stage(),
+            self.stage_kernels(),
+            self.stage_downsamples(),
+            self.stage_expansions(),
+            strict=True,
+        )
+        for width, n, k, down, expansion in layout:
+            c_out = width * expansion if self.block == "bottleneck" else width
             blocks = []
             for j in range(n):
-                stride = 2 if self.downsample == "stride" and i > 0 and j == 0 else 1
+                stride = 2 if down == "stride" and j == 0 else 1
                 # every strided conv pads k//2 (1x1: 0), so all give the same side
-                out = conv_out(size, self.kernel_size, stride, self.kernel_size // 2)
-                blocks.append(BlockPlan(channels, width, c_out, stride, size, out))
+                out = conv_out(size, k, stride, k // 2)
+                hidden = channels * expansion if self.block == "inverted" else 0
+                blocks.append(BlockPlan(channels, width, c_out, stride, size, out, k, hidden))
                 channels, size = c_out, out
-            if self.downsample == "maxpool":
+            if down == "maxpool":
                 size = conv_out(size, 2, 2, 0)
             stages.append(tuple(blocks))
             stage_sizes.append(size)
-        return Plan(stem_channels, conv_size, stem_size, tuple(stages), tuple(stage_sizes))
+        pools = tuple(d == "maxpool" for d in self.stage_downsamples())
+        return Plan(stem_channels, conv_size, stem_size, tuple(stages), tuple(stage_sizes), pools)
 
     # --- network -------------------------------------------------------------------------
     @property
@@ -227,15 +317,19 @@ class CNNSpec(Spec):
         plan = self.plan()
         mods: list[nn.Module] = []
         if self.stem != "none":
-            kernel, stride = (7, 2) if self.stem == "imagenet" else (3, 1)
+            kernel, stride = self.stem_conv()
             mods += self._conv_norm_relu(self.in_channels, plan.stem_channels, kernel, stride)
             if self.stem == "imagenet":
                 mods.append(nn.MaxPool2d(3, stride=2, padding=1))
-        for stage in plan.stages:
+        for stage, pool in zip(plan.stages, plan.stage_pools, strict=True):
             mods += [self._block(b) for b in stage]
-            if self.downsample == "maxpool":
+            if pool:
                 mods.append(nn.MaxPool2d(2, stride=2))
-        mods += self._head(plan.channels)
+        channels = plan.channels
+        if self.head_conv:
+            mods += self._conv_norm_relu(channels, self.head_conv, 1)
+            channels = self.head_conv
+        mods += self._head(channels)
         return nn.Sequential(*mods)
 
     def _conv(self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1) -> nn.Conv2d:
@@ -257,7 +351,16 @@ class CNNSpec(Spec):
         return [self._conv(c_in, c_out, kernel, stride, groups), self._norm(c_out), nn.ReLU()]
 
     def _block(self, b: BlockPlan) -> nn.Module:
-        k = self.kernel_size
+        k = b.kernel
+        if self.block == "inverted":
+            expand = self._conv_norm_relu(b.c_in, b.hidden, 1) if b.expands else []
+            inverted = nn.Sequential(
+                *expand,
+                *self._conv_norm_relu(b.hidden, b.hidden, k, b.stride, groups=b.hidden),
+                self._conv(b.hidden, b.c_out, 1),
+                self._norm(b.c_out),
+            )
+            return inverted if b.projects else Residual(inverted, nn.Identity(), relu=False)
         if self.block == "plain":
             return nn.Sequential(*self._conv_norm_relu(b.c_in, b.c_out, k, b.stride))
         if self.block == "separable":
@@ -305,18 +408,22 @@ class CNNSpec(Spec):
         t.keep(self.in_channels * self.image_size**2)
         first = True  # the next conv reads the data: autograd computes no input gradient
         if self.stem != "none":
-            kernel = 7 if self.stem == "imagenet" else 3
+            kernel, _ = self.stem_conv()
             self._count_conv(t, plan.stem_conv_size, self.in_channels, plan.stem_channels, kernel, data=True)
             if self.stem == "imagenet":
                 t.keep(plan.stem_channels * plan.stem_size**2)  # max pool output (its indices)
             first = False
-        for stage, size in zip(plan.stages, plan.stage_sizes, strict=True):
+        for stage, size, pool in zip(plan.stages, plan.stage_sizes, plan.stage_pools, strict=True):
             for b in stage:
                 self._count_block(t, b, data=first)
                 first = False
-            if self.downsample == "maxpool":
+            if pool:
                 t.keep(stage[-1].c_out * size**2)  # max pool output (its indices)
-        self._count_head(t, plan)
+        channels = plan.channels
+        if self.head_conv:
+            self._count_conv(t, plan.stage_sizes[-1], channels, self.head_conv, 1)
+            channels = self.head_conv
+        self._count_head(t, channels)
         return t.result()
 
     def _count_conv(
@@ -347,7 +454,15 @@ class CNNSpec(Spec):
             t.keep(c_out * size * size)
 
     def _count_block(self, t: Tally, b: BlockPlan, *, data: bool) -> None:
-        k, s = self.kernel_size, b.size_out
+        k, s = b.kernel, b.size_out
+        if self.block == "inverted":
+            if b.expands:
+                self._count_conv(t, b.size_in, b.c_in, b.hidden, 1, data=data)
+            self._count_conv(t, s, b.hidden, b.hidden, k, groups=b.hidden, data=data and not b.expands)
+            self._count_conv(t, s, b.hidden, b.c_out, 1, relu=False)
+            if not b.projects:
+                t.keep(b.c_out * s * s)  # the residual sum (no ReLU after it)
+            return
         if self.block == "plain":
             self._count_conv(t, s, b.c_in, b.c_out, k, data=data)
             return
@@ -366,9 +481,9 @@ class CNNSpec(Spec):
             self._count_conv(t, s, b.c_in, b.c_out, 1, data=data, relu=False)
         t.keep(b.c_out * s * s)  # the ReLU after the residual sum
 
-    def _count_head(self, t: Tally, plan: Plan) -> None:
+    def _count_head(self, t: Tally, channels: int) -> None:
         side = 1 if self.head_pool == "global" else FLATTEN_SIZE
-        fan_in = plan.channels * side * side
+        fan_in = channels * side * side
         t.keep(fan_in)  # pooled features, the first linear's input
         for _ in range(self.head_layers):
             t.linear(1, fan_in, self.head_width)
@@ -380,13 +495,13 @@ class CNNSpec(Spec):
 
 
 class Residual(nn.Module):
-    """``relu(body(x) + shortcut(x))``: the ResNet residual connection."""
+    """``relu(body(x) + shortcut(x))``: the ResNet residual connection (MobileNetV2's has no ReLU)."""
 
-    def __init__(self, body: nn.Module, shortcut: nn.Module) -> None:
+    def __init__(self, body: nn.Module, shortcut: nn.Module, *, relu: bool = True) -> None:
         super().__init__()
         self.body = body
         self.shortcut = shortcut
-        self.relu = nn.ReLU()
+        self.relu = nn.ReLU() if relu else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.relu(self.body(x) + self.shortcut(x))
