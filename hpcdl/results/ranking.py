@@ -323,26 +323,24 @@ def write(r: Ranking, out: Path) -> list[Path]:
     return paths
 
 
+FIGURE_COLUMNS = [
+    "nodes",
+    "ranks",
+    "device",
+    "score_ai_ops_per_s",
+    "regulated_ai_ops_per_s",
+    "efficiency",
+    "efficiency_base_ranks",
+    "ai_ops_per_watt",
+    "time_to_quality_s",
+    "date",
+]
+"""the columns of a system's figures in every CSV list (hpcdl rank, hpcdl list-site)"""
+
+
 def _csv(r: Ranking, f: TextIO) -> None:
     w = csv.writer(f)
-    w.writerow(
-        [
-            "class",
-            "rank",
-            "system",
-            "nodes",
-            "ranks",
-            "device",
-            "score_ai_ops_per_s",
-            "regulated_ai_ops_per_s",
-            "efficiency",
-            "efficiency_base_ranks",
-            "ai_ops_per_watt",
-            "time_to_quality_s",
-            "date",
-            "reason",
-        ]
-    )
+    w.writerow(["class", "rank", "system", *FIGURE_COLUMNS, "reason"])
     for size_class, scores in r.lists.items():
         for place, s in enumerate(scores, 1):  # ranked systems come first
             _csv_row(w, size_class, place, s)

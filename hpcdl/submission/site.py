@@ -21,6 +21,7 @@ from typing import Any
 from hpcdl.errors import HpcdlError
 from hpcdl.records import schema
 from hpcdl.results.output import output_dir
+from hpcdl.results.ranking import FIGURE_COLUMNS
 from hpcdl.results.report import write_report
 from hpcdl.results.score import SystemScore
 from hpcdl.submission import pages
@@ -152,16 +153,7 @@ COLUMNS = [
     "vendor",
     "availability",
     "edition",
-    "nodes",
-    "ranks",
-    "device",
-    "score_ai_ops_per_s",
-    "regulated_ai_ops_per_s",
-    "efficiency",
-    "efficiency_base_ranks",
-    "ai_ops_per_watt",
-    "time_to_quality_s",
-    "date",
+    *FIGURE_COLUMNS,
 ]
 
 
