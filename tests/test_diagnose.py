@@ -1,8 +1,10 @@
 """``hpcdl diagnose`` on a real 2-rank MPI world started through hpcdl's mpirun builder: a clean
 diagnosis names nobody; with rank 1 sharing its core with a spinning process at a tenth of its
 weight (``sched_setaffinity``, nice 10; the spinner started and stopped by rank 1 itself) it
-names rank 1 and no other, also
-against the clean diagnosis as a baseline. Bad thresholds and baselines: one line, exit 2."""
+names rank 1 and no other, also against the clean diagnosis as a baseline. The same for two
+records the same ranks train (``diagnose --record``): rank 1, slowed in bursts, stalls where
+rank 0 waits for it, and only its CPU share names it. Bad thresholds and baselines: one line,
+exit 2."""
 
 from __future__ import annotations
 
@@ -38,7 +40,10 @@ RANKS = textwrap.dedent(
     out, threshold = sys.argv[1], sys.argv[2]
     world = init_world()
     args = ["diagnose", "--seconds", "0.3", "--threshold", threshold]
+    train = ["run", "--workload", "mlp", "layers=2", "width=64", "input_size=32", "output_size=10",
+             "batch_size=16", "--backend", "torch", "--steps", "20", "--min-duration", "0"]
     cli.main([*args, "-o", f"{out}/clean.json"])
+    cli.main([*train, "-o", f"{out}/clean-run"])
     spinner = None
     if world.rank == 1:
         spin = "import os; os.sched_setaffinity(0, {1})\\nwhile True: pass"
@@ -48,6 +53,7 @@ RANKS = textwrap.dedent(
     try:
         world.barrier()
         cli.main([*args, "-o", f"{out}/slowed.json"])
+        cli.main([*train, "-o", f"{out}/slowed-run"])
     finally:
         if spinner is not None:
             spinner.kill()
@@ -57,7 +63,8 @@ RANKS = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def diagnosed(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
+def ranks_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder the two ranks wrote their diagnoses and records into."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores to pin the ranks to")
     out = tmp_path_factory.mktemp("diagnose")
@@ -66,7 +73,12 @@ def diagnosed(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any],
     cmd = mpirun_command(2, ["diagnose_ranks", str(out), str(THRESHOLD)])
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    return json.loads((out / "clean.json").read_text()), json.loads((out / "slowed.json").read_text())
+    return out
+
+
+@pytest.fixture(scope="module")
+def diagnosed(ranks_out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    return tuple(json.loads((ranks_out / f"{k}.json").read_text()) for k in ("clean", "slowed"))  # type: ignore[return-value]
 
 
 @pytest.mark.mpi
@@ -86,6 +98,29 @@ def test_clean_names_nobody_slowed_names_rank_1(diagnosed: tuple[dict[str, Any],
     assert 1 in {f["rank"] for f in flags(slowed, THRESHOLD, clean)}
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_record_names_its_slowed_rank_and_a_clean_one_nobody(
+    ranks_out: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``diagnose --record``: exit 0 and nobody for the clean record; for the slowed one rank 1
+    by its CPU share (its median phases may stay a fast rank's), its host to exclude."""
+    out = ranks_out / "found.json"
+    (clean,) = (ranks_out / "clean-run").glob("*.json")
+    assert cli.main(["diagnose", "--record", str(clean), "--threshold", str(THRESHOLD), "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["flags"] == [] and doc["exclude"] == [], doc["devices"]
+    assert [d["rank"] for d in doc["devices"]] == [0, 1] and doc["notes"] == []
+    assert all(0 < d["cpu_share"] <= 1 and d["compute_s"] > 0 for d in doc["devices"])
+    (slowed,) = (ranks_out / "slowed-run").glob("*.json")
+    assert cli.main(["diagnose", "--record", str(slowed), "--threshold", str(THRESHOLD), "-o", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    host = doc["devices"][1]["host"]
+    assert {(f["rank"], f["figure"]) for f in doc["flags"]} >= {(1, "cpu_share")}, doc["devices"]
+    assert {f["rank"] for f in doc["flags"]} == {1} and doc["exclude"] == [host]
+    assert f"flagged: rank 1 on {host}: cpu_share" in capsys.readouterr().out
+
+
 def test_bad_threshold_baseline_or_record_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -103,6 +138,9 @@ def test_bad_threshold_baseline_or_record_is_one_line(
         and "a diagnosis written by hpcdl diagnose -o" in err
         and len(err.splitlines()) == 1
     )
+    assert cli.main(["diagnose", "--record", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hpcdl: error: record=") and len(err.splitlines()) == 1
 
 
 def test_links_latency_and_software_are_judged_as_documented() -> None:
@@ -134,3 +172,37 @@ def test_links_latency_and_software_are_judged_as_documented() -> None:
     assert diagnosis(links([1.0, 1.0, 0.5, 1.0], [2e-6] * 4), 0.9, None)["exclude"] == []
     # one link slow in both figures is still one link: nobody excluded
     assert diagnosis(links([1.0, 1.0, 0.5, 1.0], [2e-6, 2e-6, 9e-6, 2e-6]), 0.9, None)["exclude"] == []
+
+
+def test_the_page_marks_flagged_rows_and_lists_the_exclusions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``hpcdl report DIAGNOSIS.json``: the flagged device and its cell marked, the others not,
+    the exclude list, the software difference marked and warned about, strings escaped; a
+    diagnosis with a figure that is no number is one line, exit 2."""
+    hosts = [("a", 1e11, "2.21"), ("b<i>", 1e11, "2.21"), ("c", 4e10, "2.19")]
+    devices = [
+        {"rank": r, "host": h, "node": r, "local_rank": 0, "device": "cpu", "gemm_flops": g,
+         "copy_bytes_per_s": 1e10}
+        for r, (h, g, _) in enumerate(hosts)
+    ]  # fmt: skip
+    soft = {h: {"host": h, "torch": "2.13", "nccl": n, "env": {}} for h, _, n in hosts}
+    doc = diagnosis({"devices": devices, "software": soft}, 0.9, None, world_size=3, precision="fp32")
+    assert [(f["item"], f["figure"]) for f in doc["flags"]] == [("c/rank2", "gemm_flops")]
+    (tmp_path / "d.json").write_text(json.dumps(doc))
+    assert cli.main(["report", str(tmp_path / "d.json"), "-o", str(tmp_path / "page")]) == 0
+    page = (tmp_path / "page" / "index.html").read_text()
+    rows = [r for r in page.split("<tr") if "<td" in r]
+    bad = [r for r in rows if r.startswith(" class=bad")]
+    assert len(bad) == 2 and all("c</td>" in r and "40 GFLOP/s" in r for r in bad)  # the flag, the device
+    device_row = next(r for r in bad if "(0.40 of 100 GFLOP/s)" in r)
+    assert device_row.count("class='bad'") == 1  # the GEMM cell only, not the bandwidth's
+    assert "sbatch --exclude=c</pre>" in page and "b&lt;i&gt;" in page and "<i>" not in page
+    assert "<li class='bad'>nodes differ in nccl: a=2.21, b&lt;i&gt;=2.21, c=2.19</li>" in page
+    assert page.count("<td class='bad'>2.") == 3  # the nccl column, in every host's row
+    doc["devices"][0]["gemm_flops"] = "fast"
+    (tmp_path / "d.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert cli.main(["report", str(tmp_path / "d.json"), "-o", str(tmp_path / "page")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("is invalid: devices[0].gemm_flops: a number or null") and len(err.splitlines()) == 1

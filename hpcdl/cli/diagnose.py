@@ -43,6 +43,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if args.output:
         diagnosis.write(doc, Path(args.output))
     print(diagnosis.report(doc))
+    if args.report:
+        from hpcdl.results.report.diagnosis import write_diagnosis_page
+
+        print(f"report: wrote {write_diagnosis_page(doc, Path(args.report), 'diagnose.report')}")
     return 1 if doc["flags"] else 0
 
 
@@ -68,5 +72,8 @@ def add_parsers(sub: Any) -> None:
         "--record", metavar="FILE", help="analyse a multi-rank record's per-rank compute-only times"
     )
     d.add_argument("-o", "--output", metavar="FILE", help="write the diagnosis as JSON")
+    d.add_argument(
+        "--report", metavar="DIR", help="write its page, DIR/index.html (later: hpcdl report FILE -o DIR)"
+    )
     d.add_argument("--timeout", type=float, default=None, help="end the ranks after this many seconds")
     d.set_defaults(func=cmd_diagnose)

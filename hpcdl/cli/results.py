@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcdl.cli.common import err
+from hpcdl.results import diagnosis
 from hpcdl.results import ranking as rank_mod
 
 
@@ -26,6 +27,11 @@ def cmd_rank(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if len(args.paths) == 1 and diagnosis.is_diagnosis(Path(args.paths[0])):
+        from hpcdl.results.report.diagnosis import write_diagnosis_page
+
+        print(write_diagnosis_page(diagnosis.load_diagnosis(Path(args.paths[0])), Path(args.output)))
+        return 0
     from hpcdl.results.report import write_report  # imports matplotlib: only when a report is made
 
     print(write_report([Path(p) for p in args.paths], Path(args.output), say=err))
@@ -38,7 +44,13 @@ def add_parsers(sub: Any) -> None:
     rk.add_argument("-o", "--output", default="ranking", help="output directory (default: ranking)")
     rk.set_defaults(func=cmd_rank)
 
-    rp = sub.add_parser("report", help="HTML report with plots of records and sweeps")
-    rp.add_argument("paths", nargs="+", help="record files or directories (searched recursively)")
+    rp = sub.add_parser(
+        "report", help="HTML report with plots of records and sweeps, or the page of one diagnosis"
+    )
+    rp.add_argument(
+        "paths",
+        nargs="+",
+        help="record files or directories (searched recursively), or one diagnosis (hpcdl diagnose -o)",
+    )
     rp.add_argument("-o", "--output", default="report", help="output directory (default: report)")
     rp.set_defaults(func=cmd_report)

@@ -55,6 +55,11 @@ class RankMeasurement:
     device_uuid: str | None = None
     """the UUID of the GPU or MIG device this rank drives (``device.cuda_uuid``): what tells
     GPUs apart across ranks, whose ``cuda:0`` may each be another GPU; None on CPUs"""
+    on_cpu_s: float | None = None
+    """seconds the rank's main thread ran during the timed window
+    (:mod:`hpcdl.measure.schedstat`); None where the kernel does not say"""
+    descheduled_s: float | None = None
+    """seconds it was ready to run but waited for a CPU then"""
     collective_s: dict[str, float] = field(default_factory=dict)
     """per collective of ``traffic``: median blocking call of its bytes per step, after
     training (several ranks)"""

@@ -34,6 +34,7 @@ from hpcdl.measure.fit import Fit, estimated_batch, fit_batch, rank_memory
 from hpcdl.measure.loop import BatchSource, Trainer
 from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import gemm_ceiling, theoretical_peak
+from hpcdl.measure.schedstat import Descheduled, together
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.watchdog import Watchdog
 from hpcdl.parallel.backends import Backend, gradient_bytes, make_backend, resolve_backend_name
@@ -235,7 +236,7 @@ def measure_rank(
     reset_peak_memory(device)
     report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
     local_backward = trainer.local_backward_s(CALIBRATION_STEPS)
-    sampler = TelemetrySampler(device)
+    sampler, descheduled = TelemetrySampler(device), Descheduled()
     guard: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
     if heartbeats is not None and world.size > 1 and cfg.stall_s > 0:
         watchdog = Watchdog(heartbeats, world, cfg.stall_s)
@@ -247,7 +248,7 @@ def measure_rank(
             cfg.steps,
             cfg.duration_s,
             progress=lambda n, s: report.tick(n, s, n * spec.samples_per_step * world.size),
-            window=sampler,
+            window=together(sampler, descheduled),
             agree=world.all_true,  # the window ends when every rank's clock says so
         )
     mem_bytes, mem_kind = peak_memory(device)  # before the collectives below allocate theirs
@@ -274,6 +275,8 @@ def measure_rank(
         checks=checks,
         local_backward_s=local_backward,
         injected_delay_s=delay,
+        on_cpu_s=descheduled.ran_s,
+        descheduled_s=descheduled.waited_s,
         digest=parameter_digest(full_parameters(inner, backend)) if several else "",
         collective_s={
             t.collective: backend_time(world, backend, device, t.collective, t.bytes)[0]

@@ -168,6 +168,8 @@ def rank_row(spec: Spec, r: RankMeasurement, rules: type[Backend]) -> RankRow:
         peak_memory_bytes=r.peak_memory_bytes,
         torch_threads=r.threads,
         compute_only_s=compute_only(r, rules),
+        on_cpu_s=r.on_cpu_s,
+        descheduled_s=r.descheduled_s,
     )
 
 

@@ -171,6 +171,11 @@ class RankRow:
     compute_only_s: float | None = None
     """median forward + backward without waiting for other ranks, by the backend's rule
     (None where it cannot be told apart, and in records before 2026-12)"""
+    on_cpu_s: float | None = None
+    """seconds of the timed window the rank's main thread ran (Linux schedstat; None where
+    unknown, and in records before 2026-12)"""
+    descheduled_s: float | None = None
+    """seconds of the timed window it was ready but waited for a CPU (as ``on_cpu_s``)"""
 
 
 def compute_times(rows: Sequence[RankRow]) -> list[float]:

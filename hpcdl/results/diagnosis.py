@@ -5,8 +5,14 @@ or, with a baseline (an earlier diagnosis of the same system), the same item's f
 A figure where more is better is flagged below ``threshold x reference``; a time or a latency
 above ``reference / threshold``. The hosts of flagged devices and nodes, and a host common to
 two or more flagged links (one slow link alone does not say which end is at fault), make the
-``--exclude`` list for sbatch. The same analysis applies to a multi-rank record: each rank's
-median compute-only time (``metrics.per_rank``).
+``--exclude`` list for sbatch.
+
+The same analysis applies to a multi-rank record (``metrics.per_rank``), with two figures per
+rank: its median compute-only time, which names a rank slower at every step (a slower device,
+a delay before each forward pass); and its CPU share, of the time its main thread was ready to
+run in the timed window, the fraction it ran (:mod:`hpcdl.measure.schedstat`), which names a rank
+slowed in bursts (a cgroup CPU limit, a shared core): such a rank stalls mostly inside the
+collectives, where its peers wait alike, and its median phases stay a fast rank's.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import numpy as np
 
 from hpcdl.errors import InputError
 from hpcdl.records.loader import Unreadable, read_object, read_record
-from hpcdl.records.views import compute_times
+from hpcdl.records.views import RankRow, compute_times
 
 SCHEMA = "hpcdl.diagnosis"
 DEFAULT_THRESHOLD = 0.9
@@ -30,6 +36,7 @@ FIGURES = {
     "gemm_flops": ("devices", True),
     "copy_bytes_per_s": ("devices", True),
     "compute_s": ("devices", False),
+    "cpu_share": ("devices", True),
     "allreduce_busbw": ("nodes", True),
     "bandwidth": ("links", True),
     "latency_s": ("links", False),
@@ -53,12 +60,11 @@ def key(section: str, item: dict[str, Any]) -> str:
     return "-".join(item["hosts"])
 
 
-def flags(
-    doc: dict[str, Any], threshold: float, baseline: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:
-    """Every figure below its reference by more than the threshold allows."""
-    out = []
-    for figure, (section, more_is_better) in FIGURES.items():
+def references(doc: dict[str, Any], baseline: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
+    """Per figure, each item's reference: the allocation's median of that figure (with two
+    items or more), or the same item's figure in the baseline (where it has one)."""
+    out = {}
+    for figure, (section, _) in FIGURES.items():
         items = [i for i in doc.get(section, []) if i.get(figure) is not None]
         if baseline is None:
             if len(items) < 2:
@@ -67,10 +73,21 @@ def flags(
             refs = {key(section, i): median for i in items}
         else:
             before = {key(section, i): i.get(figure) for i in baseline.get(section, [])}
-            refs = {k: v for k, v in before.items() if v is not None}
-        for item in items:
+            refs = {k: float(v) for k, v in before.items() if v is not None}
+        out[figure] = refs
+    return out
+
+
+def flags(
+    doc: dict[str, Any], threshold: float, baseline: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """Every figure below its reference by more than the threshold allows."""
+    out = []
+    for figure, refs in references(doc, baseline).items():
+        section, more_is_better = FIGURES[figure]
+        for item in doc.get(section, []):
             ref = refs.get(key(section, item))
-            if ref is None or ref <= 0:
+            if item.get(figure) is None or ref is None or ref <= 0:
                 continue
             value = float(item[figure])
             low = value < threshold * ref if more_is_better else value > ref / threshold
@@ -128,37 +145,108 @@ def diagnosis(
         **about,
         **measured,
     }
+    doc["references"] = references(doc, base)
     doc["flags"] = flags(doc, threshold, base)
     doc["exclude"] = exclude(doc["flags"])
     doc["warnings"] = software_warnings(doc.get("software", {}))
     return doc
 
 
+def cpu_share(row: RankRow) -> float | None:
+    """Of the time the rank's main thread was ready to run in its timed window, the fraction it
+    ran (``on_cpu_s / (on_cpu_s + descheduled_s)``)."""
+    if row.on_cpu_s is None or row.descheduled_s is None or row.on_cpu_s + row.descheduled_s <= 0:
+        return None
+    return row.on_cpu_s / (row.on_cpu_s + row.descheduled_s)
+
+
 def from_record(path: Path) -> dict[str, Any]:
-    """The figures of an existing multi-rank record: each rank's median compute-only time."""
+    """The figures of an existing multi-rank record: each rank's median compute-only time and
+    CPU share (see the module's docstring); notes say what a record cannot show."""
     try:
         rec = read_record(path).result
     except Unreadable as e:
         raise InputError("record", str(path), str(e)) from None
     rows = rec.metrics.per_rank
-    times = compute_times(rows)
+    if len(rows) < 2:
+        raise InputError("record", str(path), "a record of 2 or more ranks (this one has 1)")
+    notes = []
+    if any(r.compute_only_s is None for r in rows):
+        method = rec.metrics.straggler.method if rec.metrics.straggler else "not recorded"
+        notes.append(
+            f"compute_s is forward + backward, which holds the waiting for the slowest rank "
+            f"(the {rec.settings.backend} backend's compute-only time: {method}): a slow rank may not show"
+        )
+    if any(cpu_share(r) is None for r in rows):
+        notes.append("cpu_share is not in this record (recorded since 2026-12, on Linux)")
     return {
         "record": str(path),
+        "notes": notes,
         "devices": [
-            {"rank": r.rank, "host": r.host, "node": r.node, "local_rank": r.local_rank, "compute_s": t}
-            for r, t in zip(rows, times, strict=True)
+            {
+                "rank": r.rank,
+                "host": r.host,
+                "node": r.node,
+                "local_rank": r.local_rank,
+                "compute_s": t,
+                "cpu_share": cpu_share(r),
+            }
+            for r, t in zip(rows, compute_times(rows), strict=True)
         ],
     }
 
 
-def load_baseline(path: Path) -> dict[str, Any]:
+def _problem(doc: dict[str, Any]) -> str | None:
+    """What makes ``doc`` no diagnosis hpcdl can read (None when it is one): every figure a
+    number or null, every item an object, the threshold in (0, 1), the lists lists."""
+    if doc.get("schema") != SCHEMA:
+        return f"a diagnosis written by hpcdl diagnose -o (schema {SCHEMA})"
+    t = doc.get("threshold")
+    if not isinstance(t, int | float) or not 0 < t < 1:
+        return "threshold: a fraction in (0, 1)"
+    for section in ("devices", "nodes", "links", "flags", "exclude", "warnings", "notes"):
+        if not isinstance(doc.get(section, []), list):
+            return f"{section}: a list"
+    for section in ("devices", "nodes", "links"):
+        for n, item in enumerate(doc.get(section, [])):
+            if not isinstance(item, dict):
+                return f"{section}[{n}]: an object"
+            for figure in (f for f, (s, _) in FIGURES.items() if s == section):
+                v = item.get(figure)
+                if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v != v):
+                    return f"{section}[{n}].{figure}: a number or null"
+    for n, f in enumerate(doc.get("flags", [])):
+        ok = isinstance(f, dict) and f.get("figure") in FIGURES and isinstance(f.get("hosts"), list)
+        if not ok or not all(isinstance(f.get(k), int | float) for k in ("value", "reference", "ratio")):
+            return f"flags[{n}]: an object with figure, hosts, value, reference and ratio"
+    if not isinstance(doc.get("software", {}), dict) or not isinstance(doc.get("references", {}), dict):
+        return "software and references: objects"
+    return None
+
+
+def load_diagnosis(path: Path, field: str = "diagnosis") -> dict[str, Any]:
+    """A diagnosis written by ``hpcdl diagnose -o``, checked; one :class:`InputError` naming
+    ``field`` otherwise."""
     try:
         doc = read_object(path)
     except Unreadable as e:
-        raise InputError("baseline", str(path), str(e)) from None
-    if doc.get("schema") != SCHEMA:
-        raise InputError("baseline", str(path), f"a diagnosis written by hpcdl diagnose -o (schema {SCHEMA})")
+        raise InputError(field, str(path), str(e)) from None
+    problem = _problem(doc)
+    if problem is not None:
+        raise InputError(field, str(path), problem)
     return doc
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    return load_diagnosis(path, "baseline")
+
+
+def is_diagnosis(path: Path) -> bool:
+    """Whether ``path`` is a file that says it is a diagnosis (its schema)."""
+    try:
+        return path.is_file() and read_object(path).get("schema") == SCHEMA
+    except Unreadable:
+        return False
 
 
 def report(doc: dict[str, Any]) -> str:
@@ -174,6 +262,7 @@ def report(doc: dict[str, Any]) -> str:
             f"{f['against']} {f['reference']:.4g}"
         )
     lines += [f"warning: {w}" for w in doc["warnings"]]
+    lines += [f"note: {n}" for n in doc.get("notes", [])]
     if doc["exclude"]:
         lines.append(f"sbatch --exclude={','.join(doc['exclude'])}")
     elif not doc["flags"]:
