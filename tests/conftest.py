@@ -17,6 +17,7 @@ torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = ROOT / "scripts" / "cluster" / "cluster.sh"
+SLURM_SCRIPTS = ROOT / "scripts" / "slurm"
 CLUSTER_HOSTS = 4
 CLUSTER_RATE_MBIT = 200
 """each emulated host's link: low enough that a test can see it, high enough that the
@@ -68,3 +69,27 @@ def on_cluster(emulated_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Cl
     monkeypatch.delenv("HPCDL_CLUSTER_PPN", raising=False)
     monkeypatch.delenv("HPCDL_CLUSTER_HOSTS", raising=False)
     return emulated_cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(emulated_cluster: Cluster) -> Iterator[None]:
+    """The 4-node Slurm test cluster (scripts/slurm/start-cluster.sh) on the emulated hosts, up
+    for the whole session and stopped at its end, pass or fail (HPCDL_SLURM_KEEP=1 leaves it
+    running). Its client commands (scripts/slurm/client/) come first on PATH, as on a login node."""
+    path = os.environ["PATH"]
+    os.environ["PATH"] = f"{SLURM_SCRIPTS / 'client'}{os.pathsep}{path}"
+    start = subprocess.run(
+        ["bash", str(SLURM_SCRIPTS / "start-cluster.sh"), "4"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "HPCDL_SLURM_NETWORK": "emulated"},
+    )
+    try:
+        if start.returncode != 0:
+            pytest.fail(f"start-cluster.sh failed:\n{start.stdout[-3000:]}\n{start.stderr[-3000:]}")
+        yield
+    finally:
+        if not os.environ.get("HPCDL_SLURM_KEEP"):
+            subprocess.run(["bash", str(SLURM_SCRIPTS / "stop-cluster.sh")], capture_output=True, timeout=300)
+        os.environ["PATH"] = path

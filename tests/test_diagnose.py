@@ -4,14 +4,17 @@ weight (``sched_setaffinity``, nice 10; the spinner started and stopped by rank 
 names rank 1 and no other, also against the clean diagnosis as a baseline. The same for two
 records the same ranks train (``diagnose --record``): rank 1, slowed in bursts, stalls where
 rank 0 waits for it, and only its CPU share names it. Bad thresholds and baselines: one line,
-exit 2."""
+exit 2. On the local Slurm cluster, a node slowed by a real cgroup CPU limit is named, alone.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +209,82 @@ def test_the_page_marks_flagged_rows_and_lists_the_exclusions(
     assert cli.main(["report", str(tmp_path / "d.json"), "-o", str(tmp_path / "page")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith("is invalid: devices[0].gemm_flops: a number or null") and len(err.splitlines()) == 1
+
+
+# The Slurm test's ranks, one per node: a diagnosis, then (once the test has limited n2's CPU
+# and says go) another. One job for both: a rank starting under a 5 % limit would spend most of
+# a minute importing torch.
+SLURM_RANKS = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from hpcdl import cli
+    from hpcdl.parallel.world import init_world
+
+    out, threshold = Path(sys.argv[1]), sys.argv[2]
+    world = init_world()
+    args = ["diagnose", "--seconds", "0.3", "--threshold", threshold]
+    cli.main([*args, "-o", str(out / "clean.json")])
+    if world.rank == 0:
+        (out / "ready").touch()
+        end = time.monotonic() + 120
+        while not (out / "go").exists() and time.monotonic() < end:
+            time.sleep(0.1)
+    world.barrier()
+    cli.main([*args, "-o", str(out / "slowed.json")])
+    """
+)
+SLOW_NODE, SLOW_PERCENT = "n2", 5
+SLURM_THRESHOLD = 0.5
+"""n2 at 5 % of a CPU against peers sharing two cores four ways (and the machine's other work)
+runs at 0.1-0.3 x their median; a clean node would have to fall to half of it"""
+
+
+def named(doc: dict[str, Any]) -> set[str]:
+    """Every host a diagnosis excludes, or flags a figure of, but a link's latency: with four
+    ranks on two cores shared with the machine's other work, a pair's fastest round trip was
+    5 us in one run and 5-10 ms in the next (whether both ends got a core at once). The exclude
+    list counts it still, and it holds no other node."""
+    flagged = (f for f in doc["flags"] if f["figure"] != "latency_s")
+    return {h for f in flagged for h in f["hosts"]} | set(doc["exclude"])
+
+
+@pytest.mark.slurm
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_slurm_names_the_node_a_cgroup_cpu_limit_slows(slurm_cluster: None, tmp_path: Path) -> None:
+    """``hpcdl diagnose`` as one srun step over the four nodes: clean, it names nobody; after
+    scripts/slurm/slow-node.sh has put n2's slurmd and its step (the rank on n2) in a cgroup of
+    5 % of a CPU, it names n2, and no other node."""
+    (tmp_path / "slurm_ranks.py").write_text(SLURM_RANKS)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    cmd = ["srun", "-N4", "-n4", "--mpi=pmix", "-t", "4", sys.executable, "-m", "slurm_ranks",
+           str(tmp_path), str(SLURM_THRESHOLD)]  # fmt: skip
+    job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    slow = ["bash", str(ROOT / "scripts/slurm/slow-node.sh"), SLOW_NODE]
+    planted = False
+    try:
+        end = time.monotonic() + 180
+        while not (tmp_path / "ready").exists() and job.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+        assert (tmp_path / "ready").exists(), job.communicate(timeout=30)[0][-3000:]
+        p = subprocess.run([*slow, str(SLOW_PERCENT)], capture_output=True, text=True, timeout=30)
+        if "no CPU cgroup controller here" in p.stderr:
+            pytest.skip(p.stderr.strip())
+        assert p.returncode == 0, p.stderr
+        planted = True
+        (tmp_path / "go").touch()
+        out = job.communicate(timeout=240)[0]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        if planted:
+            off = subprocess.run([*slow, "off"], capture_output=True, text=True, timeout=30)
+            assert off.returncode == 0, off.stderr
+    assert job.returncode == 0, out[-3000:]
+    clean, slowed = (json.loads((tmp_path / f"{k}.json").read_text()) for k in ("clean", "slowed"))
+    assert [d["host"] for d in clean["devices"]] == ["n1", "n2", "n3", "n4"]
+    assert named(clean) == set(), clean["flags"]
+    assert slowed["exclude"] == [SLOW_NODE] and named(slowed) == {SLOW_NODE}, slowed["flags"]
+    assert any(f["section"] == "devices" for f in slowed["flags"])

@@ -5,8 +5,8 @@ do, measured the same way everywhere so that the slow one stands out (the analys
 - per device (each rank): the GEMM ceiling in the run's precision (:func:`gemm_ceiling`) and
   the memory bandwidth of a timed copy (median of rounds);
 - per node: the bus bandwidth of an allreduce among its ranks (raw MPI, :mod:`commbench`);
-- across nodes: each neighbour pair of node leaders (node i and i+1), bandwidth and latency of
-  an MPI ping-pong;
+- across nodes: each neighbour pair of node leaders (node i and i+1), bandwidth (median) and
+  latency (fastest round trip) of an MPI ping-pong;
 - per node: the software a site's hangs come from (driver, CUDA, NCCL, MPI, OFED, torch
   versions; NCCL_* and UCX_* settings).
 """
@@ -97,11 +97,13 @@ def node_allreduce(world: World) -> dict[str, Any] | None:
     }
 
 
-def round_trip(comm: Any, me: int, peer: int, nbytes: int, reps: int) -> float:
-    """Median seconds of a ping-pong of ``nbytes`` between ranks ``me`` and ``peer``."""
+def round_trips(comm: Any, me: int, peer: int, nbytes: int, reps: int, budget_s: float) -> list[float]:
+    """Seconds of each ping-pong of ``nbytes`` between ranks ``me`` and ``peer``: a warm-up,
+    then ``reps`` timed, fewer where the warm-up says they would last over ``budget_s`` (8 MiB
+    takes 0.7 s a round trip on a 200 Mbit/s link; the lower rank decides, and tells its peer)."""
     buf = np.ones(nbytes, dtype=np.uint8)
-    times = []
-    for i in range(reps + 1):  # the first is a warm-up
+
+    def once() -> float:
         t0 = time.perf_counter()
         if me < peer:
             comm.Send(buf, dest=peer, tag=7)
@@ -109,14 +111,30 @@ def round_trip(comm: Any, me: int, peer: int, nbytes: int, reps: int) -> float:
         else:
             comm.Recv(buf, source=peer, tag=7)
             comm.Send(buf, dest=peer, tag=7)
-        if i:
-            times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+        return time.perf_counter() - t0
+
+    warm = once()
+    if me < peer:
+        reps = max(1, min(reps, int(budget_s / max(warm, 1e-9))))
+        comm.send(reps, dest=peer, tag=8)
+    else:
+        reps = comm.recv(source=peer, tag=8)
+    return [once() for _ in range(reps)]
 
 
-def neighbour_links(world: World) -> list[dict[str, Any]]:
+def quiet_barrier(comm: Any) -> None:
+    """A barrier that sleeps while it waits: the ranks not in a ping-pong leave the cores to
+    those that are (spinning in MPI's barrier, two idle ranks made every round trip of a pair
+    on a node of fewer cores than ranks last 10 ms, against 6 us)."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.001)
+
+
+def neighbour_links(world: World, seconds: float) -> list[dict[str, Any]]:
     """Ping-pong between the leaders (local rank 0) of nodes i and i+1, even pairs then odd
-    pairs so that no rank is in two at once; every rank gets the rows."""
+    pairs so that no rank is in two at once, about ``seconds`` a figure; every rank gets the
+    rows."""
     if world.comm is None or world.nodes < 2:
         return []
     leaders = world.allgather((world.node, world.rank, world.hostname) if world.local_rank == 0 else None)
@@ -127,15 +145,20 @@ def neighbour_links(world: World) -> list[dict[str, Any]]:
             (ra, ha), (rb, hb) = lead[a], lead[a + 1]
             if world.rank in (ra, rb):
                 peer = rb if world.rank == ra else ra
-                rt_lat = round_trip(world.comm, world.rank, peer, LATENCY_BYTES, LATENCY_REPS)
-                rt_bw = round_trip(world.comm, world.rank, peer, PING_BYTES, PONG_REPS)
+                # latency: the fastest round trip, as a ceiling is the fastest product; a rank
+                # waiting for a core (more ranks than cores, a busy node) gave medians of 5-10 ms
+                # beside 6 us on the same link. Bandwidth: the median (each lasts many slices).
+                rt_lat = min(round_trips(world.comm, world.rank, peer, LATENCY_BYTES, LATENCY_REPS, seconds))
+                rt_bw = float(
+                    np.median(round_trips(world.comm, world.rank, peer, PING_BYTES, PONG_REPS, seconds))
+                )
                 if world.rank == ra:
                     latency, _ = metrics.pingpong(LATENCY_BYTES, rt_lat)
                     _, bandwidth = metrics.pingpong(PING_BYTES, rt_bw)
                     rows.append(
                         {"hosts": [ha, hb], "ranks": [ra, rb], "bandwidth": bandwidth, "latency_s": latency}
                     )
-        world.barrier()
+        quiet_barrier(world.comm)
     return [row for part in world.allgather(rows) for row in part]
 
 
@@ -184,7 +207,7 @@ def measure(world: World, device: torch.device, precision: str, seconds: float) 
     world.barrier()  # the ranks measure their devices together, as a training step would
     mine = device_figures(world, device, precision, seconds)
     nodes = world.gather(node_allreduce(world))
-    links = neighbour_links(world)
+    links = neighbour_links(world, seconds)
     devices = world.gather(mine)
     soft = world.gather(software() if world.local_rank == 0 else None)
     if world.rank != 0:
