@@ -30,24 +30,53 @@ ROOT = Path(__file__).resolve().parent.parent
 # cannot flake either way on a loaded 2-core machine
 THRESHOLD = 0.6
 
-# Rank 1 is slowed for the second diagnosis only: pinned to core 1 beside a spinning process
-# it starts (and stops), at nice 10. Its weight is then a tenth of the spinner's, so the load
-# balancer cannot make it up by moving the machine's other work away from core 1 (with equal
-# weights it did: both ranks slowed alike on a loaded machine).
+# Rank 1 is slowed for the second diagnosis and record only: pinned to core 1 beside a spinning
+# process it starts (and stops), at nice 10. Its weight is then a tenth of the spinner's, so the
+# load balancer cannot make it up by moving the machine's other work away from core 1 (with
+# equal weights it did: both ranks slowed alike on a loaded machine). For the record it also
+# holds itself to 5 % of a CPU where it may make a cgroup (root): on a machine loaded by other
+# work (load 16 on 2 cores) a clean rank ran only 0.1-0.4 of the time it was ready, so a nice
+# level alone said too little; a quota is absolute.
 RANKS = textwrap.dedent(
     """
     import os, subprocess, sys
+    from pathlib import Path
     from hpcdl import cli
     from hpcdl.parallel.world import init_world
+
+    def cpu_limit(percent):
+        \"""This process into a new cgroup of PERCENT % of one CPU (v1 cpu or v2): (cgroup,
+        the mount's root to return to), or None where it cannot be made.\"""
+        for line in open("/proc/self/mountinfo"):
+            left, right = line.split(" - ")
+            kind, opts, mnt = right.split()[0], right.split()[2], Path(left.split()[4])
+            try:
+                if kind == "cgroup" and "cpu" in opts.split(","):
+                    cg = mnt / f"hpcdl-test-{os.getpid()}"
+                    cg.mkdir()
+                    (cg / "cpu.cfs_period_us").write_text("100000")
+                    (cg / "cpu.cfs_quota_us").write_text(str(percent * 1000))
+                elif kind == "cgroup2" and "cpu" in (mnt / "cgroup.controllers").read_text().split():
+                    (mnt / "cgroup.subtree_control").write_text("+cpu")
+                    cg = mnt / f"hpcdl-test-{os.getpid()}"
+                    cg.mkdir()
+                    (cg / "cpu.max").write_text(f"{percent * 1000} 100000")
+                else:
+                    continue
+                (cg / "cgroup.procs").write_text(str(os.getpid()))
+                return cg, mnt
+            except OSError:
+                return None
+        return None
 
     out, threshold = sys.argv[1], sys.argv[2]
     world = init_world()
     args = ["diagnose", "--seconds", "0.3", "--threshold", threshold]
     train = ["run", "--workload", "mlp", "layers=2", "width=64", "input_size=32", "output_size=10",
-             "batch_size=16", "--backend", "torch", "--steps", "20", "--min-duration", "0"]
+             "batch_size=16", "--backend", "torch", "--duration", "1", "--min-duration", "0"]
     cli.main([*args, "-o", f"{out}/clean.json"])
     cli.main([*train, "-o", f"{out}/clean-run"])
-    spinner = None
+    spinner = limited = None
     if world.rank == 1:
         spin = "import os; os.sched_setaffinity(0, {1})\\nwhile True: pass"
         spinner = subprocess.Popen([sys.executable, "-c", spin])
@@ -56,11 +85,16 @@ RANKS = textwrap.dedent(
     try:
         world.barrier()
         cli.main([*args, "-o", f"{out}/slowed.json"])
+        if world.rank == 1:
+            limited = cpu_limit(5)
         cli.main([*train, "-o", f"{out}/slowed-run"])
     finally:
         if spinner is not None:
             spinner.kill()
             spinner.wait()
+        if limited is not None:
+            (limited[1] / "cgroup.procs").write_text(str(os.getpid()))
+            limited[0].rmdir()
     """
 )
 

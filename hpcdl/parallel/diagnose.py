@@ -124,8 +124,7 @@ def round_trips(comm: Any, me: int, peer: int, nbytes: int, reps: int, budget_s:
 
 def quiet_barrier(comm: Any) -> None:
     """A barrier that sleeps while it waits: the ranks not in a ping-pong leave the cores to
-    those that are (spinning in MPI's barrier, two idle ranks made every round trip of a pair
-    on a node of fewer cores than ranks last 10 ms, against 6 us)."""
+    those that are (spinning in MPI's barrier, they take them where ranks outnumber cores)."""
     request = comm.Ibarrier()
     while not request.Test():
         time.sleep(0.001)

@@ -196,31 +196,43 @@ def from_record(path: Path) -> dict[str, Any]:
     }
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v == v
+
+
 def _problem(doc: dict[str, Any]) -> str | None:
-    """What makes ``doc`` no diagnosis hpcdl can read (None when it is one): every figure a
-    number or null, every item an object, the threshold in (0, 1), the lists lists."""
+    """What makes ``doc`` no diagnosis hpcdl can read (None when it is one): every item named
+    as :func:`key` names it, every figure a number or null, the threshold in (0, 1)."""
     if doc.get("schema") != SCHEMA:
         return f"a diagnosis written by hpcdl diagnose -o (schema {SCHEMA})"
-    t = doc.get("threshold")
-    if not isinstance(t, int | float) or not 0 < t < 1:
+    if not _number(doc.get("threshold")) or not 0 < doc["threshold"] < 1:
         return "threshold: a fraction in (0, 1)"
     for section in ("devices", "nodes", "links", "flags", "exclude", "warnings", "notes"):
         if not isinstance(doc.get(section, []), list):
             return f"{section}: a list"
-    for section in ("devices", "nodes", "links"):
+    named = {
+        "devices": lambda i: isinstance(i.get("host"), str) and _number(i.get("rank")),
+        "nodes": lambda i: isinstance(i.get("host"), str),
+        "links": lambda i: isinstance(i.get("hosts"), list) and all(isinstance(h, str) for h in i["hosts"]),
+    }
+    for section, ok in named.items():
         for n, item in enumerate(doc.get(section, [])):
-            if not isinstance(item, dict):
-                return f"{section}[{n}]: an object"
+            if not isinstance(item, dict) or not ok(item):
+                return f"{section}[{n}]: an object naming its host (and rank), or hosts"
             for figure in (f for f, (s, _) in FIGURES.items() if s == section):
-                v = item.get(figure)
-                if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v != v):
+                if item.get(figure) is not None and not _number(item[figure]):
                     return f"{section}[{n}].{figure}: a number or null"
     for n, f in enumerate(doc.get("flags", [])):
         ok = isinstance(f, dict) and f.get("figure") in FIGURES and isinstance(f.get("hosts"), list)
-        if not ok or not all(isinstance(f.get(k), int | float) for k in ("value", "reference", "ratio")):
+        if not ok or not f["hosts"] or not all(_number(f.get(k)) for k in ("value", "reference", "ratio")):
             return f"flags[{n}]: an object with figure, hosts, value, reference and ratio"
-    if not isinstance(doc.get("software", {}), dict) or not isinstance(doc.get("references", {}), dict):
-        return "software and references: objects"
+    soft, refs = doc.get("software", {}), doc.get("references", {})
+    if not isinstance(soft, dict) or not all(isinstance(v, dict) for v in soft.values()):
+        return "software: an object of one object per host"
+    if not isinstance(refs, dict) or not all(
+        isinstance(r, dict) and all(_number(x) for x in r.values()) for r in refs.values()
+    ):
+        return "references: an object of numbers per figure"
     return None
 
 

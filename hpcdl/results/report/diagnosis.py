@@ -75,9 +75,13 @@ def flags_html(doc: dict[str, Any]) -> str:
         return "<p>nothing flagged: every figure is within the threshold of its reference</p>"
     rows = []
     for f in doc["flags"]:
-        where = f"rank {f['rank']} on {f['hosts'][0]}" if f["rank"] is not None else " ↔ ".join(f["hosts"])
+        where = (
+            f"rank {f.get('rank')} on {f['hosts'][0]}"
+            if f.get("rank") is not None
+            else " ↔ ".join(f["hosts"])
+        )
         title, shown = SHOWN[f["figure"]]
-        cells = [where, title, shown(f["value"]), f"{bound(doc, f['figure'])} {f['against']}",
+        cells = [where, title, shown(f["value"]), f"{bound(doc, f['figure'])} {f.get('against', '')}",
                  shown(f["reference"]), f"{f['ratio']:.2f}"]  # fmt: skip
         rows.append(([esc(c) for c in cells], [False, False, True, False, False, True], True))
     return table(["where", "figure", "value", "flagged as", "reference", "value / reference"], rows)
@@ -91,7 +95,7 @@ def section_html(doc: dict[str, Any], section: str) -> str:
     figures = [
         f for f, (s, _) in FIGURES.items() if s == section and any(i.get(f) is not None for i in items)
     ]
-    flagged = {(f["item"], f["figure"]) for f in doc["flags"]}
+    flagged = {(f.get("item"), f["figure"]) for f in doc["flags"]}
     refs = doc.get("references", {})
     rows = []
     for item in items:
