@@ -223,8 +223,9 @@ def _problem(doc: dict[str, Any]) -> str | None:
                 if item.get(figure) is not None and not _number(item[figure]):
                     return f"{section}[{n}].{figure}: a number or null"
     for n, f in enumerate(doc.get("flags", [])):
-        ok = isinstance(f, dict) and f.get("figure") in FIGURES and isinstance(f.get("hosts"), list)
-        if not ok or not f["hosts"] or not all(_number(f.get(k)) for k in ("value", "reference", "ratio")):
+        shaped = isinstance(f, dict) and f.get("figure") in FIGURES and isinstance(f.get("hosts"), list)
+        figures = ("value", "reference", "ratio")
+        if not shaped or not f["hosts"] or not all(_number(f.get(k)) for k in figures):
             return f"flags[{n}]: an object with figure, hosts, value, reference and ratio"
     soft, refs = doc.get("software", {}), doc.get("references", {})
     if not isinstance(soft, dict) or not all(isinstance(v, dict) for v in soft.values()):
