@@ -116,6 +116,12 @@ def _description(path: Path) -> object:
     return system.load(path)
 
 
+def _diagnosis(path: Path) -> object:
+    from hpcdl.results.diagnosis import load_diagnosis
+
+    return load_diagnosis(path)
+
+
 def _in(folder: str, name: str) -> Callable[[Path], Path]:
     def place(root: Path) -> Path:
         (root / folder).mkdir(mode=0o700)
@@ -168,6 +174,12 @@ READERS = [
     ),
     Reader("point file", _in("pt", "point.json"), _point, wrong_field=json.dumps({"job": 5})),
     Reader("system file", _in("sy", "system.toml"), _system, toml=True, wrong_field='name = 5\n'),
+    Reader(
+        "diagnosis",
+        _in("dg", "diag.json"),
+        _diagnosis,
+        wrong_field=json.dumps({"schema": "hpcdl.diagnosis", "threshold": 0.9, "links": [{"hosts": "ab"}]}),
+    ),
     # its fields: one line per problem, tests/test_submission.py
     Reader("system description", _in("sd", "system.toml"), _description, toml=True),
 ]

@@ -5,8 +5,8 @@ ran.
 Why a record needs it: a rank slowed in bursts (a cgroup CPU limit throttles it for most of
 every 100 ms period, or a core it shares) stalls wherever it happens to be, mostly inside the
 step's collectives, where its peers wait for it too. Every rank's phases then last alike, and
-the median forward and backward of the slowed rank stay those of a fast one (measured: 0.64 ms
-both, while throughput fell 7x under a 10 % quota). Waiting for a peer is sleeping or
+the median forward and backward of the slowed rank stay those of a fast one (measured: 0.63
+against 0.64 ms, while throughput fell 7x under a 10 % quota). Waiting for a peer is sleeping or
 spinning, never ``run_delay``; being throttled or crowded out is: the scheduler tells the two
 apart where the step timings cannot. Of the time a rank was ready, the share it ran
 (``ran / (ran + waited)``) does not depend on how long it sleeps waiting for its peers.
