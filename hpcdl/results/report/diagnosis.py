@@ -91,7 +91,8 @@ def section_html(doc: dict[str, Any], section: str) -> str:
     items = doc.get(section, [])
     title, ids, fill = SECTIONS[section]
     if not items:
-        return f"<h3>{esc(title)}</h3><p>none measured (one node, or one rank a node)</p>"
+        why = "a record holds figures per rank only" if doc.get("record") else "one node, or one rank a node"
+        return f"<h3>{esc(title)}</h3><p>none measured ({why})</p>"
     figures = [
         f for f, (s, _) in FIGURES.items() if s == section and any(i.get(f) is not None for i in items)
     ]
