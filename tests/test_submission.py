@@ -49,7 +49,7 @@ FILLED = {
 
 
 def filled(data: dict[str, Any], name: str) -> dict[str, Any]:
-    """A description from ``system init`` with every TODO answered as a submitter would."""
+    """A description from ``system init`` with every FILL-IN answered as a submitter would."""
     out = json.loads(json.dumps(data))
     for table in out.values():
         for key, value in table.items():
@@ -119,11 +119,11 @@ def test_init_fills_what_the_records_know_and_marks_the_rest(
     assert data["system"]["processor"]["model"] == "AMD EPYC" and data["system"]["cpus_per_node"] == 2
     assert data["software"]["torch"] == "2.13.0+cpu" and data["software"]["python"] == "3.11.7"
     assert (data["submission"]["size_class"], data["submission"]["class_version"]) == ("S", 1)
-    todo = [k for t in data.values() for k, v in t.items() if isinstance(v, str) and v.startswith("TODO")]
+    todo = [k for t in data.values() for k, v in t.items() if isinstance(v, str) and v.startswith("FILL-IN")]
     assert set(todo) == set(FILLED) - {"count"}
     p = hpcdl_cli("system", "check", str(out))
     assert p.returncode == 2 and len(p.stdout.splitlines()) == len(todo) + 1  # + processor.count
-    assert all("placeholder (TODO)" in line for line in p.stdout.splitlines())
+    assert all("placeholder (FILL-IN)" in line for line in p.stdout.splitlines())
 
 
 def test_a_bad_description_gets_one_line_per_problem(tmp_path: Path, hpcdl_cli: Callable[..., Ran]) -> None:
