@@ -68,3 +68,31 @@ def on_cluster(emulated_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Cl
     monkeypatch.delenv("HPCDL_CLUSTER_PPN", raising=False)
     monkeypatch.delenv("HPCDL_CLUSTER_HOSTS", raising=False)
     return emulated_cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(emulated_cluster: Cluster) -> Iterator[None]:
+    """The local Slurm test cluster (scripts/slurm/start-cluster.sh): 4 slurmd nodes on the
+    emulated hosts, up for the whole session, shared by every module that needs it; stopped at
+    its end, pass or fail (HPCDL_SLURM_KEEP=1 leaves it running)."""
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm test cluster needs root (its daemons, /etc/hosts, namespaces)")
+    path = os.environ["PATH"]
+    os.environ["PATH"] = f"{ROOT / 'scripts/slurm/client'}{os.pathsep}{path}"
+    start = subprocess.run(
+        ["bash", str(ROOT / "scripts/slurm/start-cluster.sh"), "4"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "HPCDL_SLURM_NETWORK": "emulated"},
+    )
+    try:
+        if start.returncode != 0:
+            pytest.fail(f"start-cluster.sh failed:\n{start.stdout[-3000:]}\n{start.stderr[-3000:]}")
+        yield
+    finally:
+        if not os.environ.get("HPCDL_SLURM_KEEP"):
+            subprocess.run(
+                ["bash", str(ROOT / "scripts/slurm/stop-cluster.sh")], capture_output=True, timeout=300
+            )
+        os.environ["PATH"] = path

@@ -16,12 +16,10 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Cluster  # beside this file, on pytest's path
 
 from hpcdl import cli
 from hpcdl.cli.jobs import status_table
@@ -45,28 +43,9 @@ SHORT_RUN = {"steps": 12, "warmup_steps": 2, "min_duration_s": 0.0}
 LONG_RUN = {"steps": 10_000_000, "min_duration_s": 0.0}  # runs until cancelled
 
 
-@pytest.fixture(scope="session")
-def cluster(emulated_cluster: Cluster) -> Iterator[None]:
-    """The 4-node test cluster on the emulated hosts, up for the whole session."""
-    path = os.environ["PATH"]
-    os.environ["PATH"] = f"{ROOT / 'scripts/slurm/client'}{os.pathsep}{path}"
-    start = subprocess.run(
-        ["bash", str(ROOT / "scripts/slurm/start-cluster.sh"), "4"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "HPCDL_SLURM_NETWORK": "emulated"},
-    )
-    try:
-        if start.returncode != 0:
-            pytest.fail(f"start-cluster.sh failed:\n{start.stdout[-3000:]}\n{start.stderr[-3000:]}")
-        yield
-    finally:
-        if not os.environ.get("HPCDL_SLURM_KEEP"):
-            subprocess.run(
-                ["bash", str(ROOT / "scripts/slurm/stop-cluster.sh")], capture_output=True, timeout=300
-            )
-        os.environ["PATH"] = path
+@pytest.fixture
+def cluster(slurm_cluster: None) -> None:
+    """The session's 4-node Slurm cluster (tests/conftest.py)."""
 
 
 def toml_value(v: Any) -> str:

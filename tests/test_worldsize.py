@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -133,34 +131,6 @@ def test_collect_refuses_a_record_of_another_world(
 
 
 # ------------------------------------------------------------------------------ local Slurm cluster
-@pytest.fixture(scope="module")
-def slurm_cluster() -> Iterator[None]:
-    """The local test cluster: the one test_slurm.py started (it stays up for the session), or
-    started here for this module."""
-    if os.geteuid() != 0:
-        pytest.skip("the local Slurm test cluster needs root")
-    up = (
-        shutil.which("sinfo") is not None
-        and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
-    )
-    if not up:
-        start = subprocess.run(
-            ["bash", str(ROOT / "scripts/slurm/start-cluster.sh"), "2"],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if start.returncode != 0:
-            pytest.fail(f"start-cluster.sh failed:\n{start.stdout[-3000:]}\n{start.stderr[-3000:]}")
-    try:
-        yield
-    finally:
-        if not up and not os.environ.get("HPCDL_SLURM_KEEP"):
-            subprocess.run(
-                ["bash", str(ROOT / "scripts/slurm/stop-cluster.sh")], capture_output=True, timeout=300
-            )
-
-
 @pytest.mark.slurm
 def test_srun_without_pmix_ends_every_task(slurm_cluster: None, tmp_path: Path) -> None:
     """``srun --mpi=none`` on two nodes: two tasks each alone in its world; both end, no record."""

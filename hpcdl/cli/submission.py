@@ -122,7 +122,7 @@ def cmd_list_site(args: argparse.Namespace) -> int:
 def add_parsers(sub: Any) -> None:
     sy = sub.add_parser("system", help="a submission's system description: init from records, check")
     ss = sy.add_subparsers(dest="system_command", required=True, parser_class=Parser)
-    init = ss.add_parser("init", help="write a description filled from the records, FILL-IN where only you know")
+    init = ss.add_parser("init", help="a description filled from the records, FILL-IN where only you know")
     init.add_argument("results", help="the results tree (hpcdl run -o DIR)")
     init.add_argument(
         "-o", "--output", default="system.toml", help="the file (.toml or .json; default system.toml)"
