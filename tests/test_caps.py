@@ -501,8 +501,9 @@ def test_sweep_refuses_bad_caps_in_one_line(sysfs: Path, tmp_path: Path, args: l
 
 
 def test_cap_sweep_needs_steps_and_a_cappable_device(tmp_path: Path) -> None:
-    p = cli("sweep", *TINY, "--np", "1", "--clock-limit", "1500", "-o", str(tmp_path / "o"))
-    assert p.returncode == 2 and "give --steps N" in p.stderr
+    for steps in ([], ["--steps", "0"]):  # 0 would be a timed window: different work per cap
+        p = cli("sweep", *TINY, "--np", "1", *steps, "--clock-limit", "1500", "-o", str(tmp_path / "o"))
+        assert p.returncode == 2 and "give --steps N >= 1" in p.stderr, p.stderr
     env = {**os.environ, caps.SYSFS_ENV: str(tmp_path / "nothing")}
     p = subprocess.run(
         sweep(tmp_path / "o", "--np", "1", "--steps", "3", "--power-limit", "100"),
