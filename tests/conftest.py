@@ -17,7 +17,6 @@ torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = ROOT / "scripts" / "cluster" / "cluster.sh"
-SLURM_SCRIPTS = ROOT / "scripts" / "slurm"
 CLUSTER_HOSTS = 4
 CLUSTER_RATE_MBIT = 200
 """each emulated host's link: low enough that a test can see it, high enough that the
@@ -73,13 +72,15 @@ def on_cluster(emulated_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Cl
 
 @pytest.fixture(scope="session")
 def slurm_cluster(emulated_cluster: Cluster) -> Iterator[None]:
-    """The 4-node Slurm test cluster (scripts/slurm/start-cluster.sh) on the emulated hosts, up
-    for the whole session and stopped at its end, pass or fail (HPCDL_SLURM_KEEP=1 leaves it
-    running). Its client commands (scripts/slurm/client/) come first on PATH, as on a login node."""
+    """The local Slurm test cluster (scripts/slurm/start-cluster.sh): 4 slurmd nodes on the
+    emulated hosts, up for the whole session, shared by every module that needs it; stopped at
+    its end, pass or fail (HPCDL_SLURM_KEEP=1 leaves it running)."""
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm test cluster needs root (its daemons, /etc/hosts, namespaces)")
     path = os.environ["PATH"]
-    os.environ["PATH"] = f"{SLURM_SCRIPTS / 'client'}{os.pathsep}{path}"
+    os.environ["PATH"] = f"{ROOT / 'scripts/slurm/client'}{os.pathsep}{path}"
     start = subprocess.run(
-        ["bash", str(SLURM_SCRIPTS / "start-cluster.sh"), "4"],
+        ["bash", str(ROOT / "scripts/slurm/start-cluster.sh"), "4"],
         capture_output=True,
         text=True,
         timeout=900,
@@ -91,5 +92,7 @@ def slurm_cluster(emulated_cluster: Cluster) -> Iterator[None]:
         yield
     finally:
         if not os.environ.get("HPCDL_SLURM_KEEP"):
-            subprocess.run(["bash", str(SLURM_SCRIPTS / "stop-cluster.sh")], capture_output=True, timeout=300)
+            subprocess.run(
+                ["bash", str(ROOT / "scripts/slurm/stop-cluster.sh")], capture_output=True, timeout=300
+            )
         os.environ["PATH"] = path

@@ -20,6 +20,7 @@ from test_telemetry import FakeNvml, write_domain
 
 from hpcdl.errors import HpcdlError, InputError
 from hpcdl.measure import caps
+from hpcdl.measure import journal as caps_journal
 from hpcdl.parallel.launch import Terminated, stop_signals_raise
 from hpcdl.records.loader import read_record
 from hpcdl.results.report import figures, write_report
@@ -58,7 +59,7 @@ def scaling_max_mhz(root: Path) -> set[int]:
 def sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = fake_sysfs(tmp_path / "sys")
     monkeypatch.setenv(caps.SYSFS_ENV, str(root))
-    monkeypatch.setenv(caps.JOURNAL_ENV, str(tmp_path / "caps-journal.json"))
+    monkeypatch.setenv(caps_journal.JOURNAL_ENV, str(tmp_path / "caps-journal.json"))
     return root
 
 
@@ -122,7 +123,7 @@ class CapNvml(FakeNvml):
 @pytest.fixture
 def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "journal.json"
-    monkeypatch.setenv(caps.JOURNAL_ENV, str(path))
+    monkeypatch.setenv(caps_journal.JOURNAL_ENV, str(path))
     return path
 
 
@@ -137,8 +138,8 @@ def test_cpu_clock_cap_is_set_and_restored(sysfs: Path) -> None:
         assert scaling_max_mhz(sysfs) == {1500}
         assert [a.applied for a in applied] == [1500.0] * len(CPUS)
         assert {a.original for a in applied} == {MAX_KHZ / 1000}
-        assert caps.journal_path().exists()
-    assert snapshot(sysfs) == before and not caps.journal_path().exists()
+        assert caps_journal.journal_path().exists()
+    assert snapshot(sysfs) == before and not caps_journal.journal_path().exists()
 
 
 def test_rapl_power_cap_is_set_and_restored_after_an_exception(sysfs: Path) -> None:
@@ -151,7 +152,7 @@ def test_rapl_power_cap_is_set_and_restored_after_an_exception(sysfs: Path) -> N
     with pytest.raises(ZeroDivisionError), caps.capped("power", 90, limits):
         assert (sysfs / "class/powercap/intel-rapl:1/constraint_0_power_limit_uw").read_text() == "90000000\n"
         _ = 1 / 0
-    assert snapshot(sysfs) == before and not caps.journal_path().exists()
+    assert snapshot(sysfs) == before and not caps_journal.journal_path().exists()
 
 
 @pytest.mark.parametrize(
@@ -172,7 +173,7 @@ def test_bad_caps_are_refused_and_nothing_changes(
     with pytest.raises(InputError, match=why) as e:
         caps.check(kind, values, caps.cpu_limits(kind, CPUS))
     assert "\n" not in str(e.value) and f"{kind}-limit=" in str(e.value)
-    assert snapshot(sysfs) == before and not caps.journal_path().exists()
+    assert snapshot(sysfs) == before and not caps_journal.journal_path().exists()
 
 
 def test_missing_or_disabled_interfaces_are_refused(sysfs: Path, tmp_path: Path) -> None:
@@ -196,7 +197,7 @@ def read_only_sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
         fake_sysfs(where)
         subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
         monkeypatch.setenv(caps.SYSFS_ENV, str(where))
-        monkeypatch.setenv(caps.JOURNAL_ENV, str(tmp_path / "journal.json"))
+        monkeypatch.setenv(caps_journal.JOURNAL_ENV, str(tmp_path / "journal.json"))
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
@@ -206,7 +207,7 @@ def test_a_limit_that_cannot_be_written_is_refused_before_anything_changes(read_
     before = snapshot(read_only_sysfs)
     with pytest.raises(InputError, match="cannot be changed: .*Read-only file system"):
         caps.check("clock", [1500], caps.cpu_limits("clock", CPUS))
-    assert snapshot(read_only_sysfs) == before and not caps.journal_path().exists()
+    assert snapshot(read_only_sysfs) == before and not caps_journal.journal_path().exists()
 
 
 # --- NVML --------------------------------------------------------------------------------------
@@ -303,9 +304,9 @@ def test_a_killed_holder_s_journal_is_restored_by_the_next_sweep(sysfs: Path) ->
     finally:
         p.kill()
         p.wait()
-    assert scaling_max_mhz(sysfs) == {1200} and caps.journal_path().exists()  # SIGKILL: no finally
+    assert scaling_max_mhz(sysfs) == {1200} and caps_journal.journal_path().exists()  # SIGKILL: no finally
     caps.check("clock", [1500], caps.cpu_limits("clock", CPUS))
-    assert snapshot(sysfs) == before and not caps.journal_path().exists()
+    assert snapshot(sysfs) == before and not caps_journal.journal_path().exists()
 
 
 # --- the journal is private and names only limits hpcdl knows -------------------------------------
@@ -322,12 +323,12 @@ def cpufreq_entry(root: Path, mhz: float, cpu: int = CPUS[0]) -> dict[str, Any]:
 
 
 def test_the_default_journal_is_in_a_folder_only_root_can_write(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(caps.JOURNAL_ENV, raising=False)
+    monkeypatch.delenv(caps_journal.JOURNAL_ENV, raising=False)
     if os.geteuid() == 0:
-        assert caps.journal_path() == Path("/run/hpcdl/caps.json")
+        assert caps_journal.journal_path() == Path("/run/hpcdl/caps.json")
     else:
         monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
-        assert caps.journal_path() == Path("/run/user/1000/hpcdl/caps.json")
+        assert caps_journal.journal_path() == Path("/run/user/1000/hpcdl/caps.json")
 
 
 def test_a_planted_journal_writes_only_to_known_limits_within_their_range(
@@ -339,7 +340,7 @@ def test_a_planted_journal_writes_only_to_known_limits_within_their_range(
     fake_cpufreq.parent.mkdir()
     fake_cpufreq.write_text("3000000\n")
     plant(
-        caps.journal_path(),
+        caps_journal.journal_path(),
         {"sysfs": str(victim), "scale": 1.0, "name": "x", "original": 7},
         {"sysfs": str(fake_cpufreq), "scale": 1000.0, "name": "y", "original": 1500},
         cpufreq_entry(sysfs, 99_999),  # a known file, a value outside cpuinfo_min..max
@@ -353,7 +354,7 @@ def test_a_planted_journal_writes_only_to_known_limits_within_their_range(
     assert (sysfs / f"devices/system/cpu/cpu{CPUS[0]}/cpufreq/scaling_max_freq").read_text() == "1700000\n"
     assert len(said) == 1 and "ignored 5 entries" in said[0] and str(victim) in said[0], said
     assert "outside 1000 to 3000" in said[0] and "NVML unavailable" in said[0]
-    assert not caps.journal_path().exists()
+    assert not caps_journal.journal_path().exists()
 
 
 def test_a_journal_names_only_nvml_devices_present_within_their_range(journal: Path) -> None:
@@ -406,7 +407,7 @@ def test_a_journal_that_is_a_link_or_in_a_folder_others_can_write_is_refused(
         (shared / "caps.json", "mode 1777 lets others write"),
         (others / "caps.json", "owned by uid 65534, not you"),
     ]:
-        monkeypatch.setenv(caps.JOURNAL_ENV, str(journal))
+        monkeypatch.setenv(caps_journal.JOURNAL_ENV, str(journal))
         with pytest.raises(InputError, match=why):
             caps.recover()
         assert snapshot(sysfs) == before and victim.read_text().startswith('{"pid"')
@@ -414,7 +415,7 @@ def test_a_journal_that_is_a_link_or_in_a_folder_others_can_write_is_refused(
             with pytest.raises(InputError, match=why):
                 with caps.capped("clock", 1500, caps.cpu_limits("clock", CPUS)):
                     pytest.fail("no cap without a private journal")
-    monkeypatch.setenv(caps.JOURNAL_ENV, str(private / "caps.json"))
+    monkeypatch.setenv(caps_journal.JOURNAL_ENV, str(private / "caps.json"))
     with caps.capped("clock", 1500, caps.cpu_limits("clock", CPUS)):  # replaces the link, not its target
         assert not (private / "caps.json").is_symlink()
     assert snapshot(sysfs) == before and victim.read_text().startswith('{"pid"')
@@ -429,7 +430,7 @@ def test_sweep_ignores_a_planted_journal_entry_in_one_line(
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
-    plant(caps.journal_path(), {"sysfs": str(victim), "scale": 1.0, "name": "x", "original": 7})
+    plant(caps_journal.journal_path(), {"sysfs": str(victim), "scale": 1.0, "name": "x", "original": 7})
     code = main(sweep(tmp_path / "out", "--np", "1", "--steps", "5", "--clock-limit", "5000")[3:])
     err = capsys.readouterr().err
     assert code == 2 and "accepts 1000 to 3000 MHz" in err, err
@@ -501,8 +502,9 @@ def test_sweep_refuses_bad_caps_in_one_line(sysfs: Path, tmp_path: Path, args: l
 
 
 def test_cap_sweep_needs_steps_and_a_cappable_device(tmp_path: Path) -> None:
-    p = cli("sweep", *TINY, "--np", "1", "--clock-limit", "1500", "-o", str(tmp_path / "o"))
-    assert p.returncode == 2 and "give --steps N" in p.stderr
+    for steps in ([], ["--steps", "0"]):  # 0 would be a timed window: different work per cap
+        p = cli("sweep", *TINY, "--np", "1", *steps, "--clock-limit", "1500", "-o", str(tmp_path / "o"))
+        assert p.returncode == 2 and "give --steps N >= 1" in p.stderr, p.stderr
     env = {**os.environ, caps.SYSFS_ENV: str(tmp_path / "nothing")}
     p = subprocess.run(
         sweep(tmp_path / "o", "--np", "1", "--steps", "3", "--power-limit", "100"),
@@ -527,7 +529,7 @@ def test_sigterm_mid_sweep_restores_the_limits_and_keeps_finished_points(sysfs: 
     _, stderr = p.communicate(timeout=60)
     assert p.returncode == 143, stderr
     assert "limits are restored" in stderr
-    assert snapshot(sysfs) == before and not caps.journal_path().exists()
+    assert snapshot(sysfs) == before and not caps_journal.journal_path().exists()
     cap = read_record(first).result.environment.cap
     assert cap is not None and (cap["kind"], cap["value"], cap["unit"]) == ("clock", 1500.0, "MHz")
     assert {lim["applied"] for lim in cap["limits"]} == {1500.0}
@@ -595,6 +597,6 @@ def test_a_rank_killed_mid_point_fails_the_point_and_the_limits_come_back(
     _, stderr = p.communicate(timeout=300)
     assert p.returncode == 1, stderr  # a point failed
     assert "1500 MHz: failed with exit code" in stderr
-    assert snapshot(sysfs) == before and not caps.journal_path().exists()
+    assert snapshot(sysfs) == before and not caps_journal.journal_path().exists()
     assert not (out / "sweep-clock-1500MHz-np2.json").exists()
     assert (out / "sweep-clock-2000MHz-np2.json").exists()

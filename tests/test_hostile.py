@@ -21,7 +21,7 @@ import pytest
 from test_caps import fake_sysfs
 
 from hpcdl.errors import HpcdlError
-from hpcdl.measure import caps
+from hpcdl.measure import caps, journal
 from hpcdl.reader import MAX_DOCUMENT_BYTES
 
 
@@ -79,11 +79,11 @@ def _job(path: Path) -> object:
 
 
 def _journal(path: Path) -> object:
-    os.environ[caps.JOURNAL_ENV] = str(path)
+    os.environ[journal.JOURNAL_ENV] = str(path)
     try:
         return caps.recover(say=lambda _m: None)
     finally:
-        del os.environ[caps.JOURNAL_ENV]
+        del os.environ[journal.JOURNAL_ENV]
 
 
 def _manifest(path: Path) -> object:
@@ -293,7 +293,7 @@ def test_commands_refuse_hostile_documents_in_one_line(
     zero.symlink_to("/dev/zero")
     deep.parent.mkdir(mode=0o700)
     deep.write_text("[" * 100_000 + "]" * 100_000)
-    monkeypatch.setenv(caps.JOURNAL_ENV, str(deep))
+    monkeypatch.setenv(journal.JOURNAL_ENV, str(deep))
     monkeypatch.setenv(caps.SYSFS_ENV, str(fake_sysfs(tmp_path / "sys")))
     sweep = ["sweep", "--workload", "mlp", "--np", "1", "--steps", "2", "--clock-limit", "1500"]
     for argv, why in [

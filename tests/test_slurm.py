@@ -5,8 +5,7 @@ slurmdbd; slurmctld runs on the emulated cluster's head, and the tests reach it 
 client wrappers of scripts/slurm/client/ (first on PATH), as users do from a login node.
 
 The cluster is started once for the session and stopped at its end, pass or fail (set
-HPCDL_SLURM_KEEP=1 to leave it running): ``slurm_cluster`` in tests/conftest.py. Every job is
-tiny: the fake nodes share two cores.
+HPCDL_SLURM_KEEP=1 to leave it running). Every job is tiny: the fake nodes share two cores.
 """
 
 from __future__ import annotations
@@ -42,6 +41,11 @@ pytestmark = [
 MLP = {"family": "mlp", "layers": 2, "width": 64, "input_size": 32, "output_size": 10, "batch_size": 16}
 SHORT_RUN = {"steps": 12, "warmup_steps": 2, "min_duration_s": 0.0}
 LONG_RUN = {"steps": 10_000_000, "min_duration_s": 0.0}  # runs until cancelled
+
+
+@pytest.fixture
+def cluster(slurm_cluster: None) -> None:
+    """The session's 4-node Slurm cluster (tests/conftest.py)."""
 
 
 def toml_value(v: Any) -> str:
@@ -116,7 +120,7 @@ def record(out: Path, point: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ real runs
 @pytest.fixture(scope="module")
-def sweep(slurm_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sweep(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three job files into one results directory, submitted through the command line:
     a torch sweep over 1 and 2 nodes, Horovod on 2 nodes, and torch on 2 nodes with mpirun
     inside the allocation. Returns the directory once every point has ended."""
@@ -222,7 +226,7 @@ SLOW = 2  # the rank the torch 4x1 job slows down on purpose (HPCDL_TEST_SLOW_RA
 
 
 @pytest.fixture(scope="module")
-def four_ranks(slurm_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def four_ranks(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four ranks with each backend, on four nodes (one rank each: a mixture-of-experts
     transformer, one expert per node, its tokens crossing nodes by all-to-all) and on two
     nodes of two ranks (an MLP). The torch 4x1 job slows one rank down. Returns the results
@@ -393,11 +397,7 @@ def test_preempted_point_is_requeued_and_runs_again(sweep: Path) -> None:
     ],
 )
 def test_bad_job_file_is_one_line_exit_2_and_submits_nothing(
-    slurm_cluster: None,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    fields: dict[str, Any],
-    expected: str,
+    cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], fields: dict[str, Any], expected: str
 ) -> None:
     f = write_job(tmp_path / "bad.toml", name="bad", output=str(tmp_path / "out"), **fields)
     before = all_job_ids()
@@ -408,7 +408,7 @@ def test_bad_job_file_is_one_line_exit_2_and_submits_nothing(
 
 
 def test_submission_refused_by_sbatch_is_one_line_exit_2(
-    slurm_cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     f = write_job(
         tmp_path / "gpu.toml", name="nogpu", slurm={"partition": "gpu"}, output=str(tmp_path / "out")
@@ -419,9 +419,7 @@ def test_submission_refused_by_sbatch_is_one_line_exit_2(
     assert len(err.strip().splitlines()) == 1, err
 
 
-def test_dry_run_submits_nothing(
-    slurm_cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_dry_run_submits_nothing(cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = write_job(tmp_path / "dry.toml", name="dry", nodes=[1, 2], output=str(tmp_path / "out"))
     before = all_job_ids()
     assert cli.main(["submit", str(f), "--dry-run"]) == 0

@@ -28,7 +28,7 @@ from hpcdl.submission.check import check, check_folder, summary
 from hpcdl.submission.describe import from_records
 from hpcdl.submission.manifest import sum_file
 from hpcdl.submission.package import NotVerified, package
-from hpcdl.submission.site import Site, build
+from hpcdl.submission.site import Site, build, write_site
 
 REFERENCE = Path(__file__).resolve().parent.parent / "reference_results"
 SYSTEMS = {
@@ -49,7 +49,7 @@ FILLED = {
 
 
 def filled(data: dict[str, Any], name: str) -> dict[str, Any]:
-    """A description from ``system init`` with every TODO answered as a submitter would."""
+    """A description from ``system init`` with every FILL-IN answered as a submitter would."""
     out = json.loads(json.dumps(data))
     for table in out.values():
         for key, value in table.items():
@@ -119,11 +119,11 @@ def test_init_fills_what_the_records_know_and_marks_the_rest(
     assert data["system"]["processor"]["model"] == "AMD EPYC" and data["system"]["cpus_per_node"] == 2
     assert data["software"]["torch"] == "2.13.0+cpu" and data["software"]["python"] == "3.11.7"
     assert (data["submission"]["size_class"], data["submission"]["class_version"]) == ("S", 1)
-    todo = [k for t in data.values() for k, v in t.items() if isinstance(v, str) and v.startswith("TODO")]
+    todo = [k for t in data.values() for k, v in t.items() if isinstance(v, str) and v.startswith("FILL-IN")]
     assert set(todo) == set(FILLED) - {"count"}
     p = hpcdl_cli("system", "check", str(out))
     assert p.returncode == 2 and len(p.stdout.splitlines()) == len(todo) + 1  # + processor.count
-    assert all("placeholder (TODO)" in line for line in p.stdout.splitlines())
+    assert all("placeholder (FILL-IN)" in line for line in p.stdout.splitlines())
 
 
 def test_a_bad_description_gets_one_line_per_problem(tmp_path: Path, hpcdl_cli: Callable[..., Ran]) -> None:
@@ -430,3 +430,21 @@ def test_the_site_opens_in_chromium(site: tuple[Path, Site], tmp_path: Path) -> 
         shot = tmp_path / "shot.png"
         p = browse(out, "--window-size=1280,2400", f"--screenshot={shot}", (out / page).as_uri())
         assert p.returncode == 0 and shot.read_bytes()[:8] == PNG_SIGNATURE and shot.stat().st_size > least
+
+
+@pytest.mark.slow  # the site fixture (shared with the tests above)
+def test_a_rebuilt_site_drops_the_pages_of_withdrawn_lists_and_systems(
+    site: tuple[Path, Site], tmp_path: Path
+) -> None:
+    """Pages an earlier build wrote for a list or a system that is gone are removed; a file that
+    is not one of the site's own names stays."""
+    _, built = site
+    out = tmp_path / "site"
+    (out / "systems").mkdir(parents=True)
+    stale = [out / "class-L-v1.csv", out / "class-L-v1.html", out / "systems" / "withdrawn.html"]
+    for f in [*stale, out / "notes.txt"]:
+        f.write_text("from an earlier build")
+    write_site(built, out)
+    assert not any(f.exists() for f in stale)
+    assert (out / "notes.txt").exists() and (out / "class-S-v1.csv").exists()
+    assert sorted(p.name for p in (out / "systems").iterdir()) == ["epyc-a.html", "epyc-b.html"]

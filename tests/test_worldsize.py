@@ -18,6 +18,7 @@ from hpcdl.parallel.worldsize import EXPECTED_ENV, WorldMismatch, check_world_si
 from hpcdl.schedulers.jobfile import job_from_dict
 from hpcdl.schedulers.point import points, write_point_file
 from hpcdl.schedulers.state import remember
+from hpcdl.schedulers.status import invalid_detail
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--workload", "mlp", "layers=1", "width=16", "input_size=8", "output_size=2", "batch_size=4"]
@@ -128,6 +129,9 @@ def test_collect_refuses_a_record_of_another_world(
     assert "0 of 1 points have a valid record" in out
     (row,) = json.loads((tmp_path / "collected.json").read_text())["points"]
     assert row["state"] == "refused" and "record" not in row
+    # hpcdl status says the same of a finished job's record, not "for another spec"
+    detail = invalid_detail(tmp_path / "split-n2.json", point.ranks)
+    assert detail == "split-n2.json was measured on a world of 1 rank(s), the point has 2: not collected"
 
 
 # ------------------------------------------------------------------------------ local Slurm cluster

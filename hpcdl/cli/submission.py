@@ -44,8 +44,8 @@ def cmd_system_init(args: argparse.Namespace) -> int:
         raise InputError(
             "system.output", str(out), f"a file that can be written ({e.strerror or e})"
         ) from None
-    left = [p for p in system_mod.problems(data) if "placeholder (TODO)" in p]
-    print(f"wrote {out} from {len(tree.records)} records; {len(left)} fields to fill in (TODO):")
+    left = [p for p in system_mod.problems(data) if "placeholder (FILL-IN)" in p]
+    print(f"wrote {out} from {len(tree.records)} records; {len(left)} fields to fill in (FILL-IN):")
     for line in left:
         print(f"  {line}")
     return 0
@@ -122,7 +122,7 @@ def cmd_list_site(args: argparse.Namespace) -> int:
 def add_parsers(sub: Any) -> None:
     sy = sub.add_parser("system", help="a submission's system description: init from records, check")
     ss = sy.add_subparsers(dest="system_command", required=True, parser_class=Parser)
-    init = ss.add_parser("init", help="write a description filled from the records, TODO where only you know")
+    init = ss.add_parser("init", help="a description filled from the records, FILL-IN where only you know")
     init.add_argument("results", help="the results tree (hpcdl run -o DIR)")
     init.add_argument(
         "-o", "--output", default="system.toml", help="the file (.toml or .json; default system.toml)"

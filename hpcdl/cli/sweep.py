@@ -96,8 +96,11 @@ def cap_values(args: argparse.Namespace, nps: list[int]) -> tuple[str, list[floa
         raise InputError(f"{kind}-limit", text, f"caps in {unit} > 0, like 200,250,300")
     if len(nps) != 1:
         raise InputError("sweep.np", args.np, "a cap sweep runs at one rank count, like --np 1")
-    if args.steps is None:
-        raise InputError("steps", None, "a cap sweep compares the same work at every cap: give --steps N")
+    if args.steps is None or not args.steps.strip().isdigit() or int(args.steps) < 1:
+        # --steps 0 is a timed window (run's meaning): each cap would do different work
+        raise InputError(
+            "steps", args.steps, "a cap sweep compares the same work at every cap: give --steps N >= 1"
+        )
     return kind, values
 
 

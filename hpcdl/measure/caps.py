@@ -25,32 +25,26 @@ it behind, and the next :func:`check` restores those originals first. The journa
 lock: a journal whose process still lives means another sweep holds caps on this host.
 
 A journal tells a privileged process what to write where, so it lives where only its owner can
-write (:func:`journal_path`: ``/run/hpcdl/`` for root, else ``$XDG_RUNTIME_DIR/hpcdl/``), in a
-folder that is refused when it is a symbolic link, owned by another user or writable by group or
-others; and restoring writes only to the limits hpcdl itself finds on this machine (the cpufreq
-and RAPL files under sysfs, the NVML devices present), within their documented ranges. Any other
-entry is reported in one line and ignored.
+write (``hpcdl.measure.journal``); and restoring writes only to the limits hpcdl itself finds on
+this machine (the cpufreq and RAPL files under sysfs, the NVML devices present), within their
+documented ranges. Any other entry is reported in one line and ignored.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
 import math
 import os
 import re
-import stat
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from hpcdl.errors import HpcdlError, InputError
+from hpcdl.measure import journal
 from hpcdl.measure.telemetry.rapl import rapl_packages
-from hpcdl.reader import Unreadable, read_json
 
 KINDS = {"power": "W", "clock": "MHz"}
 """the cap kinds and their units (``--power-limit``, ``--clock-limit``)"""
@@ -60,33 +54,12 @@ the host's sysfs elsewhere"""
 CAP_ENV = "HPCDL_CAP"
 """the cap in force for a run (JSON), set by the sweep for the run it launches, kept in the
 record's ``environment.cap``"""
-JOURNAL_ENV = "HPCDL_CAPS_JOURNAL"
-"""the file that holds the original limits while a cap is in force (default: see
-:func:`journal_path`); its folder must be one only its owner can write"""
-ROOT_JOURNAL_DIR = Path("/run/hpcdl")
-"""root's journal folder: /run is root's own tmpfs, cleared at boot like the limits themselves"""
-MAX_JOURNAL_BYTES = 1 << 20
-"""a journal names one limit per CPU and GPU: a few hundred bytes each"""
 TOLERANCE = 0.01
 """a limit read back may differ from the cap by this fraction (rounding to the device's steps)"""
 
 
 def sysfs_root() -> Path:
     return Path(os.environ.get(SYSFS_ENV, "/sys"))
-
-
-def journal_path() -> Path:
-    """Where the caps journal is: :data:`JOURNAL_ENV` when set; else ``/run/hpcdl/caps.json``
-    for root, ``$XDG_RUNTIME_DIR/hpcdl/caps.json`` for a user who has one, and
-    ``$TMPDIR/hpcdl-UID/caps.json`` otherwise (a folder of that name made by another user is
-    refused, never used)."""
-    if os.environ.get(JOURNAL_ENV):
-        return Path(os.environ[JOURNAL_ENV])
-    if os.geteuid() == 0:
-        return ROOT_JOURNAL_DIR / "caps.json"
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    folder = Path(runtime) / "hpcdl" if runtime else Path(tempfile.gettempdir()) / f"hpcdl-{os.geteuid()}"
-    return folder / "caps.json"
 
 
 class Limit(Protocol):
@@ -414,114 +387,25 @@ def recover(say: Callable[[str], None] | None = None, lib: Callable[[], Any] | N
     names of the limits restored. Entries that name no limit hpcdl knows are reported through
     ``say`` (default: stderr) in one line and ignored. InputError when the journal's folder is
     not private, the journal is malformed, or its process still runs."""
-    path = journal_path()
-    with _journal_folder(path, create=False) as folder:
-        if folder is None:
-            return []
+    path = journal.journal_path()
+    entries = journal.read_journal(path)
+    if entries is None:
+        return []
+    sysfs, known, ignored = known_sysfs_limits(), [], []
+    for entry in entries:
         try:
-            data = read_json(path.name, dir_fd=folder, follow_links=False)
-        except Unreadable as e:
-            if str(e) == "missing":
-                return []
-            raise _malformed(path, str(e)) from None
-        if not isinstance(data, dict) or not isinstance(data.get("limits"), list):
-            raise _malformed(path, "not an object with a list of limits")
-        pid = data.get("pid")
-        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            raise _malformed(path, f"pid {pid!r} is not a process id")
-        if pid != os.getpid() and _alive(pid):
-            raise InputError("caps", str(path), f"process {pid} holds caps on this host; wait for it to end")
-        sysfs, known, ignored = known_sysfs_limits(), [], []
-        for entry in data["limits"]:
-            try:
-                known.append(from_journal(entry, sysfs, lib or nvml))
-            except Ignored as e:
-                ignored.append(str(e))
-        if ignored:
-            (say or _stderr)(f"caps journal {path}: ignored {len(ignored)} entries: {'; '.join(ignored)}")
-        restored = _restore(known)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path.name, dir_fd=folder)
+            known.append(from_journal(entry, sysfs, lib or nvml))
+        except Ignored as e:
+            ignored.append(str(e))
+    if ignored:
+        (say or _stderr)(f"caps journal {path}: ignored {len(ignored)} entries: {'; '.join(ignored)}")
+    restored = _restore(known)
+    journal.remove_journal(path)
     return restored
 
 
 def _stderr(message: str) -> None:
     print(f"hpcdl: {message}", file=sys.stderr, flush=True)
-
-
-def _malformed(path: Path, why: str) -> InputError:
-    return InputError("caps journal", str(path), f"{why}: restore the limits by hand, then remove it")
-
-
-@contextlib.contextmanager
-def _journal_folder(path: Path, create: bool) -> Iterator[int | None]:
-    """The journal's folder, open (None when it does not exist and ``create`` is false), after
-    checking that only this user can write it: not a symbolic link, owned by this user, not
-    writable by group or others. Files are then opened relative to it, so that the folder
-    checked is the folder used."""
-    folder = path.parent
-    if create:
-        try:
-            os.mkdir(folder, 0o700)
-        except FileExistsError:
-            pass  # checked below, whoever made it
-        except OSError as e:
-            raise InputError("caps journal", str(folder), f"cannot be made ({e.strerror or e})") from None
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(folder, flags)
-    except FileNotFoundError:
-        if create:
-            raise
-        yield None
-        return
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            why = "a symbolic link" if os.path.islink(folder) else "not a folder"
-            raise InputError("caps journal", str(folder), f"{why}: a folder only you can write") from None
-        raise InputError("caps journal", str(folder), f"cannot be opened ({e.strerror or e})") from None
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            why = f"owned by uid {st.st_uid}, not you (uid {os.geteuid()})"
-            raise InputError("caps journal", str(folder), f"{why}: a folder only you can write")
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            why = f"mode {stat.S_IMODE(st.st_mode):o} lets others write"
-            raise InputError("caps journal", str(folder), f"{why}: a folder only you can write (0700)")
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _write_journal(path: Path, data: dict[str, Any]) -> None:
-    """Write the journal whole (a kill mid-write leaves a hidden temporary file, no half
-    journal), in a private folder, through no symbolic link."""
-    with _journal_folder(path, create=True) as folder:
-        temporary = f".{path.name}.tmp"
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary, dir_fd=folder)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(temporary, flags, 0o600, dir_fd=folder)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data))
-        os.replace(temporary, path.name, src_dir_fd=folder, dst_dir_fd=folder)
-
-
-def _remove_journal(path: Path) -> None:
-    with _journal_folder(path, create=False) as folder:
-        if folder is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path.name, dir_fd=folder)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        pass
-    return pid > 0
 
 
 def _restore(originals: Sequence[tuple[Limit, float | None]]) -> list[str]:
@@ -545,9 +429,9 @@ def capped(kind: str, value: float, limits: Sequence[Limit]) -> Iterator[list[Ap
     A device that reads back another value (beyond :data:`TOLERANCE`) refused the cap: an
     InputError, raised after the originals are back."""
     originals = [(limit, limit.read()) for limit in limits]
-    path = journal_path()
+    path = journal.journal_path()
     entries = [{**limit.journal(), "original": original} for limit, original in originals]
-    _write_journal(path, {"pid": os.getpid(), "kind": kind, "value": value, "limits": entries})
+    journal.write_journal(path, {"pid": os.getpid(), "kind": kind, "value": value, "limits": entries})
     try:
         applied = []
         for limit, original in originals:
@@ -564,4 +448,4 @@ def capped(kind: str, value: float, limits: Sequence[Limit]) -> Iterator[list[Ap
         yield applied
     finally:
         _restore(originals)
-        _remove_journal(path)
+        journal.remove_journal(path)

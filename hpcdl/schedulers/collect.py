@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from hpcdl.records import schema
-from hpcdl.records.store import load_record, write_record
-from hpcdl.records.views import MalformedRecord, read_result
+from hpcdl.records.store import write_record
 from hpcdl.scaling.table import scaling_table
 from hpcdl.schedulers.state import entries
-from hpcdl.schedulers.status import status
+from hpcdl.schedulers.status import other_world, status
 
 COLLECTED_FILE = "collected.json"
 
@@ -59,16 +58,3 @@ def collect(output: Path) -> dict[str, Any]:
     }
     write_record(collected, output / COLLECTED_FILE)
     return collected
-
-
-def other_world(path: Path, ranks: int) -> str:
-    """Why a point's record cannot stand for it because it was measured on another world (a
-    launch that split into processes each alone writes 1-rank records of an N-rank point);
-    '' when there is no such record."""
-    try:
-        world = read_result(load_record(path)).settings.world_size
-    except (OSError, ValueError, MalformedRecord):
-        return ""
-    if world == ranks:
-        return ""
-    return f"{path.name} was measured on a world of {world} rank(s), the point has {ranks}: not collected"

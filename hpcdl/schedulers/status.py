@@ -85,18 +85,32 @@ def point_status(output: Path, entry: Entry, record: Result | None, job: JobStat
         job = job or JobState("UNKNOWN", "its scheduler did not say")
         row.state, row.detail = job.state, job.detail
         if not job.active and path.exists():
-            row.state, row.detail = "invalid", invalid_detail(path)
+            row.state, row.detail = "invalid", invalid_detail(path, point.ranks)
     return row
 
 
-def invalid_detail(path: Path) -> str:
+def invalid_detail(path: Path, ranks: int) -> str:
+    """Why the record at ``path`` does not count for a point of ``ranks`` ranks."""
     try:
         failed = read_result(load_record(path)).validity.failed
     except (OSError, ValueError, MalformedRecord):
         return f"{path.name} is damaged"
     if failed:
         return f"record {path.name} fails: {', '.join(failed)}"
-    return f"record {path.name} is for another spec"
+    return other_world(path, ranks) or f"record {path.name} is for another spec"
+
+
+def other_world(path: Path, ranks: int) -> str:
+    """Why a point's record cannot stand for it because it was measured on another world (a
+    launch that split into processes each alone writes 1-rank records of an N-rank point);
+    '' when there is no such record."""
+    try:
+        world = read_result(load_record(path)).settings.world_size
+    except (OSError, ValueError, MalformedRecord):
+        return ""
+    if world == ranks:
+        return ""
+    return f"{path.name} was measured on a world of {world} rank(s), the point has {ranks}: not collected"
 
 
 def status(output: Path, names: Iterable[str] | None = None) -> list[PointStatus]:

@@ -1,5 +1,5 @@
 """``hpcdl system init``: a system description filled from what the records say (hosts,
-devices, versions, node counts, class, repeats), with a placeholder (``TODO: ...``) wherever
+devices, versions, node counts, class, repeats), with a placeholder (``FILL-IN: ...``) wherever
 only the submitter knows the answer, so that ``hpcdl system check`` refuses it until filled."""
 
 from __future__ import annotations

@@ -195,8 +195,16 @@ def list_name(key: tuple[str, int]) -> str:
 
 
 def write_site(site: Site, out: Path) -> None:
-    """index.html, a page, CSV and JSON per list, a page per system."""
+    """index.html, a page, CSV and JSON per list, a page per system. Pages of lists and systems
+    an earlier build wrote and this one does not (a submission withdrawn) are removed, so that
+    the folder never serves a ranking the submissions no longer support; other files are kept."""
     lists = site.lists()
+    keep = {f"{list_name(k)}.{ext}" for k in lists for ext in ("csv", "json", "html")}
+    keep |= {f"systems/{s}.html" for s in site.systems}
+    written = [*out.glob("class-*-v*.csv"), *out.glob("class-*-v*.json"), *out.glob("class-*-v*.html")]
+    for stale in [*written, *out.glob("systems/*.html")]:
+        if stale.relative_to(out).as_posix() not in keep and stale.is_file():
+            stale.unlink()
     for key, entries in lists.items():
         name = list_name(key)
         rows = [row(i, e) for i, e in enumerate(entries, 1)]

@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 MAX_DESCRIPTION_BYTES = 1 << 20
 """a description is a page of text: a megabyte is far more than one needs"""
-PLACEHOLDER = "TODO"
+PLACEHOLDER = "FILL-IN"
 """a string value that starts with this is a field ``hpcdl system init`` could not fill"""
 AVAILABILITY = ("available", "preview", "research")
 """TOP500's and MLPerf's categories: buyable now, buyable within 180 days, neither"""
@@ -149,7 +149,7 @@ def _check(cls: type, data: Any, where: str, found: list[str]) -> None:
 
 def _check_value(hint: Any, value: Any, path: str, rules: Mapping[str, Any], found: list[str]) -> None:
     if isinstance(value, str) and value.startswith(PLACEHOLDER):
-        found.append(_line(path, value, f"a placeholder (TODO) to fill in: {rules['doc']}"))
+        found.append(_line(path, value, f"a placeholder (FILL-IN) to fill in: {rules['doc']}"))
         return
     if dataclasses.is_dataclass(hint):
         _check(hint, value, f"{path}.", found)  # type: ignore[arg-type]
