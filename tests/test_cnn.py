@@ -234,6 +234,7 @@ def test_stage_widths_are_capped() -> None:
         ({"classifier": "conv", "head_layers": 1}, "cnn.classifier"),
         ({"pool": "avg"}, "cnn.pool"),
         ({"stem_padding": 9}, "cnn.stem_padding"),
+        ({"stem": "none", "stem_padding": 0}, "cnn.stem_padding"),
     ],
 )
 def test_bad_knobs_name_the_knob(knobs: dict[str, Any], field: str) -> None:

@@ -264,10 +264,13 @@ class CNNSpec(Spec):
                         self.expand_split,
                         f"leaves an expand of a {width}-channel fire block without channels",
                     )
-        if self.stem == "none" and (self.stem_kernel or self.stem_stride or self.stem_padding >= 0):
-            raise SpecError(
-                f"{self.family}.stem_kernel", self.stem_kernel, "needs a stem (stem=simple or imagenet)"
-            )
+        stem_knobs = {"stem_kernel": self.stem_kernel, "stem_stride": self.stem_stride}
+        stem_knobs["stem_padding"] = self.stem_padding + 1  # its default is -1
+        for name, value in stem_knobs.items():
+            if self.stem == "none" and value:
+                raise SpecError(
+                    f"{self.family}.{name}", getattr(self, name), "needs a stem (stem=simple or imagenet)"
+                )
         if min(self.plan().sizes) < 1:
             raise SpecError(
                 f"{self.family}.image_size",
