@@ -9,7 +9,8 @@ Targets: parameters and training FLOPs within 2 %, step time within 10 %.
 
     .venv/bin/python benchmarks/bench_fit.py [--only resnet50,gpt2] [--budget 300] [--rounds 10]
         [--any-family]     # search every family that takes the data, not only the expected one
-        [--others]         # instead, ten networks no preset mimics (other_models.py)
+        [--others]         # instead, ten networks no preset mimics (other_models.py), eleven
+                           # with torchvision importable (PYTHONPATH; it must not replace torch)
 
 Needs ``pip install -e '.[fidelity]'`` (transformers).
 """
@@ -62,6 +63,9 @@ OTHERS = [
     Case("GRU LM 32 b4", "recurrent", "rnn", lambda: other_models.gru_lm(32, 4)),
 ]
 """networks no preset mimics (``--others``)"""
+if real_models.torchvision_models() is not None:  # only torchvision has it
+    v3 = Case("MobileNetV3-small 64px b4", "CNN", "cnn", lambda: other_models.mobilenet_v3_small(64, 4))
+    OTHERS.append(v3)
 
 
 def run_case(name: str, args: argparse.Namespace) -> list[str]:

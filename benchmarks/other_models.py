@@ -1,8 +1,8 @@
 """Networks that no hpcdl preset mimics, for ``bench_fit.py --others``: Hugging Face models built
 from their configs (random weights, no download) and small networks written here the way
-tutorials and papers' baselines write them. torchvision is not installed here (its wheels are
-CUDA builds, see ``real_models.torchvision_models``), so VGG-11 is written out as torchvision
-lays it out."""
+tutorials and papers' baselines write them, and MobileNet V3 from torchvision when it imports
+(its wheels are CUDA builds, see ``real_models.torchvision_models``; VGG-11 is written out as
+torchvision lays it out, so that the set runs without it)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ def resnet34(image: int = 112, batch: int = 4) -> Made:
 
 
 def mobilenet_v2(image: int = 112, batch: int = 4) -> Made:
+    real_models.torchvision_models()  # before transformers imports it
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
 
     torch.manual_seed(SEED)
@@ -46,12 +47,23 @@ def mobilenet_v2(image: int = 112, batch: int = 4) -> Made:
 
 
 def mobilenet_v1(image: int = 112, batch: int = 4) -> Made:
+    real_models.torchvision_models()
     from transformers import MobileNetV1Config, MobileNetV1ForImageClassification
 
     torch.manual_seed(SEED)
     # its default classifier dropout is 0.999 (a TF checkpoint's); torchvision's MobileNets use 0.2
     cfg = MobileNetV1Config(image_size=image, tf_padding=False, num_labels=1000, classifier_dropout_prob=0.2)
     return MobileNetV1ForImageClassification(cfg), {"pixel_values": _images(batch, image)}
+
+
+def mobilenet_v3_small(image: int = 112, batch: int = 4) -> Made:
+    """torchvision's MobileNet V3 small (squeeze-excitation, hard-swish, 3x3 and 5x5 depthwise
+    kernels, dropout 0.2 in the classifier); ImportError without torchvision."""
+    models = real_models.torchvision_models()
+    if models is None:
+        raise ImportError("torchvision is not installed")
+    torch.manual_seed(SEED)
+    return models.mobilenet_v3_small(), _images(batch, image)
 
 
 class VGG(nn.Module):
@@ -136,6 +148,7 @@ def squeezenet(image: int = 112, batch: int = 8) -> Made:
 
 
 def distilbert(seq: int = 128, batch: int = 4) -> Made:
+    real_models.torchvision_models()
     from transformers import DistilBertConfig, DistilBertForMaskedLM
 
     torch.manual_seed(SEED)

@@ -63,6 +63,32 @@ def plain_cnn() -> tuple[nn.Module, torch.Tensor]:
     return model, torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
 
 
+class Fire(nn.Module):
+    """SqueezeNet's fire module as torchvision writes it: functional ReLUs, a concatenation."""
+
+    def __init__(self, c_in: int, squeeze: int, expand: int) -> None:
+        super().__init__()
+        self.squeeze = nn.Conv2d(c_in, squeeze, 1)
+        self.e1 = nn.Conv2d(squeeze, expand, 1)
+        self.e3 = nn.Conv2d(squeeze, expand, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = torch.relu(self.squeeze(x))
+        return torch.cat([torch.relu(self.e1(s)), torch.relu(self.e3(s))], 1)
+
+
+def squeezenet() -> tuple[nn.Module, torch.Tensor]:
+    """SqueezeNet 1.1's layout, small: an unpadded strided stem, 3x3/2 ceil-mode pools, fire
+    modules, dropout and a 1x1 conv classifier before the global pool."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2), nn.ReLU(), nn.MaxPool2d(3, 2, ceil_mode=True),
+        Fire(16, 4, 8), Fire(16, 4, 8), nn.MaxPool2d(3, 2, ceil_mode=True), Fire(16, 12, 24),
+        nn.Dropout(0.5), nn.Conv2d(48, 7, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+    )  # fmt: skip
+    return model, torch.randn(2, 3, 30, 30, generator=torch.Generator().manual_seed(0))
+
+
 def wrong_input() -> tuple[nn.Module, torch.Tensor]:
     """A model and a batch that does not match it (5 channels for a 3-channel conv)."""
     model, _ = tiny_cnn()

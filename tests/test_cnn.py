@@ -116,6 +116,18 @@ def _draw_layout(rng: random.Random) -> CNNSpec:
 
 
 LAYOUTS = [_draw_layout(random.Random(100 + seed)) for seed in range(N_RANDOM)]
+FIRES = [
+    # SqueezeNet 1.1's layout, small: unpadded strided stem, 3x3/2 ceil-mode pools, a conv classifier
+    CNNSpec(image_size=29, classes=7, stem="imagenet", stem_kernel=3, stem_stride=2, stem_padding=0,
+            base_width=8, block="fire", stages=3, blocks=[2, 1, 2], widths=[16, 24, 32], norm="none",
+            downsamples=["maxpool", "maxpool", "none"], pool="ceil3", classifier="conv", dropout=0.5),
+    # no stem (the first squeeze reads the data), strided and 5x5 expands, batch norm, a linear head
+    CNNSpec(image_size=12, stem="none", block="fire", stages=2, blocks=[1, 2], widths=[10, 12],
+            kernels=[5, 3], downsamples=["stride", "stride"], squeeze_ratio=0.3, expand_split=0.25,
+            head_layers=1, head_width=8),
+    CNNSpec(image_size=16, block="fire", stages=2, base_width=8, norm="group", downsample="maxpool",
+            classifier="conv"),
+]  # fmt: skip
 
 
 def test_random_specs_cover_every_block_kind() -> None:
@@ -126,8 +138,10 @@ def test_random_specs_cover_every_block_kind() -> None:
 
 @pytest.mark.parametrize(
     "spec",
-    SPECS + LAYOUTS,
-    ids=[f"r{i}-{s.block}" for i, s in enumerate(SPECS)] + [f"l{i}-{s.block}" for i, s in enumerate(LAYOUTS)],
+    SPECS + LAYOUTS + FIRES,
+    ids=[f"r{i}-{s.block}" for i, s in enumerate(SPECS)]
+    + [f"l{i}-{s.block}" for i, s in enumerate(LAYOUTS)]
+    + [f"f{i}-fire" for i in range(len(FIRES))],
 )
 def test_count_matches_model(spec: CNNSpec) -> None:
     count = spec.count()
@@ -176,6 +190,24 @@ def test_a_mobilenet_v2_layout_counts_like_the_published_one() -> None:
     assert sum(p.numel() for p in spec.build().parameters()) == 3_504_872
 
 
+def test_a_fire_block_is_squeezenets() -> None:
+    # SqueezeNet 1.1 (224 px, 1000 classes): 1,235,496 parameters and 0.35 G multiply-adds, published
+    spec = CNNSpec(
+        image_size=224, classes=1000, stem="imagenet", stem_kernel=3, stem_stride=2, stem_padding=0,
+        base_width=64, block="fire", stages=4, blocks=[2, 2, 2, 2], widths=[128, 256, 384, 512],
+        downsamples=["maxpool", "maxpool", "none", "none"], norm="none", pool="ceil3", classifier="conv",
+        dropout=0.5,
+    )  # fmt: skip
+    assert spec.count().params == 1_235_496
+    assert spec.count().forward_flops / 2 == pytest.approx(0.35e9, rel=0.02)
+    fire = spec.build()[4]
+    assert (fire.squeeze[0].out_channels, fire.expand1[0].out_channels, fire.expand_k[0].out_channels) == (
+        16,
+        64,
+        64,
+    )
+
+
 def test_stage_widths_are_capped() -> None:
     spec = CNNSpec(base_width=16, width_mult=2.0, max_width=48, stages=4)
     assert spec.stage_widths() == (16, 32, 48, 48)
@@ -196,6 +228,13 @@ def test_stage_widths_are_capped() -> None:
         ({"stages": 1, "downsamples": ["avgpool"]}, "cnn.downsamples"),
         ({"stem": "none", "stem_kernel": 5}, "cnn.stem_kernel"),
         ({"stem_kernel": 4}, "cnn.stem_kernel"),
+        ({"block": "fire", "widths": [8, 1], "stages": 2}, "cnn.expand_split"),
+        ({"block": "fire", "expand_split": 1.0}, "cnn.expand_split"),
+        ({"squeeze_ratio": 0}, "cnn.squeeze_ratio"),
+        ({"classifier": "conv", "head_layers": 1}, "cnn.classifier"),
+        ({"pool": "avg"}, "cnn.pool"),
+        ({"stem_padding": 9}, "cnn.stem_padding"),
+        ({"stem": "none", "stem_padding": 0}, "cnn.stem_padding"),
     ],
 )
 def test_bad_knobs_name_the_knob(knobs: dict[str, Any], field: str) -> None:

@@ -5,8 +5,10 @@ peak, is stopped by its parent past the limit, and reports a failure that is not
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hpcdl.errors import RunFailed
+from hpcdl.measure.device import rank_threads
 from hpcdl.measure.fit import WINDOW, search
 from hpcdl.measure.trial import Trial, cpu_trial
 from hpcdl.workloads.registry import spec_from_dict
@@ -59,7 +61,8 @@ SMALL = {"family": "mlp", "layers": 1, "width": 256, "input_size": 256, "output_
 
 def test_a_real_trial_measures_its_peak_and_is_stopped_past_its_limit() -> None:
     spec = spec_from_dict({**SMALL, "batch_size": 64})
-    t = cpu_trial(spec, "adamw", 1, 8 << 30)
+    t = cpu_trial(spec, "adamw", 1, 8 << 30, threads=1)
+    assert t.threads == 1  # the run's threads, not the parent's
     params = 256 * 256 + 256 + 256 * 10 + 10
     assert t.peak_bytes is not None and 0 < t.peak_bytes < 200 * MB
     assert t.peak_bytes >= 12 * params  # weights' gradients and AdamW's two moments at least
@@ -71,3 +74,12 @@ def test_a_trial_that_fails_for_another_reason_ends_the_run_with_it() -> None:
     spec = spec_from_dict({**SMALL, "batch_size": 4})
     with pytest.raises(RunFailed, match="trial step at batch 4 failed: ValueError: optimizer 'lamb'"):
         cpu_trial(spec, "lamb", 1, 8 << 30)  # not memory: no smaller batch is tried
+
+
+def test_a_rank_trains_with_its_share_of_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert rank_threads(4) == 2  # what the run sets when 4 ranks share a node's 8 cores
+    assert rank_threads(16) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's count, which torch already has
+    assert rank_threads(4) == torch.get_num_threads()

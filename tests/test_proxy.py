@@ -434,6 +434,11 @@ LAYOUT_SPECS = [
     CNNSpec(image_size=16, stem="none", block="plain", stages=3, widths=[6, 10, 14], kernels=[5, 3, 3],
             downsamples=["maxpool", "maxpool", "none"], norm="none", head_pool="flatten", head_layers=1,
             head_width=16),
+    CNNSpec(image_size=30, stem="imagenet", stem_kernel=3, stem_stride=2, stem_padding=0, base_width=8,
+            block="fire", stages=2, blocks=[2, 1], widths=[16, 24], downsamples=["maxpool", "none"],
+            squeeze_ratio=0.25, expand_split=0.75, norm="none", pool="ceil3", classifier="conv"),
+    CNNSpec(image_size=16, stem="none", block="plain", stages=2, widths=[6, 10],
+            downsamples=["maxpool", "none"], norm="none", classifier="conv"),
 ]  # fmt: skip
 
 
@@ -454,6 +459,21 @@ def test_a_networks_structure_gives_back_its_layout(spec: CNNSpec) -> None:
     assert again.block == spec.block
 
 
+def test_a_squeezenet_is_read_as_fire_blocks() -> None:
+    # written as torchvision writes it (functional ReLUs, ceil-mode pools, a conv classifier)
+    model, x = proxy_models.squeezenet()
+    found = structure.read(model, lambda: model(x))
+    knobs = layout.cnn(found["layers"])
+    assert knobs["block"] == "fire" and knobs["widths"] == [16, 48] and knobs["blocks"] == [2, 1]
+    assert (knobs["squeeze_ratio"], knobs["expand_split"]) == (0.25, 0.5)
+    assert (knobs["pool"], knobs["stem_padding"], knobs["classifier"]) == ("ceil3", 0, "conv")
+    spec = CNNSpec(image_size=30, classes=7, dropout=0.5, batch_size=2, **knobs)
+    assert spec.count().params == sum(p.numel() for p in model.parameters())
+    with torch.utils.flop_counter.FlopCounterMode(display=False) as counter:
+        model(x).sum().backward()
+    assert spec.count().train_flops == counter.get_total_flops() // 2
+
+
 def test_the_plain_cnn_of_the_issue_is_fitted_exactly() -> None:
     # counts alone could not pin it down (+2.6 % / -17.8 %); its structure does
     p = hpcdl.profile(*proxy_models.plain_cnn(), steps=1)
@@ -465,6 +485,14 @@ def test_the_plain_cnn_of_the_issue_is_fitted_exactly() -> None:
     assert Profile.from_dict(json.loads(json.dumps(p.to_dict()))).structure == p.structure
 
 
+CONV = {"kind": "conv", "in": 3, "out": 8, "kernel": 3, "stride": 1, "groups": 1, "bias": True, "size": 8}
+"""a conv layer as documents wrote it before ``padding`` was recorded (still valid)"""
+
+
+def test_a_structure_without_conv_padding_still_reads() -> None:
+    assert structure.validate({"layers": [CONV]})["layers"] == [CONV]
+
+
 @pytest.mark.parametrize(
     ("structure_doc", "field"),
     [
@@ -473,6 +501,7 @@ def test_the_plain_cnn_of_the_issue_is_fitted_exactly() -> None:
         ({"layers": [{"kind": "add", "size": -1}]}, "profile.structure.layers[0].size"),
         ({"layers": [{"kind": "norm", "type": 3}]}, "profile.structure.layers[0].type"),
         ({"layers": [], "norm_position": "middle"}, "profile.structure.norm_position"),
+        ({"layers": [{**CONV, "padding": "same"}]}, "profile.structure.layers[0].padding"),
     ],
 )
 def test_a_bad_structure_names_the_field(structure_doc: Any, field: str) -> None:

@@ -16,7 +16,8 @@ from hpcdl.proxy.kernels import CLASSES
 from hpcdl.proxy.measure import STEPS, measure
 from hpcdl.proxy.objective import PROFILE_FIGURE, Weights, describe_errors
 from hpcdl.proxy.reference import RealModel, load_model, resolve_syntax
-from hpcdl.proxy.search import FINALISTS, TOLERANCE, FitResult, describe_spec, fit
+from hpcdl.proxy.result import TOLERANCE, FitResult
+from hpcdl.proxy.search import FINALISTS, describe_spec, fit
 from hpcdl.proxy.training import Trainee
 from hpcdl.proxy.verify import ROUNDS, verify
 from hpcdl.records.schema import FIT

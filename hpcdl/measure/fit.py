@@ -21,7 +21,7 @@ import torch
 
 from hpcdl.errors import InputError, SpecError
 from hpcdl.measure.config import RunConfig
-from hpcdl.measure.device import memory_capacity
+from hpcdl.measure.device import memory_capacity, rank_threads
 from hpcdl.measure.trial import Trial, cpu_trial, cuda_trial
 from hpcdl.parallel.world import World
 from hpcdl.workloads.spec import Spec
@@ -163,14 +163,16 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
     target = cfg.fit_fraction * capacity
     start = estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, capacity)
     gpu = device.type == "cuda"
-    # a CPU trial is stopped when its process passes the rank's whole share of the host
+    # a CPU trial is stopped when its process passes the rank's whole share of the host; it
+    # trains with the threads the run will (the run sets them only after the trials)
     limit = capacity + RANK_PROCESS_BYTES
+    threads = rank_threads(world.local_size)
 
     def measure(batch: int) -> Trial:
         s = spec.replace(batch_size=batch)
         if gpu:
             return cuda_trial(s, cfg.optimizer, cfg.pool_batches, device)
-        return cpu_trial(s, cfg.optimizer, cfg.pool_batches, limit)
+        return cpu_trial(s, cfg.optimizer, cfg.pool_batches, limit, threads)
 
     batch, trials, fixed, slope = search(measure, start, target, capacity, float(spec.memory_per_sample()))
     batch = min(world.allgather(batch))

@@ -5,7 +5,7 @@ its resident set passes a limit: a trial too large is stopped, never killed by t
 out-of-memory killer with the run beside it. On CUDA it runs in this process, measured by the
 caching allocator (``torch.cuda.max_memory_reserved``), an out-of-memory error meaning too large.
 
-    python -m hpcdl.measure.trial SPEC_JSON OPTIMIZER POOL_BATCHES   # prints {"peak_bytes": N}
+    python -m hpcdl.measure.trial SPEC_JSON OPTIMIZER POOL_BATCHES   # prints {"peak_bytes": N, "threads": T}
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ class Trial:
 
     batch: int
     peak_bytes: int | None
+    threads: int | None = None
+    """the threads a CPU trial's child trained with (None on CUDA, or when it was stopped)"""
 
     @property
     def too_large(self) -> bool:
@@ -97,10 +99,14 @@ def cuda_trial(spec: Spec, optimizer: str, pool_batches: int, device: torch.devi
         torch.cuda.empty_cache()
 
 
-def cpu_trial(spec: Spec, optimizer: str, pool_batches: int, limit_bytes: int) -> Trial:
-    """A trial in a child process with this process's threads; None as its peak when the
-    child's resident set passed ``limit_bytes`` (the parent ended it)."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+def cpu_trial(
+    spec: Spec, optimizer: str, pool_batches: int, limit_bytes: int, threads: int | None = None
+) -> Trial:
+    """A trial in a child process with ``threads`` threads (default: this process's), those the
+    run will train with: per-thread buffers (oneDNN's scratchpads, the allocator's arenas) are
+    part of its peak. None as its peak when the child's resident set passed ``limit_bytes`` (the
+    parent ended it)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads or torch.get_num_threads())}
     args = [
         sys.executable,
         "-m",
@@ -123,7 +129,8 @@ def cpu_trial(spec: Spec, optimizer: str, pool_batches: int, limit_bytes: int) -
             return Trial(spec.batch_size, None)
         last = (err.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
         raise TrialFailed(f"a trial step at batch {spec.batch_size} failed: {last}")
-    return Trial(spec.batch_size, int(json.loads(out.strip().splitlines()[-1])["peak_bytes"]))
+    found = json.loads(out.strip().splitlines()[-1])
+    return Trial(spec.batch_size, int(found["peak_bytes"]), int(found["threads"]))
 
 
 def _rss(pid: int) -> int | None:
@@ -160,7 +167,8 @@ def main(argv: list[str]) -> None:
     reset_peak_memory(cpu)
     base = _status_kb("VmRSS")
     train_steps(spec, optimizer, pool, cpu)
-    print(json.dumps({"peak_bytes": (_status_kb("VmHWM") - base) * 1024}))
+    peak = (_status_kb("VmHWM") - base) * 1024
+    print(json.dumps({"peak_bytes": peak, "threads": torch.get_num_threads()}))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ hpcdl workload that costs the same (a *fit*), and verify the two side by side.
 * :mod:`~hpcdl.proxy.structure` -- the network's layers from one hooked forward pass
 * :mod:`~hpcdl.proxy.layout` -- a structure mapped onto a family's knobs
 * :mod:`~hpcdl.proxy.space`, :mod:`~hpcdl.proxy.objective`, :mod:`~hpcdl.proxy.search` -- the fit
+* :mod:`~hpcdl.proxy.result` -- what a fit returns (:class:`FitResult`) and its record
 * :mod:`~hpcdl.proxy.verify` -- interleaved step-time comparison
 """
 
@@ -19,7 +20,8 @@ from typing import Any
 
 from hpcdl.proxy.document import Profile, load
 from hpcdl.proxy.measure import profile
-from hpcdl.proxy.search import FitError, FitResult
+from hpcdl.proxy.result import FitResult
+from hpcdl.proxy.search import FitError
 from hpcdl.proxy.search import fit as _fit
 
 

@@ -26,15 +26,34 @@ class _Block:
     expansion: int = 1
     pooled: bool = False
     """a max pool follows the block"""
+    squeeze: int = 0
+    """fire: channels of the squeeze"""
+    spatial: int = 0
+    """fire: output channels of the kxk expand"""
 
 
 def _depthwise(c: Layer) -> bool:
     return bool(c["groups"] > 1 and c["groups"] == c["in"] == c["out"])
 
 
+def _fire_at(layers: list[Layer], i: int) -> bool:
+    """Whether ``layers[i:i+3]`` is a fire module: a 1x1 squeeze whose output feeds a 1x1 and a
+    kxk expand."""
+    if i + 2 >= len(layers) or any(e["kind"] != "conv" for e in layers[i : i + 3]):
+        return False
+    squeeze, e1, ek = layers[i : i + 3]
+    return bool(
+        squeeze["kernel"] == e1["kernel"] == 1
+        and e1["in"] == ek["in"] == squeeze["out"]
+        and e1["stride"] == ek["stride"] == 1
+        and squeeze["groups"] == e1["groups"] == ek["groups"] == 1
+    )
+
+
 def cnn(layers: list[Layer]) -> dict[str, Any]:
     """The cnn family's knobs for a convolutional classifier's structure: stem, block kind, norm,
-    per-stage widths, block counts, kernels, downsampling and expansions, and the head."""
+    per-stage widths, block counts, kernels, downsampling and expansions, the max pools, and the
+    head."""
     try:
         return _cnn(layers)
     except (KeyError, IndexError, ValueError, ZeroDivisionError):
@@ -59,7 +78,10 @@ def _cnn(layers: list[Layer]) -> dict[str, Any]:
     norm = "batch" if "batch" in norms else "group" if "group" in norms else "none" if not norms else ""
     residual = any(e["kind"] == "add" for e in body)
     depthwise = any(_depthwise(c) for c in convs)
+    fire = not residual and not depthwise and any(_fire_at(convs, i) for i in range(len(convs)))
     knobs: dict[str, Any] = {"norm": norm}
+    pools: set[str] = set()
+    """the max pools' kind: "standard", "ceil3", or "either" where their sides do not tell"""
     # --- the stem: a strided first conv (and the max pool right after it), or the first conv
     # of a residual or depthwise network
     items = [e for e in body if e["kind"] in ("conv", "pool", "add")]
@@ -67,7 +89,7 @@ def _cnn(layers: list[Layer]) -> dict[str, Any]:
     rest = items[1:]
     if first["kind"] != "conv":
         return {}
-    if first["stride"] > 1 or residual or depthwise:
+    if first["stride"] > 1 or residual or depthwise or fire:
         pooled = bool(rest) and rest[0]["kind"] == "pool" and rest[0]["type"] == "max"
         if pooled and (rest[0]["kernel"], rest[0]["stride"]) != (3, 2):
             return {}
@@ -77,6 +99,12 @@ def _cnn(layers: list[Layer]) -> dict[str, Any]:
             "stem_stride": first["stride"],
             "base_width": first["out"],
         }
+        padding = first.get("padding", first["kernel"] // 2)
+        if padding != first["kernel"] // 2:
+            knobs["stem_padding"] = padding
+        if pooled:  # the imagenet stem's pool, padded, rounds an odd side up; SqueezeNet's down
+            side, halved = rest[0]["size"], first["size"] / 2
+            pools.add("either" if side == halved else "standard" if side > halved else "ceil3")
         rest = rest[1:] if pooled else rest
     else:
         knobs["stem"] = "none"
@@ -85,30 +113,90 @@ def _cnn(layers: list[Layer]) -> dict[str, Any]:
     if depthwise:
         kind = "inverted" if residual else "separable"
         blocks, trailing = _depthwise_blocks(rest, kind)
+    elif fire:
+        kind = "fire"
+        blocks, trailing = _fire_blocks(rest, pools)
+        knobs |= _fire_split(blocks)
     elif residual:
         blocks, trailing, kind = _residual_blocks(rest)
     else:
         kind = "plain"
-        blocks, trailing = _plain_blocks(rest)
+        blocks, trailing = _plain_blocks(rest, pools)
     if not blocks:
         return {}
+    classifier = not any(e["kind"] == "linear" for e in head)
+    if classifier and kind == "plain" and not blocks[-1].pooled:  # its last conv classifies
+        trailing, blocks = [convs[-1]], blocks[:-1]
+    if classifier:  # a 1x1 conv to the classes before the pool is the classifier (SqueezeNet)
+        if not trailing or trailing[-1]["kernel"] != 1 or not trailing[-1]["bias"]:
+            return {}
+        trailing = trailing[:-1]
     if trailing:  # a 1x1 conv between the last block and the pool (MobileNetV2's 1280)
         if len(trailing) != 1 or trailing[0]["kernel"] != 1 or kind not in ("inverted", "separable"):
             return {}
         knobs["head_conv"] = trailing[0]["out"]
+    if len(pools - {"either"}) > 1:
+        return {}
+    if "ceil3" in pools:
+        knobs["pool"] = "ceil3"
     knobs["block"] = kind
     knobs |= _stages(blocks, kind)
-    knobs |= _head(head)
+    knobs |= {"classifier": "conv", "head_pool": "global", "head_layers": 0} if classifier else _head(head)
     return knobs
 
 
-def _plain_blocks(items: list[Layer]) -> tuple[list[_Block], list[Layer]]:
+def _stage_pool(e: Layer, blocks: list[_Block], pools: set[str]) -> bool:
+    """Mark the block before a max pool that ends a stage (2x2/2, or SqueezeNet's 3x3/2 in ceil
+    mode: both halve the side, rounding down); False for any other pool."""
+    window = (e["kernel"], e["stride"])
+    if not blocks or e["type"] != "max" or window not in ((2, 2), (3, 2)):
+        return False
+    pools.add("standard" if window == (2, 2) else "ceil3")
+    blocks[-1].pooled = True
+    return True
+
+
+def _fire_blocks(items: list[Layer], pools: set[str]) -> tuple[list[_Block], list[Layer]]:
+    """Fire modules (squeeze, 1x1 expand, kxk expand), a max pool after some; the convs after the
+    last one are returned apart."""
+    blocks: list[_Block] = []
+    j = 0
+    while j < len(items):
+        if items[j]["kind"] == "pool":
+            if not _stage_pool(items[j], blocks, pools):
+                return [], []
+            j += 1
+        elif _fire_at(items, j):
+            squeeze, e1, ek = items[j : j + 3]
+            width = e1["out"] + ek["out"]
+            blocks.append(
+                _Block(squeeze["in"], width, width, squeeze["stride"], ek["kernel"],
+                       squeeze=squeeze["out"], spatial=ek["out"])
+            )  # fmt: skip
+            j += 3
+        else:
+            trailing = items[j:]
+            return (blocks, trailing) if all(e["kind"] == "conv" for e in trailing) else ([], [])
+    return blocks, []
+
+
+def _fire_split(blocks: list[_Block]) -> dict[str, Any]:
+    """The squeeze ratio and expand split that give every fire block its channels."""
+    for b in blocks:
+        ratio, split = b.squeeze / b.c_out, b.spatial / b.c_out
+        if all(
+            (max(1, round(c.c_out * ratio)), round(c.c_out * split)) == (c.squeeze, c.spatial) for c in blocks
+        ):
+            return {"squeeze_ratio": ratio, "expand_split": split}
+    raise ValueError("fire blocks whose squeeze or split differ")
+
+
+def _plain_blocks(items: list[Layer], pools: set[str]) -> tuple[list[_Block], list[Layer]]:
     blocks: list[_Block] = []
     for e in items:
         if e["kind"] == "pool":
-            if not blocks or e["type"] != "max" or (e["kernel"], e["stride"]) != (2, 2):
+            if not _stage_pool(e, blocks, pools):
                 return [], []
-            blocks[-1].pooled = True
         elif e["kind"] == "conv":
             if e["groups"] != 1:
                 return [], []

@@ -179,7 +179,7 @@ def cnn(profile: Profile) -> Space:
     stages = 6
     axes: dict[str, tuple[Any, ...]] = {
         "stem": ("imagenet", "simple", "none"),
-        "block": ("bottleneck", "basic", "plain", "separable"),
+        "block": ("bottleneck", "basic", "plain", "separable", "fire"),
         "stages": _ints(1, stages),
         **{f"blocks{i}": _ints(1, 12) for i in range(stages)},
         "base_width": _ints(8, 256, 8),

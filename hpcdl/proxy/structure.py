@@ -6,7 +6,8 @@ it does not.
 Each layer is a small JSON object, in the order the forward pass ran them:
 
 * ``{"kind": "conv", "in": 64, "out": 128, "kernel": 3, "stride": 2, "groups": 1, "bias": false,
-  "size": 28}`` -- a 2-d convolution and its output map's side
+  "size": 28, "padding": 1}`` -- a 2-d convolution and its output map's side (``padding`` may be
+  absent, in documents written before it was recorded: then ``kernel // 2``)
 * ``{"kind": "norm", "type": "batch" | "group" | "layer" | "other"}``
 * ``{"kind": "pool", "type": "max" | "avg", "kernel": 3, "stride": 2, "size": 56}`` (an adaptive
   pool has ``"kernel": 0`` and its output side)
@@ -110,6 +111,13 @@ def _pair(v: Any) -> int:
     return int(v[0] if isinstance(v, tuple | list) else v)
 
 
+def _padding(conv: nn.Conv2d) -> int:
+    """A convolution's padding along the height; ``"same"`` pads half the kernel, ``"valid"`` none."""
+    if isinstance(conv.padding, str):
+        return _pair(conv.kernel_size) // 2 if conv.padding == "same" else 0
+    return _pair(conv.padding)
+
+
 def describe(module: nn.Module, output: Any) -> dict[str, Any] | None:
     """One layer's entry, or None for a module that is not one of :data:`KINDS`."""
     if isinstance(module, nn.Conv2d):
@@ -122,6 +130,7 @@ def describe(module: nn.Module, output: Any) -> dict[str, Any] | None:
             "groups": module.groups,
             "bias": module.bias is not None,
             "size": _side(output),
+            "padding": _padding(module),
         }
     if isinstance(module, nn.modules.batchnorm._BatchNorm | nn.GroupNorm | nn.LayerNorm):
         kind = "batch" if isinstance(module, nn.modules.batchnorm._BatchNorm) else None
@@ -196,6 +205,10 @@ _FIELDS: dict[str, dict[str, type]] = {
 }
 
 
+_OPTIONAL: dict[str, dict[str, type]] = {"conv": {"padding": int}}
+"""fields a layer may lack (recorded since a later version); when present, checked like the others"""
+
+
 def validate(value: Any, where: str = "profile.structure") -> dict[str, Any]:
     """A structure from a document, checked field by field; a bad one is a one-line ``InputError``."""
     if not isinstance(value, dict) or not isinstance(value.get("layers"), list):
@@ -207,7 +220,10 @@ def validate(value: Any, where: str = "profile.structure") -> dict[str, Any]:
         at = f"{where}.layers[{i}]"
         if not isinstance(entry, dict) or entry.get("kind") not in _FIELDS:
             raise InputError(at, entry, "expected a layer whose kind is one of " + ", ".join(KINDS))
-        for name, kind in _FIELDS[entry["kind"]].items():
+        optional = _OPTIONAL.get(entry["kind"], {})
+        for name, kind in (_FIELDS[entry["kind"]] | optional).items():
+            if name in optional and name not in entry:
+                continue
             v = entry.get(name)
             ok = isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
             if not ok or (isinstance(v, int) and not 0 <= v < 1 << 40):

@@ -1,5 +1,5 @@
-"""CNN: image classifiers built from stages of convolutional blocks -- VGG, ResNet and
-MobileNet-like networks, the classic convolution-bound workloads.
+"""CNN: image classifiers built from stages of convolutional blocks -- VGG, ResNet, MobileNet and
+SqueezeNet-like networks, the classic convolution-bound workloads.
 
 The layout (channels, strides and feature-map sizes of every block) is planned once by
 :meth:`CNNSpec.plan`; :meth:`CNNSpec.build_module` and :meth:`CNNSpec.count` both walk that
@@ -22,10 +22,12 @@ from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
 
 STEMS = ("none", "simple", "imagenet")
-BLOCKS = ("plain", "basic", "bottleneck", "separable", "inverted")
+BLOCKS = ("plain", "basic", "bottleneck", "separable", "inverted", "fire")
 DOWNSAMPLES = ("stride", "maxpool", "none")
 NORMS = ("batch", "group", "none")
 HEAD_POOLS = ("global", "flatten")
+POOLS = ("standard", "ceil3")
+CLASSIFIERS = ("linear", "conv")
 
 FLATTEN_SIZE = 7
 """side of the map that the "flatten" head pools to, as torchvision's VGG does"""
@@ -47,7 +49,10 @@ class BlockPlan:
     kernel: int = 3
     """side of the block's spatial (kxk) convolution"""
     hidden: int = 0
-    """inverted only: channels of the expanded (depthwise) layer, ``c_in`` x the stage's expansion"""
+    """inverted: channels of the expanded (depthwise) layer, ``c_in`` x the stage's expansion;
+    fire: channels of the 1x1 squeeze"""
+    spatial: int = 0
+    """fire only: output channels of the kxk expand (the 1x1 expand gives the other ``c_out - spatial``)"""
 
     @property
     def projects(self) -> bool:
@@ -132,13 +137,27 @@ class CNNSpec(Spec):
         choices=BLOCKS,
         doc="plain: conv-norm-relu; basic: ResNet 2-conv residual; bottleneck: ResNet v1.5 "
         "1x1-kxk-1x1 residual; separable: depthwise kxk + pointwise 1x1 (MobileNet); inverted: "
-        "1x1 expand (x expansion), depthwise kxk, linear 1x1, residual when the shape stays (MobileNetV2)",
+        "1x1 expand (x expansion), depthwise kxk, linear 1x1, residual when the shape stays (MobileNetV2); "
+        "fire: 1x1 squeeze, then a 1x1 and a kxk expand side by side, concatenated (SqueezeNet)",
     )
     expansion: int = knob(
         4,
         lo=1,
         hi=16,
         doc="bottleneck: output channels = width * expansion; inverted: hidden = input * expansion",
+    )
+    squeeze_ratio: float = knob(
+        0.125,
+        lo=0.01,
+        hi=1.0,
+        doc="fire: channels of the squeeze = round(width x squeeze_ratio), at least 1 (SqueezeNet: 1/8)",
+    )
+    expand_split: float = knob(
+        0.5,
+        lo=0.01,
+        hi=0.99,
+        doc="fire: share of a block's output channels from the kxk expand, the rest from the 1x1 "
+        "(SqueezeNet: 0.5)",
     )
     downsample: str = knob(
         "stride",
@@ -149,10 +168,22 @@ class CNNSpec(Spec):
     norm: str = knob(
         "batch", choices=NORMS, doc="normalisation after each conv (convs get a bias only with none)"
     )
+    pool: str = knob(
+        "standard",
+        choices=POOLS,
+        doc="the max pools: standard (the imagenet stem's 3x3/2 padded by 1, the stages' 2x2/2); "
+        "ceil3 (every one 3x3/2, unpadded, in ceil mode: SqueezeNet)",
+    )
     head_pool: str = knob(
         "global",
         choices=HEAD_POOLS,
         doc="global: average pool to 1x1; flatten: average pool to 7x7 and flatten",
+    )
+    classifier: str = knob(
+        "linear",
+        choices=CLASSIFIERS,
+        doc="linear: a fully connected layer after the pool; conv: a 1x1 conv (bias, ReLU) to the "
+        "classes before a global pool, dropout before it (SqueezeNet)",
     )
     head_layers: int = knob(0, lo=0, hi=16, doc="hidden fully connected layers (ReLU) before the classifier")
     head_width: int = knob(4096, lo=1, hi=1 << 17, doc="units per hidden head layer")
@@ -180,6 +211,7 @@ class CNNSpec(Spec):
         0, lo=0, hi=15, doc="side of the stem's conv, odd (0: 7 for imagenet, 3 for simple)"
     )
     stem_stride: int = knob(0, lo=0, hi=8, doc="stride of the stem's conv (0: 2 for imagenet, 1 for simple)")
+    stem_padding: int = knob(-1, lo=-1, hi=7, doc="padding of the stem's conv (-1: kernel // 2)")
     head_conv: int = knob(
         0,
         lo=0,
@@ -220,10 +252,25 @@ class CNNSpec(Spec):
                     list(value),
                     f"expected no entry or one per stage (stages={self.stages})",
                 )
-        if self.stem == "none" and (self.stem_kernel or self.stem_stride):
+        if self.classifier == "conv" and (self.head_pool, self.head_layers) != ("global", 0):
             raise SpecError(
-                f"{self.family}.stem_kernel", self.stem_kernel, "needs a stem (stem=simple or imagenet)"
+                f"{self.family}.classifier", self.classifier, "conv needs head_pool=global and head_layers=0"
             )
+        if self.block == "fire":
+            for width in self.stage_widths():
+                if not 0 < self.fire_split(width)[1] < width:
+                    raise SpecError(
+                        f"{self.family}.expand_split",
+                        self.expand_split,
+                        f"leaves an expand of a {width}-channel fire block without channels",
+                    )
+        stem_knobs = {"stem_kernel": self.stem_kernel, "stem_stride": self.stem_stride}
+        stem_knobs["stem_padding"] = self.stem_padding + 1  # its default is -1
+        for name, value in stem_knobs.items():
+            if self.stem == "none" and value:
+                raise SpecError(
+                    f"{self.family}.{name}", getattr(self, name), "needs a stem (stem=simple or imagenet)"
+                )
         if min(self.plan().sizes) < 1:
             raise SpecError(
                 f"{self.family}.image_size",
@@ -265,10 +312,26 @@ class CNNSpec(Spec):
         first = "none" if self.downsample == "stride" else self.downsample
         return (first,) + (self.downsample,) * (self.stages - 1)
 
-    def stem_conv(self) -> tuple[int, int]:
-        """(kernel, stride) of the stem's conv."""
+    def stem_conv(self) -> tuple[int, int, int]:
+        """(kernel, stride, padding) of the stem's conv."""
         kernel, stride = (7, 2) if self.stem == "imagenet" else (3, 1)
-        return self.stem_kernel or kernel, self.stem_stride or stride
+        kernel = self.stem_kernel or kernel
+        return kernel, self.stem_stride or stride, kernel // 2 if self.stem_padding < 0 else self.stem_padding
+
+    def fire_split(self, width: int) -> tuple[int, int]:
+        """(squeeze, kxk expand) channels of a fire block of ``width`` output channels."""
+        return max(1, round(width * self.squeeze_ratio)), round(width * self.expand_split)
+
+    def _pool_out(self, size: int, *, stem: bool = False) -> int:
+        """Side of a max pool's output: a 3x3/2 window in ceil mode keeps a last, partial window."""
+        if self.pool == "ceil3":
+            return -(-(size - 3) // 2) + 1 if size >= 3 else 0
+        return conv_out(size, 3, 2, 1) if stem else conv_out(size, 2, 2, 0)
+
+    def _max_pool(self, *, stem: bool = False) -> nn.Module:
+        if self.pool == "ceil3":
+            return nn.MaxPool2d(3, stride=2, ceil_mode=True)
+        return nn.MaxPool2d(3, stride=2, padding=1) if stem else nn.MaxPool2d(2, stride=2)
 
     def plan(self, image_size: int | None = None) -> Plan:
         """Channels, strides and map sides of every layer for ``image_size`` (default: the knob)."""
@@ -276,10 +339,10 @@ class CNNSpec(Spec):
         channels, conv_size = self.in_channels, size
         if self.stem != "none":
             channels = self.base_width
-            kernel, stride = self.stem_conv()
-            size = conv_size = conv_out(size, kernel, stride, kernel // 2)
+            kernel, stride, padding = self.stem_conv()
+            size = conv_size = conv_out(size, kernel, stride, padding)
             if self.stem == "imagenet":
-                size = conv_out(conv_size, 3, 2, 1)
+                size = self._pool_out(conv_size, stem=True)
         stem_channels, stem_size = channels, size
         stages: list[tuple[BlockPlan, ...]] = []
         stage_sizes: list[int] = []
@@ -298,11 +361,13 @@ class CNNSpec(Spec):
                 stride = 2 if down == "stride" and j == 0 else 1
                 # every strided conv pads k//2 (1x1: 0), so all give the same side
                 out = conv_out(size, k, stride, k // 2)
-                hidden = channels * expansion if self.block == "inverted" else 0
-                blocks.append(BlockPlan(channels, width, c_out, stride, size, out, k, hidden))
+                hidden, spatial = channels * expansion if self.block == "inverted" else 0, 0
+                if self.block == "fire":
+                    hidden, spatial = self.fire_split(width)
+                blocks.append(BlockPlan(channels, width, c_out, stride, size, out, k, hidden, spatial))
                 channels, size = c_out, out
             if down == "maxpool":
-                size = conv_out(size, 2, 2, 0)
+                size = self._pool_out(size)
             stages.append(tuple(blocks))
             stage_sizes.append(size)
         pools = tuple(d == "maxpool" for d in self.stage_downsamples())
@@ -317,14 +382,15 @@ class CNNSpec(Spec):
         plan = self.plan()
         mods: list[nn.Module] = []
         if self.stem != "none":
-            kernel, stride = self.stem_conv()
-            mods += self._conv_norm_relu(self.in_channels, plan.stem_channels, kernel, stride)
+            kernel, stride, padding = self.stem_conv()
+            stem = self._conv_norm_relu(self.in_channels, plan.stem_channels, kernel, stride, padding=padding)
+            mods += stem
             if self.stem == "imagenet":
-                mods.append(nn.MaxPool2d(3, stride=2, padding=1))
+                mods.append(self._max_pool(stem=True))
         for stage, pool in zip(plan.stages, plan.stage_pools, strict=True):
             mods += [self._block(b) for b in stage]
             if pool:
-                mods.append(nn.MaxPool2d(2, stride=2))
+                mods.append(self._max_pool())
         channels = plan.channels
         if self.head_conv:
             mods += self._conv_norm_relu(channels, self.head_conv, 1)
@@ -332,10 +398,13 @@ class CNNSpec(Spec):
         mods += self._head(channels)
         return nn.Sequential(*mods)
 
-    def _conv(self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1) -> nn.Conv2d:
+    def _conv(
+        self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1, padding: int = -1
+    ) -> nn.Conv2d:
         # a bias right before a norm would be cancelled by its mean subtraction
+        padding = kernel // 2 if padding < 0 else padding
         return nn.Conv2d(
-            c_in, c_out, kernel, stride=stride, padding=kernel // 2, groups=groups, bias=self.norm == "none"
+            c_in, c_out, kernel, stride=stride, padding=padding, groups=groups, bias=self.norm == "none"
         )
 
     def _norm(self, c: int) -> nn.Module:
@@ -346,9 +415,9 @@ class CNNSpec(Spec):
         return nn.Identity()
 
     def _conv_norm_relu(
-        self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1
+        self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1, padding: int = -1
     ) -> list[nn.Module]:
-        return [self._conv(c_in, c_out, kernel, stride, groups), self._norm(c_out), nn.ReLU()]
+        return [self._conv(c_in, c_out, kernel, stride, groups, padding), self._norm(c_out), nn.ReLU()]
 
     def _block(self, b: BlockPlan) -> nn.Module:
         k = b.kernel
@@ -363,6 +432,12 @@ class CNNSpec(Spec):
             return inverted if b.projects else Residual(inverted, nn.Identity(), relu=False)
         if self.block == "plain":
             return nn.Sequential(*self._conv_norm_relu(b.c_in, b.c_out, k, b.stride))
+        if self.block == "fire":  # a strided block strides its squeeze
+            return Fire(
+                nn.Sequential(*self._conv_norm_relu(b.c_in, b.hidden, 1, b.stride)),
+                nn.Sequential(*self._conv_norm_relu(b.hidden, b.c_out - b.spatial, 1)),
+                nn.Sequential(*self._conv_norm_relu(b.hidden, b.spatial, k)),
+            )
         if self.block == "separable":
             return nn.Sequential(
                 *self._conv_norm_relu(b.c_in, b.c_in, k, b.stride, groups=b.c_in),
@@ -385,6 +460,10 @@ class CNNSpec(Spec):
         return Residual(nn.Sequential(*body), shortcut)
 
     def _head(self, channels: int) -> list[nn.Module]:
+        if self.classifier == "conv":
+            drop: list[nn.Module] = [nn.Dropout(self.dropout)] if self.dropout else []
+            classify = nn.Conv2d(channels, self.classes, 1)  # the classifier: a bias, no norm
+            return [*drop, classify, nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()]
         side = 1 if self.head_pool == "global" else FLATTEN_SIZE
         mods: list[nn.Module] = [nn.AdaptiveAvgPool2d(side), nn.Flatten()]
         fan_in = channels * side * side
@@ -408,7 +487,7 @@ class CNNSpec(Spec):
         t.keep(self.in_channels * self.image_size**2)
         first = True  # the next conv reads the data: autograd computes no input gradient
         if self.stem != "none":
-            kernel, _ = self.stem_conv()
+            kernel, _, _ = self.stem_conv()
             self._count_conv(t, plan.stem_conv_size, self.in_channels, plan.stem_channels, kernel, data=True)
             if self.stem == "imagenet":
                 t.keep(plan.stem_channels * plan.stem_size**2)  # max pool output (its indices)
@@ -423,7 +502,7 @@ class CNNSpec(Spec):
         if self.head_conv:
             self._count_conv(t, plan.stage_sizes[-1], channels, self.head_conv, 1)
             channels = self.head_conv
-        self._count_head(t, channels)
+        self._count_head(t, channels, plan.stage_sizes[-1])
         return t.result()
 
     def _count_conv(
@@ -466,6 +545,12 @@ class CNNSpec(Spec):
         if self.block == "plain":
             self._count_conv(t, s, b.c_in, b.c_out, k, data=data)
             return
+        if self.block == "fire":
+            self._count_conv(t, s, b.c_in, b.hidden, 1, data=data)
+            self._count_conv(t, s, b.hidden, b.c_out - b.spatial, 1)
+            self._count_conv(t, s, b.hidden, b.spatial, k)
+            t.keep(b.c_out * s * s)  # the concatenation, a tensor of its own that the next layer keeps
+            return
         if self.block == "separable":
             self._count_conv(t, s, b.c_in, b.c_in, k, groups=b.c_in, data=data)
             self._count_conv(t, s, b.c_in, b.c_out, 1)
@@ -481,7 +566,13 @@ class CNNSpec(Spec):
             self._count_conv(t, s, b.c_in, b.c_out, 1, data=data, relu=False)
         t.keep(b.c_out * s * s)  # the ReLU after the residual sum
 
-    def _count_head(self, t: Tally, channels: int) -> None:
+    def _count_head(self, t: Tally, channels: int, size: int) -> None:
+        if self.classifier == "conv":
+            if self.dropout:
+                t.keep(channels * size * size * 5 // 4)  # the dropped map and its boolean mask
+            t.conv2d((size, size), channels, self.classes, (1, 1), bias=True)
+            t.keep(self.classes * size * size)  # the ReLU's output
+            return
         side = 1 if self.head_pool == "global" else FLATTEN_SIZE
         fan_in = channels * side * side
         t.keep(fan_in)  # pooled features, the first linear's input
@@ -492,6 +583,20 @@ class CNNSpec(Spec):
                 t.keep(self.head_width // 4)  # the dropout mask, booleans: a quarter element each
             fan_in = self.head_width
         t.linear(1, fan_in, self.classes)
+
+
+class Fire(nn.Module):
+    """SqueezeNet's fire module: ``cat(expand1(s), expand_k(s))`` with ``s = squeeze(x)``."""
+
+    def __init__(self, squeeze: nn.Module, expand1: nn.Module, expand_k: nn.Module) -> None:
+        super().__init__()
+        self.squeeze = squeeze
+        self.expand1 = expand1
+        self.expand_k = expand_k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.squeeze(x)
+        return torch.cat([self.expand1(s), self.expand_k(s)], 1)
 
 
 class Residual(nn.Module):
