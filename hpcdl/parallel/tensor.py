@@ -32,6 +32,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 
 from hpcdl.measure.device import synchronize
 from hpcdl.parallel.backends import Traffic
+from hpcdl.workloads.counting import Count
 from hpcdl.workloads.precision import precision
 
 if TYPE_CHECKING:
@@ -105,3 +106,10 @@ def time_collective(traffic: Traffic, group: dist.ProcessGroup, device: torch.de
         if i:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def rank_count(spec: Spec, tp: int) -> Count:
+    """One rank's parameters and work per sample under tensor parallelism over ``tp`` ranks: the
+    family's own count of its shard (``AttentionSpec.count``, ``MLPSpec.count``)."""
+    count: Count = spec.count(tp)  # type: ignore[call-arg]
+    return count

@@ -98,7 +98,7 @@ class TensorParallel(DistGroup):
         if self.layout.dp > 1:
             out["allreduce"] = self.traffic(model)[0]
         for t in tp_traffic(spec, self.layout.tp):
-            out[f"tp.{t.collective}"] = t
+            out[f"tp.{t.collective}"] = Traffic(f"tp.{t.collective}", t.bytes, t.calls)
         return out
 
     def group_ranks(self, name: str) -> int:
