@@ -147,6 +147,14 @@ class Settings:
         """Samples one rank trains on per step (``metrics.samples_per_step``)."""
         return metrics.samples_per_step(self.batch_per_rank, self.accumulation_steps)
 
+    @property
+    def ranks_per_sample(self) -> int:
+        """Ranks that train on the same samples: tp x pp of the layout (1 without one)."""
+        from hpcdl.parallel.layout import parse_layout  # records read parallel's layout text
+
+        layout = parse_layout(self.layout or "")
+        return layout.tp * layout.pp
+
 
 @dataclass(frozen=True)
 class Counts:
