@@ -55,7 +55,8 @@ def test_layout_parses_fits_and_places_tp_innermost() -> None:
     layout = fit_layout(parse_layout("tp=2, pp=2,schedule=gpipe"), 8)
     assert (layout.dp, layout.tp, layout.pp, layout.schedule, layout.chunks) == (2, 2, 2, "gpipe", 4)
     assert layout.coords(5) == {"pp": 1, "dp": 0, "tp": 1}
-    assert layout.tp_group(5) == [4, 5] and layout.dp_group(5) == [5, 7] and layout.stage_ranks(1) == [4, 5, 6, 7]
+    assert layout.tp_group(5) == [4, 5] and layout.dp_group(5) == [5, 7]
+    assert layout.stage_ranks(1) == [4, 5, 6, 7]
     assert fit_layout(parse_layout(""), 4) == Layout(dp=4)
     assert str(fit_layout(parse_layout("dp=2,tp=2"), 4)) == "dp=2,tp=2,pp=1"
 
