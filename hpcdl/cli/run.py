@@ -19,10 +19,11 @@ from hpcdl.measure.device import resolve_device
 from hpcdl.measure.peaks import has_bf16
 from hpcdl.measure.runner import RunResult, preflight, run
 from hpcdl.parallel.launch import launch
+from hpcdl.parallel.layout import parse_layout
 from hpcdl.parallel.world import World, init_world, under_mpi
 from hpcdl.records import mllog, repeats, schema
 from hpcdl.records.store import read_steps, write_record
-from hpcdl.records.views import Target
+from hpcdl.records.views import Result, Target
 from hpcdl.results.text import mfu_text, notes_once, si, table
 from hpcdl.workloads import recipes
 from hpcdl.workloads.spec import Spec
@@ -57,6 +58,17 @@ def class_run(
         err(f"class {size_class}: {device} has no bf16 arithmetic; running its bf16 workloads in fp32")
         specs = {n: s.replace(precision="fp32") if s.precision == "bf16" else s for n, s in specs.items()}
     return specs, cfg
+
+
+def class_layout(cfg: RunConfig, name: str, world: World) -> RunConfig:
+    """The run settings of a class's workload ``name``: with the class's default layout for this
+    job (``Suite.default_layout``) unless ``--layout`` names one; data parallelism where tp x pp
+    of that layout does not divide the ranks."""
+    if cfg.layout or not cfg.suite_class or world.size == 1:
+        return cfg
+    text = recipes.suite(cfg.suite_class).default_layout(name, world.nodes)
+    layout = parse_layout(text)
+    return cfg.replace(layout=text) if world.size % (layout.tp * layout.pp) == 0 else cfg
 
 
 def summary_rows(results: dict[str, RunResult]) -> list[list[str]]:
@@ -95,8 +107,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(specs) > 1 and args.duration is None and args.steps is None:
         cfg = cfg.replace(duration_s=12.0)  # the default suite: ~2 minutes on a 2-core CPU
     local = World(size=args.np, local_size=1 if under_mpi() else args.np)  # --np: all ranks here
-    for spec in specs.values():
-        preflight(spec, cfg, local)  # refuse bad input before anything is measured
+    for name, spec in specs.items():
+        preflight(spec, class_layout(cfg, name, local), local)  # bad input refused before anything runs
     if args.mllog:
         mllog.check(Path(args.mllog))
     if not under_mpi():
@@ -125,7 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         with LiveLine(prefix, cfg.steps, cfg.duration_s) as line:
             res = run(
                 spec,
-                cfg,
+                class_layout(cfg, name, world),
                 output_dir=out,
                 name=repeats.repeat_name(base, r, args.repeat),
                 progress=line.say,
@@ -156,6 +168,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{name}: {target_text(target)}")
         if res.result.metrics.fit:
             print(f"{name}: {fit_text(res.result.metrics.fit)}")
+        if res.result.settings.layout:
+            print(f"{name}: {layout_text(res.result)}")
     print("\n".join(peak_lines(results)) + f"\nRecords in {out}/")
     if args.repeat > 1:
         print(repeat_table(specs, results, args.repeat, out, stamp))
@@ -182,6 +196,20 @@ def log_run(path: Path, res: RunResult, started: float, say: Any) -> int:
         say(f"hpcdl: --mllog {path}: the lines of {res.result.name} were not written ({why}); its record was")
         return 1
     return 0
+
+
+def layout_text(result: Result) -> str:
+    """Where a layout run's step goes per parallel dimension: the median step, and each
+    dimension's collectives per step (timed after training on their groups)."""
+    m = result.metrics
+    step = m.step_time_s.median
+    parts = [
+        f"{name} {c.seconds_per_step * 1e3:.3g} ms ({c.seconds_per_step / step:.0%}; "
+        f"{c.calls_per_step} calls, {si(c.bytes_per_step, 'B')} among {c.ranks} ranks)"
+        for name, c in m.communication.collectives.items()
+    ]
+    crossing = "; tp groups span nodes" if result.settings.tp_crosses_nodes else ""
+    return f"layout {result.settings.layout}: step {step * 1e3:.3g} ms: " + ", ".join(parts) + crossing
 
 
 def fit_text(fit: dict[str, Any]) -> str:
