@@ -23,51 +23,48 @@ gradients are those of the mean loss of the whole batch, as one process computes
 data parallelism beside the pipeline (``dp`` > 1) each stage is wrapped in
 DistributedDataParallel over the ranks that hold the same stage, which PyTorch's stage lets
 reduce during the last micro-batch's backward only.
+
+This module is the plan (split, schedules, checks, what a rank reports); the stages and the
+schedule that run it are ``hpcdl.parallel.schedule``'s (torch's pipelining takes seconds to
+import: only a pipeline run pays for it).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
 
 from hpcdl import metrics
 from hpcdl.errors import SpecError
-from hpcdl.measure.device import synchronize
+from hpcdl.parallel.layout import FIELD
 from hpcdl.workloads.precision import precision as precision_of
 from hpcdl.workloads.spec import Spec
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """A named pipeline schedule: PyTorch's class, and the stages each rank holds (``virtual``:
-    more than one for the interleaved schedule, whose rank r holds stages r, r + pp, ...)."""
+    """A named pipeline schedule: PyTorch's class (in ``torch.distributed.pipelining``), and the
+    stages each rank holds (``virtual``: 2 for the interleaved schedule, whose rank r holds
+    stages r and r + pp)."""
 
-    cls: type
+    torch_class: str
     virtual: int
     doc: str
 
 
 SCHEDULES: dict[str, Schedule] = {
-    "gpipe": Schedule(ScheduleGPipe, 1, "all forwards, then all backwards (fill and drain)"),
-    "1f1b": Schedule(Schedule1F1B, 1, "one forward, one backward in the steady state (microbatches >= pp)"),
+    "gpipe": Schedule("ScheduleGPipe", 1, "all forwards, then all backwards (fill and drain)"),
+    "1f1b": Schedule("Schedule1F1B", 1, "one forward, one backward in the steady state (microbatches >= pp)"),
     "interleaved": Schedule(
-        ScheduleInterleaved1F1B, 2, "1F1B over 2 stages per rank (Megatron's interleaved; 2 x pp <= layers)"
+        "ScheduleInterleaved1F1B", 2, "1F1B over 2 stages per rank (Megatron's interleaved; 2 x pp <= layers)"
     ),
 }
-"""``layout.schedule`` -> its schedule"""
+"""``run.layout``'s ``schedule`` -> its schedule"""
 
 
 @dataclass(frozen=True)
@@ -101,7 +98,7 @@ def _attention_parts(model: nn.Module) -> Parts:
 
 def _mlp_parts(model: nn.Module) -> Parts:
     # nn.Sequential(Linear, ReLU, ..., Linear, ReLU, Linear): a block is a hidden layer and its ReLU
-    layers = list(model)
+    layers = list(model.children())
     blocks: list[nn.Module] = [nn.Sequential(layers[i], layers[i + 1]) for i in range(0, len(layers) - 1, 2)]
     return Parts(None, blocks, End(layers[-1], (layers[-1],)))
 
@@ -125,45 +122,56 @@ def stage_layers(layers: int, stages: int) -> list[range]:
 def check(spec: Spec, pp: int, schedule: str, microbatches: int) -> None:
     """Refuse, in one line, a pipeline this model and batch cannot run (before anything starts)."""
     if schedule not in SCHEDULES:
-        raise SpecError("layout.schedule", schedule, f"one of {', '.join(SCHEDULES)}")
+        raise SpecError(f"{FIELD}.schedule", schedule, f"one of {', '.join(SCHEDULES)}")
     if pp == 1:
         return
-    family = spec.family
+    family, virtual = spec.family, SCHEDULES[schedule].virtual
     if family not in SPLITS:
-        raise SpecError("layout.pp", pp, f"1 for the {family} family: pipelines split {' and '.join(SPLITS)}")
-    chunks = pp * SCHEDULES[schedule].virtual
-    layers = int(getattr(spec, "layers"))
-    if chunks > layers:
-        per = f" x {SCHEDULES[schedule].virtual} stages per rank ({schedule})" if chunks > pp else ""
-        raise SpecError("layout.pp", pp, f"at most {family}.layers={layers} stages: pp{per} = {chunks}")
-    if microbatches < 1 or spec.batch_size % microbatches:
+        raise SpecError(f"{FIELD}.pp", pp, f"1 for {family}: pipelines split {' and '.join(SPLITS)}")
+    layers = int(spec.layers)  # type: ignore[attr-defined]
+    if pp * virtual > layers:
+        per = f" x {virtual} stages per rank ({schedule})" if virtual > 1 else ""
         raise SpecError(
-            "layout.microbatches", microbatches, f"a divisor of {family}.batch_size={spec.batch_size}"
+            f"{FIELD}.pp", pp, f"at most {family}.layers={layers} stages: pp{per} = {pp * virtual}"
+        )
+    if spec.batch_size % microbatches:
+        raise SpecError(
+            f"{FIELD}.microbatches", microbatches, f"must divide {family}.batch_size={spec.batch_size}"
         )
     if schedule == "1f1b" and microbatches < pp:
-        raise SpecError("layout.microbatches", microbatches, f">= pp={pp} with schedule=1f1b")
-    if schedule == "interleaved" and microbatches % max(1, microbatches // pp):
-        raise SpecError(
-            "layout.microbatches", microbatches, f"a multiple of its rounds microbatches // pp with pp={pp}"
-        )
-    if getattr(spec, "tie_embeddings", False) and getattr(spec, "head", "") == "lm":
-        raise SpecError(
-            f"{family}.tie_embeddings", True, "false under pipeline parallelism (the head is not on the first stage)"
-        )
-    if getattr(spec, "experts", 0) and getattr(spec, "expert_parallel", False):
-        raise SpecError(
-            f"{family}.expert_parallel", True, "false under pipeline parallelism (each stage holds its experts)"
-        )
-    if spec.accumulation_steps > 1:
-        raise SpecError(
-            f"{family}.accumulation_steps",
-            spec.accumulation_steps,
-            "1 under pipeline parallelism: its micro-batches accumulate the gradients",
-        )
-    if precision_of(spec.precision).loss_scaling:
-        raise SpecError(
-            f"{family}.precision", spec.precision, "not fp16 under pipeline parallelism (stages would skip steps apart)"
-        )
+        raise SpecError(f"{FIELD}.microbatches", microbatches, f">= pp={pp} with schedule=1f1b")
+    rounds = max(1, microbatches // pp)
+    if schedule == "interleaved" and microbatches % rounds:
+        raise SpecError(f"{FIELD}.microbatches", microbatches, f"a multiple of microbatches // pp = {rounds}")
+    for knob, bad, why in _REFUSED:
+        value = getattr(spec, knob, None)
+        if value is not None and bad(spec):
+            raise SpecError(f"{family}.{knob}", value, f"{why} under pipeline parallelism")
+
+
+_REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
+    (
+        "tie_embeddings",
+        lambda s: s.tie_embeddings and s.head == "lm",
+        "false (the head is not on the first stage)",
+    ),
+    (
+        "expert_parallel",
+        lambda s: s.experts and s.expert_parallel,
+        "false (each stage holds its own experts)",
+    ),
+    (
+        "accumulation_steps",
+        lambda s: s.accumulation_steps > 1,
+        "1 (the micro-batches accumulate the gradients)",
+    ),
+    (
+        "precision",
+        lambda s: precision_of(s.precision).loss_scaling,
+        "not fp16 (stages would skip steps apart)",
+    ),
+]
+"""knobs a pipeline cannot take: (knob, when its value is refused, what is allowed)"""
 
 
 class StageModule(nn.Module):
@@ -202,41 +210,6 @@ def stage_modules(spec: Spec, model: nn.Module, chunks: int) -> list[StageModule
     ]
 
 
-class TimedStage(PipelineStage):
-    """PyTorch's stage, its forward and backward actions timed (the device synchronised around
-    them) and the bytes it sends counted: what the bubble and the point-to-point traffic are
-    measured from."""
-
-    busy_s: float = 0.0
-    sent_bytes: int = 0
-    sends: int = 0
-
-    def _timed(self, action: Callable[[], Any]) -> Any:
-        synchronize(self.device)
-        t0 = time.perf_counter()
-        out = action()
-        synchronize(self.device)
-        self.busy_s += time.perf_counter() - t0
-        return out
-
-    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(lambda: super(TimedStage, self).forward_one_chunk(*args, **kwargs))
-
-    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(lambda: super(TimedStage, self).backward_one_chunk(*args, **kwargs))
-
-    def _counted(self, ops: list[dist.P2POp]) -> list[dist.P2POp]:
-        self.sent_bytes += sum(op.tensor.numel() * op.tensor.element_size() for op in ops)
-        self.sends += len(ops)
-        return ops
-
-    def get_fwd_send_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:
-        return self._counted(super().get_fwd_send_ops(fwd_chunk_id))
-
-    def get_bwd_send_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
-        return self._counted(super().get_bwd_send_ops(bwd_chunk_id))
-
-
 def pipeline_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The loss of one micro-batch on the last stage: mean cross-entropy in fp32, as one process
     computes it (``measure.loop.Trainer``)."""
@@ -258,80 +231,29 @@ class StepTimes:
         return metrics.pipeline_bubble(self.busy_s, self.span_s)
 
 
-class Pipeline:
-    """This rank's stages of a pipeline over ``pp`` ranks (its place ``pp_rank`` among them,
-    communicating over ``group``) and the schedule that steps them. With ``dp_group`` each
-    stage is also data-parallel over that group (DistributedDataParallel)."""
+@dataclass(frozen=True)
+class StageLog:
+    """What one rank's stages did in the timed steps (plain data: rank 0 gathers it)."""
 
-    def __init__(
-        self,
-        spec: Spec,
-        model: nn.Module,
-        *,
-        pp: int,
-        pp_rank: int,
-        schedule: str,
-        microbatches: int,
-        device: torch.device,
-        group: dist.ProcessGroup | None = None,
-        dp_group: dist.ProcessGroup | None = None,
-    ) -> None:
-        check(spec, pp, schedule, microbatches)
-        kind = SCHEDULES[schedule]
-        chunks = pp * kind.virtual
-        self.schedule_name, self.microbatches, self.pp, self.virtual = schedule, microbatches, pp, kind.virtual
-        all_modules = stage_modules(spec, model, chunks)
-        self.indices = [pp_rank + k * pp for k in range(kind.virtual)]
-        self.modules: list[nn.Module] = []
-        for i in self.indices:
-            module: nn.Module = all_modules[i].to(device)
-            if dp_group is not None and dist.get_world_size(dp_group) > 1:
-                from torch.nn.parallel import DistributedDataParallel
-
-                ids = [device.index] if device.type == "cuda" else None
-                module = DistributedDataParallel(module, device_ids=ids, process_group=dp_group)
-            self.modules.append(module)
-        self.stages = [TimedStage(m, i, chunks, device, group=group) for m, i in zip(self.modules, self.indices)]
-        self.first = 0 in self.indices
-        self.last = chunks - 1 in self.indices
-        if kind.virtual == 1:
-            self.schedule = kind.cls(self.stages[0], microbatches, loss_fn=pipeline_loss)
-        else:
-            self.schedule = kind.cls(self.stages, microbatches, loss_fn=pipeline_loss)
-
-    def parameters(self) -> list[nn.Parameter]:
-        """The parameters this rank's stages hold (its optimizer's)."""
-        return [p for m in self.modules for p in m.parameters()]
-
-    def train(self) -> None:
-        for m in self.modules:
-            m.train()
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor | None, StepTimes]:
-        """One step of the whole batch ``x``, ``y`` through the pipeline: every micro-batch's
-        forward and backward, in the schedule's order; the gradients are left on the
-        parameters. Returns the batch's mean loss (on the rank of the last stage; None
-        elsewhere) and this rank's times."""
-        for s in self.stages:
-            s.busy_s, s.sent_bytes, s.sends = 0.0, 0, 0
-        args = (x,) if self.first else ()
-        losses: list[torch.Tensor] = []
-        t0 = time.perf_counter()
-        if self.last:
-            self.schedule.step(*args, target=y, losses=losses, return_outputs=False)
-        else:
-            self.schedule.step(*args, return_outputs=False)
-        synchronize(self.stages[0].device)
-        span = time.perf_counter() - t0
-        times = StepTimes(
-            span,
-            sum(s.busy_s for s in self.stages),
-            sum(s.sent_bytes for s in self.stages),
-            sum(s.sends for s in self.stages),
-        )
-        loss = torch.stack(losses).detach().mean() if losses else None
-        return loss, times
+    pp_rank: int
+    """this rank's place in its pipeline"""
+    stages: list[int]
+    """the stages it held (one; two with the interleaved schedule)"""
+    busy_s: list[float]
+    """per timed step, the seconds its stages' forward and backward actions took"""
+    span_s: list[float]
+    """per timed step, the schedule's wall time on this rank"""
+    sent_bytes: int
+    """bytes it sent per step: activations forward, their gradients backward"""
+    sends: int
+    """point-to-point sends per step"""
+    dp_grad_bytes: int
+    """bytes of its stages' gradients, averaged across the data-parallel replicas (dp > 1) in
+    the last micro-batch's backward; 0 without data parallelism"""
 
     @property
-    def theoretical_bubble(self) -> float:
-        return metrics.theoretical_bubble(self.pp, self.microbatches, self.virtual)
+    def bubble(self) -> float:
+        """This rank's measured bubble: the median over the timed steps."""
+        return metrics.summarize(
+            [metrics.pipeline_bubble(b, s) for b, s in zip(self.busy_s, self.span_s, strict=True)]
+        )["median"]
