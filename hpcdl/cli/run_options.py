@@ -24,6 +24,7 @@ RUN_FLAGS = {
     "fit": "fit_fraction",
     "stall": "stall_s",
     "target_loss_fraction": "target_loss_fraction",
+    "layout": "layout",
 }
 
 
@@ -64,6 +65,12 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
         "--peak-flops", dest="peak_flops", help="peak FLOP/s for MFU (default: datasheet, else probe)"
     )
     r.add_argument("--backend", help="gradient reduction: auto (default) | horovod | torch")
+    r.add_argument(
+        "--layout",
+        help="parallel layout, e.g. dp=2,tp=2 (tensor parallelism inside each pair of ranks) or "
+        "dp=2,tp=2,pp=2,schedule=1f1b,microbatches=4; dp is the rest when left out "
+        "(default: data parallelism)",
+    )
     r.add_argument(
         "--stall",
         metavar="S",

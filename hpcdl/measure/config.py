@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from hpcdl.errors import SpecError
 from hpcdl.parallel.backends import backend_choices
+from hpcdl.parallel.layout import parse_layout
 from hpcdl.workloads.knobs import Knobs, knob
 from hpcdl.workloads.recipes import size_classes
 
@@ -68,7 +69,15 @@ class RunConfig(Knobs):
         " duration_s stay the limit)",
     )
 
+    layout: str = knob(
+        "",
+        doc="parallel layout, e.g. dp=2,tp=2,pp=2 or tp=2,pp=2,schedule=gpipe,microbatches=8: ranks"
+        " per kind of parallelism, dp the rest when left out ('' = data parallelism over every rank;"
+        " hpcdl.parallel.layout)",
+    )
+
     def check(self) -> None:
+        parse_layout(self.layout)  # its syntax; sizes against the world and workload at the run
         if self.target_loss_fraction and not self.target_loss_fraction < 1:
             raise SpecError("run.target_loss_fraction", self.target_loss_fraction, "a fraction in (0, 1)")
         if self.target_loss_fraction and self.data == "random":

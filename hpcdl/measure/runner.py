@@ -7,6 +7,7 @@ import contextlib
 import functools
 import os
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -36,9 +37,11 @@ from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import gemm_ceiling, theoretical_peak
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.watchdog import Watchdog
-from hpcdl.parallel.backends import Backend, gradient_bytes, make_backend, resolve_backend_name
+from hpcdl.parallel.backends import Backend, data_shard, gradient_bytes, resolve_backend_name
+from hpcdl.parallel.backends.tensor import TensorParallel
 from hpcdl.parallel.checks import one_step_equivalence, parameter_digest
 from hpcdl.parallel.commbench import backend_time
+from hpcdl.parallel.compose import crossing_note, run_backend, run_layout
 from hpcdl.parallel.launch import not_stopped
 from hpcdl.parallel.placement import full_parameters, spread
 from hpcdl.parallel.world import World, init_world, others_wait
@@ -111,10 +114,12 @@ def rank_device(cfg: RunConfig, world: World) -> torch.device:
 
 
 def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.device:
-    """Everything that can refuse a run before it starts: device, backend, memory estimate."""
+    """Everything that can refuse a run before it starts: device, backend, layout, memory
+    estimate."""
     world = world or World()
     device = rank_device(cfg, world)
     resolve_backend_name(cfg.backend, world.size)
+    run_layout(spec, cfg, world.size)
     if cfg.data == "hdf5":
         h5data.has_shards(spec, cfg.data_dir)  # refuses a file, damaged or foreign shards
     moe.check_ranks(spec, world.size)
@@ -158,22 +163,24 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: RunConfig) -> torc
     return torch.optim.AdamW(params, lr=cfg.lr)
 
 
-def make_source(spec: Spec, cfg: RunConfig, device: torch.device, world: World) -> tuple[BatchSource, dict]:
+def make_source(
+    spec: Spec, cfg: RunConfig, device: torch.device, world: World, shard: tuple[int, int] | None = None
+) -> tuple[BatchSource, dict]:
     """This rank's batch source and, for HDF5, the I/O figures measured while preparing it.
-    Each rank draws its own data stream (its shard); HDF5 shards are written by rank 0."""
+    Each rank draws its own data stream (its shard; ``shard`` = (stream, streams) where ranks
+    share one, as a tensor-parallel group does); HDF5 shards are written by rank 0."""
+    stream, streams = shard or (world.rank, world.size)
     if cfg.data != "hdf5":
         learnable = cfg.data == "learnable"
-        return device_pool(spec, device, cfg.pool_batches, learnable=learnable, stream=world.rank), {}
+        return device_pool(spec, device, cfg.pool_batches, learnable=learnable, stream=stream), {}
     io: dict[str, Any] = {}
     if world.rank == 0 and not h5data.has_shards(spec, cfg.data_dir):
         batches = max(cfg.pool_batches, 2) * world.size  # every rank gets its own batches
         with others_wait(world):
             io["write"] = h5data.write_shards(spec, cfg.data_dir, batches=batches).to_dict()
     world.barrier()
-    io["read"] = h5data.read_throughput(
-        cfg.data_dir, cfg.data_workers, rank=world.rank, ranks=world.size
-    ).to_dict()
-    return h5data.HDF5Source(cfg.data_dir, device, cfg.data_workers, world.rank, world.size), io
+    io["read"] = h5data.read_throughput(cfg.data_dir, cfg.data_workers, rank=stream, ranks=streams).to_dict()
+    return h5data.HDF5Source(cfg.data_dir, device, cfg.data_workers, stream, streams), io
 
 
 def slow_rank_delay(rank: int) -> float:
@@ -212,11 +219,15 @@ def measure_rank(
     model = spec.build().to(device)
     in_step = spread(model, world.rank, world.size, backend, device)
     traffic, grad_bytes = backend.traffic(model, spec.accumulation_steps), gradient_bytes(model)
-    source, io = make_source(spec, cfg, device, world)
-    inner = model  # the module itself: backends wrap it (DDP) or shard it in place (FSDP)
+    shard = data_shard(backend, world.rank, world.size)
+    source, io = make_source(spec, cfg, device, world, shard)
+    inner = model  # the module itself: backends wrap it (DDP) or shard it in place (FSDP, TP)
     model, optimizer = backend.wrap(
         model, lambda params: make_optimizer(params, cfg), spec.accumulation_steps
     )
+    layered = backend.step_traffic(inner, spec) if isinstance(backend, TensorParallel) else None
+    if layered is not None:  # what a rank moves depends on the shards it holds
+        traffic, grad_bytes = list(layered.values()), backend.traffic(inner)[0].bytes
     delay = slow_rank_delay(world.rank)
     trainer = Trainer(
         model,
@@ -246,7 +257,7 @@ def measure_rank(
             cfg.warmup_steps,
             cfg.steps,
             cfg.duration_s,
-            progress=lambda n, s: report.tick(n, s, n * spec.samples_per_step * world.size),
+            progress=lambda n, s: report.tick(n, s, n * spec.samples_per_step * shard[1]),
             window=sampler,
             agree=world.all_true,  # the window ends when every rank's clock says so
         )
@@ -275,12 +286,24 @@ def measure_rank(
         local_backward_s=local_backward,
         injected_delay_s=delay,
         digest=parameter_digest(full_parameters(inner, backend)) if several else "",
-        collective_s={
-            t.collective: backend_time(world, backend, device, t.collective, t.bytes)[0]
-            for t in traffic
-            if several
-        },
+        collective_s=collective_seconds(world, backend, device, traffic, layered),
     )
+
+
+def collective_seconds(
+    world: World,
+    backend: Backend,
+    device: torch.device,
+    traffic: list,
+    layered: dict | None,
+) -> dict[str, float]:
+    """Each collective of a step timed after training, by name (several ranks): through the
+    backend over every rank, or, under a layout, over the group of its dimension."""
+    if world.size == 1:
+        return {}
+    if layered is not None and isinstance(backend, TensorParallel):
+        return backend.time_traffic(layered)
+    return {t.collective: backend_time(world, backend, device, t.collective, t.bytes)[0] for t in traffic}
 
 
 def set_threads(world: World) -> None:
@@ -337,7 +360,11 @@ def run(
     set_threads(world)
     backend_name = resolve_backend_name(cfg.backend, world.size)
     report = Reporter(progress or (lambda _m: None), ticks) if world.rank == 0 else Reporter()
-    backend = make_backend(backend_name, world, device)
+    layout = run_layout(spec, cfg, world.size)
+    note = crossing_note(layout, world.allgather(world.node))
+    if note and world.rank == 0:
+        print(f"hpcdl: {note}", file=sys.stderr, flush=True)
+    backend_name, backend = run_backend(backend_name, layout, world, device)
     heartbeats = heartbeat_dir(output_dir, world)
     try:
         mine = measure_rank(spec, cfg, device, world, backend, report, heartbeats, before_window)

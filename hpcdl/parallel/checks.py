@@ -13,7 +13,7 @@ from torch import nn
 
 from hpcdl.measure.data import make_batch
 from hpcdl.measure.device import synchronize
-from hpcdl.parallel.backends import Backend
+from hpcdl.parallel.backends import Backend, data_shard
 from hpcdl.parallel.placement import full_parameters, spread
 from hpcdl.parallel.world import World
 from hpcdl.records.validity import Check
@@ -65,8 +65,9 @@ def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: tor
     if getattr(small, "dropout", 0):
         small = small.replace(dropout=0.0)
     micro = small.accumulation_steps
-    shards = [make_batch(small, device=device, stream=CHECK_STREAM + i) for i in range(world.size * micro)]
-    mine = shards[world.rank * micro : (world.rank + 1) * micro]
+    stream, streams = data_shard(backend, world.rank, world.size)  # tp groups share theirs
+    shards = [make_batch(small, device=device, stream=CHECK_STREAM + i) for i in range(streams * micro)]
+    mine = shards[stream * micro : (stream + 1) * micro]
 
     model = _for_check(small.build().to(device))
     start = {n: p.detach().clone() for n, p in model.named_parameters()}

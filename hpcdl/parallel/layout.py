@@ -146,7 +146,7 @@ def fit_layout(layout: Layout, world_size: int) -> Layout:
     if layout.dp == 0:
         if world_size % model:
             raise InputError(
-                FIELD, str(_named(layout)), f"tp x pp = {model} must divide the {world_size} ranks of this run"
+                FIELD, _named(layout), f"tp x pp = {model} must divide the {world_size} ranks of this run"
             )
         return replace(layout, dp=world_size // model)
     if layout.dp * model != world_size:
@@ -201,7 +201,8 @@ def _check_tp(tp: int, spec: Spec) -> None:
 def tp_crosses_nodes(layout: Layout, nodes: list[int]) -> bool:
     """True when some tensor-parallel group holds ranks of different nodes (``nodes[r]``: the
     node of rank ``r``): its per-layer collectives then cross the inter-node network."""
-    return any(len({nodes[r] for r in layout.tp_group(first)}) > 1 for first in range(0, len(nodes), layout.tp))
+    groups = (layout.tp_group(first) for first in range(0, len(nodes), layout.tp))
+    return any(len({nodes[r] for r in group}) > 1 for group in groups)
 
 
 def crossing_warning(layout: Layout) -> str:

@@ -22,6 +22,8 @@ from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import Peak, raised_to_ceiling
 from hpcdl.parallel.backends import BACKENDS, Backend
 from hpcdl.parallel.checks import parameters_identical
+from hpcdl.parallel.layout import Layout, fit_layout, parse_layout, tp_crosses_nodes
+from hpcdl.parallel.tensor import rank_count
 from hpcdl.records import schema, validity
 from hpcdl.records.views import (
     Check,
@@ -199,13 +201,21 @@ def checks_of(cfg: RunConfig, ranks: Sequence[RankMeasurement]) -> list[Check]:
     return checks
 
 
-def collectives_of(ranks: Sequence[RankMeasurement]) -> dict[str, Collective]:
+def collectives_of(ranks: Sequence[RankMeasurement], layout: Layout) -> dict[str, Collective]:
     """Every collective of a step: the backend's, each timed after training as one blocking
     call of its bytes per step, and the in-step ones (the experts' all-to-all), timed as they
-    ran; each the slowest rank's median."""
+    ran; each the slowest rank's median. Under a layout that splits the model, a collective
+    named ``DIM.KIND`` (``tp.allreduce``) runs among the ranks of one ``DIM`` group, the others
+    among the dp replicas; each says how many ranks it ran among."""
     n, out = len(ranks), {}
     for t in ranks[0].traffic:
         seconds = max(r.collective_s[t.collective] for r in ranks)
+        dim, _, kind = t.collective.rpartition(".")
+        if layout.model_parallel:
+            group = getattr(layout, dim or "dp")
+            timing = f"after training, its calls of one step among the {group} ranks of a {dim or 'dp'} group"
+            out[t.collective] = collective(kind, t.bytes, t.calls, seconds, group, timing, group)
+            continue
         out[t.collective] = collective(
             t.collective, t.bytes, t.calls, seconds, n, "one blocking call after training"
         )
@@ -218,12 +228,16 @@ def collectives_of(ranks: Sequence[RankMeasurement]) -> dict[str, Collective]:
     return out
 
 
-def collective(name: str, nbytes: int, calls: int, seconds: float, ranks: int, timing: str) -> Collective:
+def collective(
+    name: str, nbytes: int, calls: int, seconds: float, ranks: int, timing: str, group: int | None = None
+) -> Collective:
     algbw = metrics.algbw(nbytes, seconds)
-    return Collective(nbytes, calls, seconds, algbw, metrics.busbw(algbw, ranks, name), timing)
+    return Collective(nbytes, calls, seconds, algbw, metrics.busbw(algbw, ranks, name), timing, group)
 
 
-def communication(backend: str, ranks: Sequence[RankMeasurement], phases: dict[str, Stats]) -> Communication:
+def communication(
+    backend: str, ranks: Sequence[RankMeasurement], phases: dict[str, Stats], layout: Layout
+) -> Communication:
     """Communication figures: every collective of a step (the slowest rank sets the pace), the
     allreduce of data parallelism also in the fields it always had, and the communication left
     exposed, by the backend's own rule."""
@@ -237,7 +251,7 @@ def communication(backend: str, ranks: Sequence[RankMeasurement], phases: dict[s
         metrics.summarize(local)["median"] if local else None,
         phases["allreduce"].median,
     )
-    collectives = collectives_of(ranks)
+    collectives = collectives_of(ranks, layout)
     allreduce = collectives.get("allreduce")
     return Communication(
         grad_bytes_per_step=grad_bytes,
@@ -299,6 +313,18 @@ def target_of(cfg: RunConfig, logs: Sequence[StepLog], samples: int) -> Target |
     )
 
 
+def rank_counts(spec: Spec, layout: Layout) -> dict[str, int]:
+    """One rank's share of the work under tensor parallelism (``Counts.rank_*``), else none."""
+    if layout.tp == 1:
+        return {}
+    mine = rank_count(spec, layout.tp)
+    return {
+        "rank_params": mine.params,
+        "rank_forward_flops_per_sample": mine.forward_flops,
+        "rank_train_flops_per_sample": mine.train_flops,
+    }
+
+
 def build_record(
     spec: Spec,
     cfg: RunConfig,
@@ -313,9 +339,13 @@ def build_record(
     env = environment(device)
     count = spec.count()
     n = len(ranks)
+    layout = fit_layout(parse_layout(cfg.layout), n)
     logs = [r.log for r in ranks]
     lead = logs[0]
-    samples = [spec.samples_per_step * len(g.step_s) for g in logs]
+    # the ranks of a tensor-parallel group (or a pipeline) train on the same samples: each
+    # sample once, however many ranks share its work
+    share = layout.tp * layout.pp
+    samples = [spec.samples_per_step * len(g.step_s) // share for g in logs]
     window = max(g.window_s for g in logs)
     samples_per_s = metrics.aggregate_throughput(samples, [g.window_s for g in logs])
     ai_ops = metrics.ai_ops_per_s(count.train_flops, samples_per_s)
@@ -332,12 +362,14 @@ def build_record(
         precision=spec.precision,
         batch_per_rank=spec.batch_size,
         world_size=n,
-        global_batch=spec.samples_per_step * n,
+        global_batch=spec.samples_per_step * layout.dp,
         backend=backend,
         device=str(device),
         nodes=len(hosts),
         hosts=hosts,
         accumulation_steps=spec.accumulation_steps,
+        layout=str(layout) if layout.model_parallel else None,
+        tp_crosses_nodes=tp_crosses_nodes(layout, [r.node for r in ranks]) if layout.tp > 1 else None,
     )
     counts = Counts(
         params=count.params,
@@ -345,6 +377,7 @@ def build_record(
         train_flops_per_sample=count.train_flops,
         activation_bytes_per_sample=count.activation_bytes(spec.precision),
         memory_bytes_per_sample=spec.memory_per_sample(),
+        **rank_counts(spec, layout),
     )
     figures = Metrics(
         samples_per_s=samples_per_s,
@@ -357,7 +390,7 @@ def build_record(
         per_rank=rows,
         slowest_rank_samples_per_s=min(r.samples_per_s for r in rows),
         straggler_spread=metrics.spread(compute_times(rows)),
-        communication=communication(backend, ranks, phases),
+        communication=communication(backend, ranks, phases, layout),
         peak_memory_bytes=max(r.peak_memory_bytes for r in ranks),
         peak_memory_kind=ranks[0].peak_memory_kind,
         peak_flops=peak.flops if peak else float("nan"),

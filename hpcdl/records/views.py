@@ -135,6 +135,12 @@ class Settings:
     hosts: list[str]
     accumulation_steps: int = 1
     """micro-batches per optimizer step (records before 2026-11 had none: 1)"""
+    layout: str | None = None
+    """the parallel layout of a run that splits the model (``dp=2,tp=2,pp=1``;
+    ``hpcdl.parallel.layout``); absent: data parallelism over every rank"""
+    tp_crosses_nodes: bool | None = None
+    """true when a tensor-parallel group spans nodes (its per-layer collectives crossed the
+    inter-node network; the run said so in a warning line); absent without tensor parallelism"""
 
     @property
     def samples_per_step(self) -> int:
@@ -151,6 +157,14 @@ class Counts:
     memory_bytes_per_sample: int | None = None
     """``Spec.memory_per_sample``: activations and the loss's copies of the logits (records
     before 2026-11 leave it out; their activations stand in)"""
+    rank_params: int | None = None
+    """parameters one rank holds under tensor parallelism (its shards and the whole layers);
+    absent where every rank holds the model"""
+    rank_forward_flops_per_sample: int | None = None
+    """one rank's share of ``forward_flops_per_sample`` under tensor parallelism"""
+    rank_train_flops_per_sample: int | None = None
+    """one rank's share of ``train_flops_per_sample`` under tensor parallelism (the whole is
+    what throughput and MFU count: each sample once)"""
 
 
 @dataclass(frozen=True)
@@ -192,6 +206,9 @@ class Collective:
     algbw_bytes_per_s: float
     busbw_bytes_per_s: float
     timing: str
+    ranks: int | None = None
+    """the ranks it ran among, under a layout that splits the model (a tp group, the dp
+    replicas); absent: every rank of the run"""
 
 
 @dataclass(frozen=True)

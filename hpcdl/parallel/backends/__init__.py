@@ -155,6 +155,13 @@ def allreduce_traffic(model: nn.Module, message_bytes: int) -> list[Traffic]:
     return [Traffic("allreduce", grads, calls)]
 
 
+def data_shard(backend: object, rank: int, ranks: int) -> tuple[int, int]:
+    """(this rank's data stream, the number of distinct streams): each rank its own, unless the
+    backend says otherwise (tensor parallelism: the ranks of a tp group share one stream)."""
+    shard: tuple[int, int] = getattr(backend, "data_shard", (rank, ranks))
+    return shard
+
+
 BACKENDS: Registry[type[Backend]] = Registry(
     "run.backend", "hpcdl.parallel.backends", key=lambda cls: cls.name, error=SpecError
 )

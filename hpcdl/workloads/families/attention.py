@@ -153,7 +153,10 @@ class AttentionSpec(Spec):
     def build_module(self) -> nn.Module:
         return Transformer(self)
 
-    def count(self) -> Count:
+    def count(self, tp: int = 1) -> Count:
+        """The whole model's work (``tp`` = 1), or one rank's under tensor parallelism over
+        ``tp`` ranks (``hpcdl.parallel.tensor``: heads, q/k/v, the output projection's inputs and
+        the feed-forward's hidden units split; embeddings, norms and the head whole)."""
         t = Tally()
         L, W = self.seq_len, self.width
         t.add_params((self.vocab + self.max_positions) * W)  # lookups: no FLOPs
@@ -163,7 +166,7 @@ class AttentionSpec(Spec):
         if self.dropout:
             t.keep(_mask(L * W))  # the embedding dropout's
         for _ in range(self.layers):
-            _block(t, self, L, W)
+            _block(t, self, L, W, tp)
         if self.norm == "pre":
             _layer_norm(t, L, W)
         if self.head == "cls":
@@ -191,26 +194,28 @@ def _layer_norm(t: Tally, tokens: int, width: int) -> None:
     t.keep(tokens * (width + 2))
 
 
-def _block(t: Tally, spec: AttentionSpec, tokens: int, width: int) -> None:
+def _block(t: Tally, spec: AttentionSpec, tokens: int, width: int, tp: int = 1) -> None:
     """One transformer block (the norm placement does not change what is counted; dropout and
     the activation are element-wise: they change what is kept, not the FLOPs); its feed-forward
-    network is a mixture of experts when the spec has experts."""
-    heads, hidden = spec.heads, spec.ffn_hidden
-    d_head = width // heads
+    network is a mixture of experts when the spec has experts. Under tensor parallelism over
+    ``tp`` ranks, one rank's share: ``heads / tp`` heads, ``hidden / tp`` hidden units."""
+    d_head = width // spec.heads
+    heads, hidden = spec.heads // tp, spec.ffn_hidden // tp
+    local = heads * d_head  # this rank's share of the width in the attention
     _layer_norm(t, tokens, width)
-    t.linear(tokens, width, 3 * width)  # fused q, k, v
+    t.linear(tokens, width, 3 * local)  # fused q, k, v (column-parallel)
     t.matmul(tokens, d_head, tokens, times=heads)  # scores Q K^T
     t.matmul(tokens, tokens, d_head, times=heads)  # A V
     # flash-style kernels keep the output and a log-sum-exp per row, not the L x L scores
-    t.keep(tokens * (width + heads))
+    t.keep(tokens * (local + heads))
     if spec.dropout:
         # no fused CPU kernel takes attention dropout: the math path keeps three L x L tensors
         # (probabilities, the mask as floats, the dropped probabilities) and scaled copies of Q and
         # K, but not the fused kernel's output and log-sum-exp (measured with saved_tensors_hooks;
         # GPU kernels regenerate the mask: an overestimate there)
-        t.keep(3 * heads * tokens * tokens + tokens * width - heads * tokens)
+        t.keep(3 * heads * tokens * tokens + tokens * local - heads * tokens)
         t.keep(2 * _mask(tokens * width))  # the two residual dropouts
-    t.linear(tokens, width, width)  # output projection
+    t.linear(tokens, local, width)  # output projection (row-parallel; its bias whole)
     _layer_norm(t, tokens, width)
     if spec.experts:
         moe.count(t, spec)
@@ -232,7 +237,7 @@ class Block(nn.Module):
 
     def __init__(self, spec: AttentionSpec) -> None:
         super().__init__()
-        self.heads = spec.heads
+        self.d_head = spec.width // spec.heads
         self.causal = spec.causal
         self.attention_dropout = spec.dropout
         self.pre_norm = spec.norm == "pre"
@@ -253,13 +258,16 @@ class Block(nn.Module):
         )
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, width = x.shape
-        # (batch, tokens, 3, heads, d_head) -> three (batch, heads, tokens, d_head) views
-        q, k, v = self.qkv(x).view(batch, tokens, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        batch, tokens, _ = x.shape
+        # (batch, tokens, heads, 3, d_head) -> three (batch, heads, tokens, d_head) views: each
+        # head's q, k and v are adjacent rows of the fused weight, so a column-parallel split of
+        # it (tensor parallelism) gives each rank whole heads; the heads are then counted from
+        # the rows this rank holds
+        q, k, v = self.qkv(x).view(batch, tokens, -1, 3, self.d_head).permute(3, 0, 2, 1, 4).unbind(0)
         # the fused SDPA kernels (flash attention on GPUs) never materialise the L x L scores
         p = self.attention_dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal)
-        return self.proj_drop(self.proj(y.transpose(1, 2).reshape(batch, tokens, width)))
+        return self.proj_drop(self.proj(y.transpose(1, 2).reshape(batch, tokens, -1)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pre_norm:

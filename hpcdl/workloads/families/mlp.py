@@ -44,14 +44,22 @@ class MLPSpec(Spec):
         mods.append(nn.Linear(fan_in, self.output_size))
         return nn.Sequential(*mods)
 
-    def count(self) -> Count:
+    def count(self, tp: int = 1) -> Count:
+        """The whole model's work (``tp`` = 1), or one rank's under tensor parallelism over
+        ``tp`` ranks (``hpcdl.parallel.tensor``: the layers in column/row-parallel pairs, a last
+        unpaired layer whole)."""
         t = Tally()
-        fan_in = self.input_size
-        for i in range(self.layers):
-            t.linear(1, fan_in, self.width, data_input=i == 0)
-            t.keep(self.width)  # ReLU output
-            fan_in = self.width
-        t.linear(1, fan_in, self.output_size, data_input=self.layers == 0)
+        sizes = [self.input_size] + [self.width] * self.layers + [self.output_size]
+        linears = len(sizes) - 1
+        for i in range(linears):
+            fan_in, fan_out = sizes[i], sizes[i + 1]
+            if tp > 1 and i % 2 == 0 and i + 1 < linears:
+                fan_out //= tp  # column-parallel: this rank's outputs
+            elif tp > 1 and i % 2 == 1:
+                fan_in //= tp  # row-parallel: this rank's inputs; the bias whole
+            t.linear(1, fan_in, fan_out, data_input=i == 0)
+            if i < self.layers:
+                t.keep(fan_out)  # ReLU output
         return t.result()
 
     def sample_inputs(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:

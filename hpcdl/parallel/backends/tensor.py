@@ -1,0 +1,123 @@
+"""Tensor parallelism inside each ``tp`` group of a run's layout, gradients averaged across its
+``dp`` replicas (``hpcdl.parallel.tensor`` says how layers are split and what a step moves)."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor.parallel import parallelize_module
+
+from hpcdl.parallel.backends import BACKENDS, MakeOptimizer, Traffic, Wrapped
+from hpcdl.parallel.backends.torch_ddp import DistGroup
+from hpcdl.parallel.layout import Layout, device_mesh, fit_layout
+from hpcdl.parallel.tensor import local_tensor, plan, time_collective, tp_traffic
+from hpcdl.parallel.world import World
+
+if TYPE_CHECKING:
+    from hpcdl.workloads.spec import Spec
+
+
+@BACKENDS.register
+class TensorParallel(DistGroup):
+    """Tensor parallelism inside each ``tp`` group of a layout, gradients averaged across the
+    ``dp`` replicas; the world's blocking collectives as ``torch``'s. Chosen by a layout with
+    tp > 1 (``--layout``), never by ``backend=auto``; named alone it is plain data parallelism."""
+
+    name: ClassVar[str] = "tensor"
+    auto_priority: ClassVar[int | None] = None
+    shards_state: ClassVar[bool] = False
+    exposed_method: ClassVar[str] = (
+        "median of the allreduce phase (one flat allreduce of the dp replicas' gradients)"
+    )
+    compute_only_method: ClassVar[str] = (
+        "not measured: the tensor-parallel allreduces inside forward and backward wait for the group"
+    )
+
+    def __init__(self, world: World, device: torch.device, layout: Layout | None = None) -> None:
+        super().__init__(world, device)
+        self.layout = fit_layout(layout or Layout(), world.size)
+        self.rank = world.rank
+        self.mesh = device_mesh(self.layout, device.type)
+        self.tp_group = self.mesh["tp"].get_group()
+        self.dp_group = self.mesh["dp"].get_group()
+
+    @property
+    def data_shard(self) -> tuple[int, int]:
+        """(this rank's data stream, the number of streams): a tp group reads one stream."""
+        return self.layout.coords(self.rank)["dp"], self.layout.dp
+
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer, accumulation_steps: int = 1) -> Wrapped:
+        # every rank built the same weights from the spec's seed; the dp replicas still take
+        # their first rank's, as DDP would, so that no build difference can go unseen
+        if self.layout.tp > 1:
+            parallelize_module(model, self.mesh["tp"], plan(model))
+        if self.layout.dp > 1:
+            source = self.layout.dp_group(self.rank)[0]
+            for t in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(local_tensor(t.detach()), src=source, group=self.dp_group)
+        return model, make_optimizer(model.parameters())
+
+    def accumulating(self, model: nn.Module) -> AbstractContextManager[object]:
+        return nullcontext()  # gradients are reduced once, in finish_reduction
+
+    def no_reduction(self, model: nn.Module) -> AbstractContextManager[object] | None:
+        return None  # backward's tensor-parallel allreduces cannot be switched off
+
+    def finish_reduction(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.layout.dp == 1:
+            return
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        grads = [local_tensor(p.grad) for p in params if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= self.layout.dp
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
+        scaler.step(optimizer)
+
+    @staticmethod
+    def traffic(model: nn.Module, accumulation_steps: int = 1) -> list[Traffic]:
+        """The dp replicas' one flat allreduce of this rank's gradients (its shards under
+        tensor parallelism: call it on the wrapped model)."""
+        grads = sum(local_tensor(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        return [Traffic("allreduce", grads, 1)]
+
+    def step_traffic(self, model: nn.Module, spec: Spec) -> dict[str, Traffic]:
+        """Every collective of a step on this rank by its record name: ``allreduce`` (the dp
+        replicas' gradients, when dp > 1) and ``tp.allreduce`` (tensor parallelism's, when
+        tp > 1). ``model`` is the wrapped model."""
+        out = {}
+        if self.layout.dp > 1:
+            out["allreduce"] = self.traffic(model)[0]
+        for t in tp_traffic(spec, self.layout.tp):
+            out[f"tp.{t.collective}"] = Traffic(f"tp.{t.collective}", t.bytes, t.calls)
+        return out
+
+    def group_ranks(self, name: str) -> int:
+        """The ranks the collective ``name`` (of :meth:`step_traffic`) runs among."""
+        return self.layout.tp if name.startswith("tp.") else self.layout.dp
+
+    def time_traffic(self, traffic: dict[str, Traffic]) -> dict[str, float]:
+        """Median seconds per step of each collective of :meth:`step_traffic`, on its group,
+        taken after training. Collective: every rank must call it."""
+        out = {}
+        for name, t in traffic.items():
+            group = self.tp_group if name.startswith("tp.") else self.dp_group
+            out[name] = time_collective(t, group, self.device)
+        return out
+
+    @staticmethod
+    def exposed_s(backward_s: float, local_backward_s: float | None, reduction_s: float) -> float | None:
+        return reduction_s  # the dp allreduce runs after backward, alone
+
+    @staticmethod
+    def compute_only_s(forward_s: float, backward_s: float, local_backward_s: float | None) -> float | None:
+        return None
