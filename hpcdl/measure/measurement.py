@@ -67,6 +67,8 @@ class RankMeasurement:
     def forward_backward_s(self) -> list[float]:
         """Forward plus backward time of each timed step: the rank's computation, and whatever
         waiting for other ranks the backend does inside them."""
+        if self.pipeline is not None:  # its stages' actions (the waits between them are not in)
+            return list(self.pipeline.busy_s)
         phases = self.log.phases_s
         return [f + b for f, b in zip(phases["forward"], phases["backward"], strict=True)]
 

@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpcdl.errors import SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import device_pool, make_batch
 from hpcdl.measure.device import device_name, peak_memory, reset_peak_memory, synchronize
@@ -98,6 +97,7 @@ class PipelineTrainer(Trainer):
         return log
 
     def stage_log(self, timed_steps: int, dp_grad_bytes: int) -> StageLog:
+        """What this rank's stages did in the last ``timed_steps`` steps."""
         timed = self.times[-timed_steps:]
         return StageLog(
             pp_rank=self.pipeline.indices[0],
@@ -107,21 +107,8 @@ class PipelineTrainer(Trainer):
             sent_bytes=timed[-1].sent_bytes,
             sends=timed[-1].sends,
             dp_grad_bytes=dp_grad_bytes,
+            params=sum(p.numel() for p in self.pipeline.parameters()),
         )
-
-
-def check_pipeline_run(spec: Spec, cfg: RunConfig, layout: Layout) -> None:
-    """What a pipeline run cannot take besides what the layout and the model refuse (one line)."""
-    if layout.tp > 1:
-        raise SpecError(
-            "run.layout.tp",
-            layout.tp,
-            "1 when pp > 1: tensor and pipeline parallelism together are not built",
-        )
-    if cfg.data == "hdf5":
-        raise SpecError("run.data", cfg.data, "random or learnable when pp > 1 (HDF5 shards are per rank)")
-    if cfg.target_loss_fraction:
-        raise SpecError("run.target_loss_fraction", cfg.target_loss_fraction, "0 when pp > 1")
 
 
 def _groups(layout: Layout, device: torch.device) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
@@ -203,7 +190,6 @@ def measure_pipeline_rank(
     the check, warm-up and timed steps of its stages; the default process group is up."""
     from hpcdl.measure.runner import gpu_identity, make_optimizer, measured_ceiling
 
-    check_pipeline_run(spec, cfg, layout)
     groups = _groups(layout, device)
     report.say(f"checking that the pipeline {layout} steps like one process")
     checks = [pipeline_equivalence(spec, layout, world, device, groups)]

@@ -250,6 +250,8 @@ class StageLog:
     dp_grad_bytes: int
     """bytes of its stages' gradients, averaged across the data-parallel replicas (dp > 1) in
     the last micro-batch's backward; 0 without data parallelism"""
+    params: int
+    """parameters its stages hold"""
 
     @property
     def bubble(self) -> float:
