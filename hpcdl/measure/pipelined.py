@@ -1,13 +1,12 @@
 """A pipeline-parallel rank's part of a run (``hpcdl.parallel.pipeline``): its check against one
 process, its timed loop and what it hands rank 0.
 
-A pipeline's step does not split into a forward, a backward and a reduction: the schedule
-interleaves every micro-batch's forward and backward across the stages (and, with ``dp`` > 1,
-DistributedDataParallel averages each stage's gradients inside the last micro-batch's
-backward). Its phases are therefore ``data`` (the batch), ``schedule`` (the whole schedule:
-forwards, backwards, point-to-point sends and waits, the bubble) and ``optimizer``; where the
-schedule's time goes is told by the stages' own timing instead (``StageLog``: busy against
-idle, the bubble).
+A pipeline's step does not split into a forward and a backward: the schedule interleaves
+every micro-batch's forward and backward across the stages. Its phases are therefore ``data``
+(the batch), ``schedule`` (the whole schedule: forwards, backwards, point-to-point sends and
+waits, the bubble), ``allreduce`` (the dp replicas averaging each stage's gradients; 0 with
+dp = 1) and ``optimizer``; where the schedule's time goes is told by the stages' own timing
+instead (``StageLog``: busy against idle, the bubble).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from hpcdl.workloads.spec import Spec
 if TYPE_CHECKING:
     from hpcdl.measure.runner import Reporter
 
-PIPELINE_PHASES = ("data", "schedule", "optimizer")
+PIPELINE_PHASES = ("data", "schedule", "allreduce", "optimizer")
 """the phases of a pipeline step (see the module's docstring)"""
 
 
@@ -73,17 +72,19 @@ class PipelineTrainer(Trainer):
         t1 = self._mark()
         loss, times = self.pipeline.step(x, y)
         t2 = self._mark()
+        self.pipeline.reduce_gradients()
+        t3 = self._mark()
         self.optimizer.step()
         self.optimizer.zero_grad()
         synchronize(self.device)
-        t3 = time.perf_counter()
+        t4 = time.perf_counter()
         # the stages before the last have no loss: theirs is filled in after the run
         self._losses.append(loss if loss is not None else torch.tensor(float("nan")))
         self.times.append(times)
         if self.on_step is not None:
             self.on_step()
-        phases = {"data": t1 - start, "schedule": t2 - t1, "optimizer": t3 - t2}
-        return t3 - start, phases, dict.fromkeys(IN_STEP_PHASES, 0.0)
+        phases = {"data": t1 - start, "schedule": t2 - t1, "allreduce": t3 - t2, "optimizer": t4 - t3}
+        return t4 - start, phases, dict.fromkeys(IN_STEP_PHASES, 0.0)
 
     def local_backward_s(self, steps: int) -> list[float]:
         return []  # a stage's backward waits for its neighbour's gradients: not computation alone
@@ -141,6 +142,7 @@ def pipeline_equivalence(
         dp_group=groups[1],
     )
     pipe.step(*shards[layout.coords(world.rank)["dp"]])
+    pipe.reduce_gradients()
     torch.optim.SGD(pipe.parameters(), lr=0.1).step()
     mine = {id(p) for p in pipe.parameters()}
     stepped = {n: p.detach() for n, p in model.named_parameters() if id(p) in mine}

@@ -20,9 +20,10 @@ first stage's token table on the last stage: refused (``tie_embeddings=false``).
 **The step.** The loss is the mean cross-entropy of each micro-batch, in fp32, on the last
 stage; the schedule divides the summed gradients by the micro-batches, so that a step's
 gradients are those of the mean loss of the whole batch, as one process computes them. With
-data parallelism beside the pipeline (``dp`` > 1) each stage is wrapped in
-DistributedDataParallel over the ranks that hold the same stage, which PyTorch's stage lets
-reduce during the last micro-batch's backward only.
+data parallelism beside the pipeline (``dp`` > 1) the ranks that hold the same stage then
+average its gradients in one flat allreduce (DistributedDataParallel, which PyTorch's stage
+supports, loses count of its parameters when the schedule's first step also runs a backward to
+infer shapes: torch 2.13).
 
 This module is the plan (split, schedules, checks, what a rank reports); the stages and the
 schedule that run it are ``hpcdl.parallel.schedule``'s (torch's pipelining takes seconds to
@@ -248,8 +249,8 @@ class StageLog:
     sends: int
     """point-to-point sends per step"""
     dp_grad_bytes: int
-    """bytes of its stages' gradients, averaged across the data-parallel replicas (dp > 1) in
-    the last micro-batch's backward; 0 without data parallelism"""
+    """bytes of its stages' gradients, averaged across the data-parallel replicas (dp > 1) after
+    the schedule; 0 without data parallelism"""
     params: int
     """parameters its stages hold"""
 

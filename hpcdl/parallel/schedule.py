@@ -58,7 +58,7 @@ class TimedStage(PipelineStage):
 class Pipeline:
     """This rank's stages of a pipeline over ``pp`` ranks (its place ``pp_rank`` among them,
     communicating over ``group``) and the schedule that steps them. With ``dp_group`` each
-    stage is also data-parallel over that group (DistributedDataParallel)."""
+    stage is also data-parallel over that group (:meth:`reduce_gradients`)."""
 
     def __init__(
         self,
@@ -79,15 +79,8 @@ class Pipeline:
         self.microbatches, self.pp, self.virtual = microbatches, pp, kind.virtual
         all_modules = stage_modules(spec, model, chunks)
         self.indices = [pp_rank + k * pp for k in range(kind.virtual)]
-        self.modules: list[nn.Module] = []
-        for i in self.indices:
-            module: nn.Module = all_modules[i].to(device)
-            if dp_group is not None and dist.get_world_size(dp_group) > 1:
-                from torch.nn.parallel import DistributedDataParallel
-
-                ids = [device.index] if device.type == "cuda" else None
-                module = DistributedDataParallel(module, device_ids=ids, process_group=dp_group)
-            self.modules.append(module)
+        self.modules: list[nn.Module] = [all_modules[i].to(device) for i in self.indices]
+        self.dp_group = dp_group if dp_group is not None and dist.get_world_size(dp_group) > 1 else None
         self.stages = [
             TimedStage(m, i, chunks, device, group=group)
             for m, i in zip(self.modules, self.indices, strict=True)
@@ -127,6 +120,21 @@ class Pipeline:
         )
         loss = torch.stack(losses).detach().mean() if losses else None
         return loss, times
+
+    def reduce_gradients(self) -> None:
+        """Average this rank's stage gradients across the data-parallel replicas (dp > 1): one
+        flat allreduce over ``dp_group`` after the schedule (DistributedDataParallel inside the
+        schedule's last backward trips over the schedule's extra backward of its first step)."""
+        if self.dp_group is None:
+            return
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= dist.get_world_size(self.dp_group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     @property
     def theoretical_bubble(self) -> float:

@@ -250,8 +250,11 @@ def communication(
         return Communication(grad_bytes_per_step=grad_bytes)
     local = [t for r in ranks for t in r.local_backward_s]
     rules = BACKENDS.get(backend)
-    if ranks[0].pipeline is not None:  # its traffic is in the pipeline block
-        return Communication(grad_bytes_per_step=grad_bytes, exposed_method=rules.exposed_method)
+    if ranks[0].pipeline is not None:  # its point-to-point traffic is in the pipeline block
+        exposed = phases["allreduce"].median if grad_bytes else None  # the dp replicas' alone
+        return Communication(
+            grad_bytes_per_step=grad_bytes, exposed_s=exposed, exposed_method=rules.exposed_method
+        )
     exposed = rules.exposed_s(
         phases["backward"].median,
         metrics.summarize(local)["median"] if local else None,

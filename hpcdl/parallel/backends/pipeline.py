@@ -18,8 +18,8 @@ class PipelineBackend(TorchBackend):
     name: ClassVar[str] = "pipeline"
     auto_priority: ClassVar[int | None] = None
     exposed_method: ClassVar[str] = (
-        "not measured: the point-to-point sends and the dp replicas' allreduce run inside the "
-        "schedule (metrics.pipeline says how much of it the stages sat idle)"
+        "median of the allreduce phase (the dp replicas' flat allreduce after the schedule); the "
+        "point-to-point sends run inside the schedule (metrics.pipeline: how long the stages sat idle)"
     )
     compute_only_method: ClassVar[str] = (
         "not measured: a stage's forward and backward wait for its neighbours' activations and gradients"
