@@ -23,7 +23,9 @@ from hpcdl.records.loader import read_record
 from hpcdl.records.store import read_steps
 from hpcdl.workloads.registry import spec_from_dict
 
-ATTENTION = {"family": "attention", "layers": 4, "width": 32, "heads": 2, "seq_len": 8, "vocab": 50, "batch_size": 8}
+ATTENTION = {
+    "family": "attention", "layers": 4, "width": 32, "heads": 2, "seq_len": 8, "vocab": 50, "batch_size": 8
+}  # fmt: skip
 MLP = {"family": "mlp", "layers": 4, "width": 32, "input_size": 16, "output_size": 10, "batch_size": 8}
 CLI_MLP = ["--workload", "mlp", "layers=4", "width=32", "input_size=16", "output_size=10", "batch_size=8"]
 RUN = ["--warmup", "2", "--steps", "3", "--min-duration", "0"]
@@ -84,7 +86,9 @@ def test_layout_names_the_schedules_the_pipeline_runs() -> None:
         ({"family": "cnn"}, 2, "gpipe", 4, "run.layout.pp"),
     ],
 )
-def test_what_a_pipeline_cannot_run_is_one_line(knobs: dict, pp: int, schedule: str, m: int, field: str) -> None:
+def test_what_a_pipeline_cannot_run_is_one_line(
+    knobs: dict, pp: int, schedule: str, m: int, field: str
+) -> None:
     with pytest.raises(SpecError) as e:
         check(spec_from_dict(knobs), pp, schedule, m)
     assert e.value.field == field and "\n" not in str(e.value)
@@ -147,13 +151,14 @@ def test_every_schedule_trains_as_one_process_does(tmp_path: Path) -> None:
     forward and their gradients back (``metrics.pipeline_p2p_bytes``)."""
     script = tmp_path / "pipeline_ranks.py"
     script.write_text(SCRIPT)
-    cmd = [mpirun_path(), "-np", "2", "--oversubscribe", sys.executable, str(script), json.dumps([ATTENTION, MLP])]
+    specs = json.dumps([ATTENTION, MLP])
+    cmd = [mpirun_path(), "-np", "2", "--oversubscribe", sys.executable, str(script), specs]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=mpi_env())
     assert p.returncode == 0, p.stderr[-3000:]
-    ranks = {
-        r["rank"]: r["runs"]
-        for r in (json.loads(line.split(" ", 1)[1]) for line in p.stdout.splitlines() if line.startswith("RESULT"))
-    }
+    results = [
+        json.loads(line.split(" ", 1)[1]) for line in p.stdout.splitlines() if line.startswith("RESULT")
+    ]
+    ranks = {r["rank"]: r["runs"] for r in results}
     assert sorted(ranks) == [0, 1]
     for first, last in zip(ranks[0], ranks[1], strict=True):
         assert first["losses"] == [None] * 3  # only the last stage computes the loss
