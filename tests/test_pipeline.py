@@ -43,7 +43,15 @@ def test_layers_are_dealt_in_contiguous_balanced_runs() -> None:
     assert stage_layers(3, 3) == [range(0, 1), range(1, 2), range(2, 3)]
 
 
-@pytest.mark.parametrize("knobs", [ATTENTION, MLP, {**ATTENTION, "norm": "post", "head": "cls"}])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        ATTENTION,
+        MLP,
+        {**ATTENTION, "norm": "post", "head": "cls"},
+        {**ATTENTION, "experts": 2, "expert_parallel": False},
+    ],
+)
 @pytest.mark.parametrize("chunks", [2, 3, 4])
 def test_stages_hold_the_model_once_and_compute_it(knobs: dict, chunks: int) -> None:
     """Every parameter of the model in exactly one stage, and the stages run one after the

@@ -55,15 +55,12 @@ class Schedule:
 
     torch_class: str
     virtual: int
-    doc: str
 
 
 SCHEDULES: dict[str, Schedule] = {
-    "gpipe": Schedule("ScheduleGPipe", 1, "all forwards, then all backwards (fill and drain)"),
-    "1f1b": Schedule("Schedule1F1B", 1, "one forward, one backward in the steady state (microbatches >= pp)"),
-    "interleaved": Schedule(
-        "ScheduleInterleaved1F1B", 2, "1F1B over 2 stages per rank (Megatron's interleaved; 2 x pp <= layers)"
-    ),
+    "gpipe": Schedule("ScheduleGPipe", 1),  # all forwards, then all backwards (fill and drain)
+    "1f1b": Schedule("Schedule1F1B", 1),  # one forward, one backward in the steady state
+    "interleaved": Schedule("ScheduleInterleaved1F1B", 2),  # Megatron's interleaved 1F1B
 }
 """``run.layout``'s ``schedule`` -> its schedule"""
 
@@ -143,7 +140,11 @@ def check(spec: Spec, pp: int, schedule: str, microbatches: int) -> None:
         raise SpecError(f"{FIELD}.microbatches", microbatches, f">= pp={pp} with schedule=1f1b")
     rounds = max(1, microbatches // pp)
     if schedule == "interleaved" and microbatches % rounds:
-        raise SpecError(f"{FIELD}.microbatches", microbatches, f"a multiple of microbatches // pp = {rounds}")
+        raise SpecError(
+            f"{FIELD}.microbatches",
+            microbatches,
+            f"a multiple of microbatches // pp = {rounds} with schedule=interleaved",
+        )
     for knob, bad, why in _REFUSED:
         value = getattr(spec, knob, None)
         if value is not None and bad(spec):
