@@ -19,6 +19,7 @@ from hpcdl.measure.device import resolve_device
 from hpcdl.measure.peaks import has_bf16
 from hpcdl.measure.runner import RunResult, preflight, run
 from hpcdl.parallel.launch import launch
+from hpcdl.parallel.layout import parse_layout
 from hpcdl.parallel.world import World, init_world, under_mpi
 from hpcdl.records import mllog, repeats, schema
 from hpcdl.records.store import read_steps, write_record
@@ -59,6 +60,17 @@ def class_run(
     return specs, cfg
 
 
+def class_layout(cfg: RunConfig, name: str, world: World) -> RunConfig:
+    """The run settings of a class's workload ``name``: with the class's default layout for this
+    job (``Suite.default_layout``) unless ``--layout`` names one; data parallelism where tp x pp
+    of that layout does not divide the ranks."""
+    if cfg.layout or not cfg.suite_class or world.size == 1:
+        return cfg
+    text = recipes.suite(cfg.suite_class).default_layout(name, world.nodes)
+    layout = parse_layout(text)
+    return cfg.replace(layout=text) if world.size % (layout.tp * layout.pp) == 0 else cfg
+
+
 def summary_rows(results: dict[str, RunResult]) -> list[list[str]]:
     rows = []
     for name, res in results.items():
@@ -95,8 +107,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(specs) > 1 and args.duration is None and args.steps is None:
         cfg = cfg.replace(duration_s=12.0)  # the default suite: ~2 minutes on a 2-core CPU
     local = World(size=args.np, local_size=1 if under_mpi() else args.np)  # --np: all ranks here
-    for spec in specs.values():
-        preflight(spec, cfg, local)  # refuse bad input before anything is measured
+    for name, spec in specs.items():
+        preflight(spec, class_layout(cfg, name, local), local)  # bad input refused before anything runs
     if args.mllog:
         mllog.check(Path(args.mllog))
     if not under_mpi():
@@ -125,7 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         with LiveLine(prefix, cfg.steps, cfg.duration_s) as line:
             res = run(
                 spec,
-                cfg,
+                class_layout(cfg, name, world),
                 output_dir=out,
                 name=repeats.repeat_name(base, r, args.repeat),
                 progress=line.say,

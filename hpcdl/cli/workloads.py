@@ -192,6 +192,11 @@ def class_table(size_class: str) -> str:
             ]
         )
     head = ["workload", "family", "precision", "batch", "params", "train/sample", "memory/sample"]
+    if s.layouts:  # the default layouts of a class that names them (L)
+        head += [f"layout: node of {recipes.NODE_DEVICES}", "layout: multi-node"]
+        for row in rows:
+            named = s.layouts.get(row[0], {})
+            row += [named.get("node", "dp"), named.get("multi_node", "dp")]
     return f"class {size_class} (v{s.version}: {s.description}), hpcdl run --class {size_class}\n" + table(
         head, rows
     )

@@ -141,7 +141,14 @@ def parse_layout(text: str) -> Layout:
 
 def fit_layout(layout: Layout, world_size: int) -> Layout:
     """``layout`` with ``dp`` resolved for ``world_size`` ranks; refuses (one line) a product of
-    dp x tp x pp that is not the world size."""
+    dp x tp x pp that is not the world size, and an ``ep`` other than 1 or every rank (what
+    ``hpcdl.workloads.moe`` builds)."""
+    if layout.ep not in (1, world_size):
+        raise InputError(
+            f"{FIELD}.ep",
+            layout.ep,
+            f"1 or the {world_size} ranks of this run: experts are sharded across every rank",
+        )
     model = layout.tp * layout.pp
     if layout.dp == 0:
         if world_size % model:

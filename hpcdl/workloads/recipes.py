@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from typing import Any
@@ -20,6 +20,8 @@ from hpcdl.workloads.registry import spec_from_dict
 from hpcdl.workloads.spec import Spec
 
 DEFAULT_CLASS = "S"
+NODE_DEVICES = 8
+"""the devices of the node a class's default layouts are made for"""
 
 
 def _folder() -> Traversable:
@@ -56,6 +58,14 @@ class Suite:
     published: dict[str, dict[str, Any]]
     """workload name -> the original model's figures (``params``, ``forward_macs``, ``source``)
     that its analytic counts must match within 2 %"""
+    layouts: dict[str, dict[str, str]] = field(default_factory=dict)
+    """workload name -> its default parallel layout for one node of ``NODE_DEVICES`` devices
+    (``node``) and for several (``multi_node``): ``[layouts.NAME]`` of the class's file"""
+
+    def default_layout(self, name: str, nodes: int) -> str:
+        """The default layout of workload ``name`` for a job on ``nodes`` nodes: its ``node``
+        or ``multi_node`` layout, or '' (data parallelism) where it names none."""
+        return self.layouts.get(name, {}).get("node" if nodes == 1 else "multi_node", "")
 
     def specs(self, **overrides: Any) -> dict[str, Spec]:
         """The specs by workload name; ``overrides`` (e.g. precision) apply to each."""
@@ -83,4 +93,5 @@ def suite(size_class: str = DEFAULT_CLASS) -> Suite:
         str(doc.get("description", "")),
         dict(doc["workloads"]),
         dict(doc.get("published", {})),
+        dict(doc.get("layouts", {})),
     )
