@@ -31,6 +31,8 @@ from hpcdl.parallel.layout import (
     tp_crosses_nodes,
 )
 from hpcdl.parallel.tensor import local_tensor, plan, rank_count, tp_traffic
+from hpcdl.records.audit import audit
+from hpcdl.records.loader import read_record
 from hpcdl.records.store import read_steps
 from hpcdl.workloads import recipes
 from hpcdl.workloads.crosscheck import decomposed
@@ -226,6 +228,7 @@ def test_tensor_parallel_runs_train_as_one_process(layout: str, np: int, dp: int
     (path,) = (tmp_path / "results").glob("*.json")
     rec = json.loads(path.read_text())
     assert rec["validity"]["passed"], rec["validity"]
+    assert audit(read_record(path)).problems == ()  # its figures follow from its measurements
     assert rec["settings"]["layout"] == f"dp={dp},tp=2,pp=1" and rec["settings"]["tp_crosses_nodes"] is False
     assert rec["settings"]["global_batch"] == 4 * dp and rec["settings"]["backend"] == "tensor"
     spec = spec_from_dict(ATTENTION)

@@ -205,7 +205,7 @@ def _ranks(r: Result) -> list[str]:
 def _derived_figures(r: Result) -> list[str]:
     m, rows = r.metrics, r.metrics.per_rank
     samples = [r.settings.samples_per_step * x.timed_steps for x in rows]
-    share = r.settings.ranks_per_sample  # a tp group's or a pipeline's ranks: each sample once
+    share = r.settings.ranks_per_sample  # a tp group's ranks train on the same samples
     want = metrics.aggregate_throughput([n // share for n in samples], [x.timed_window_s for x in rows])
     problems = []
     if not _close(m.samples_per_s, want):

@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 
 from hpcdl import metrics
 from hpcdl.errors import HpcdlError
-from hpcdl.parallel.layout import parse_layout
 from hpcdl.records import schema
 
 T = TypeVar("T")
@@ -150,10 +149,10 @@ class Settings:
 
     @property
     def ranks_per_sample(self) -> int:
-        """Ranks that share each sample's work: tp x pp of the layout (1: data parallelism)."""
-        if not self.layout:
-            return 1
-        layout = parse_layout(self.layout)
+        """Ranks that train on the same samples: tp x pp of the layout (1 without one)."""
+        from hpcdl.parallel.layout import parse_layout  # records read parallel's layout text
+
+        layout = parse_layout(self.layout or "")
         return layout.tp * layout.pp
 
 
