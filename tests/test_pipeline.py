@@ -17,7 +17,7 @@ from hpcdl import metrics
 from hpcdl.errors import SpecError
 from hpcdl.parallel import layout as layouts
 from hpcdl.parallel.launch import mpi_env, mpirun_path
-from hpcdl.parallel.pipeline import SCHEDULES, check, stage_layers, stage_modules
+from hpcdl.parallel.pipeline import SCHEDULES, check, shared_parameters, stage_layers, stage_modules
 from hpcdl.records.audit import audit
 from hpcdl.records.loader import read_record
 from hpcdl.records.store import read_steps
@@ -26,6 +26,7 @@ from hpcdl.workloads.registry import spec_from_dict
 ATTENTION = {
     "family": "attention", "layers": 4, "width": 32, "heads": 2, "seq_len": 8, "vocab": 50, "batch_size": 8
 }  # fmt: skip
+TIED = {**ATTENTION, "tie_embeddings": True}  # GPT-2's lm head: the token table on both ends
 MLP = {"family": "mlp", "layers": 4, "width": 32, "input_size": 16, "output_size": 10, "batch_size": 8}
 CLI_MLP = ["--workload", "mlp", "layers=4", "width=32", "input_size=16", "output_size=10", "batch_size=8"]
 RUN = ["--warmup", "2", "--steps", "3", "--min-duration", "0"]
@@ -50,17 +51,21 @@ def test_layers_are_dealt_in_contiguous_balanced_runs() -> None:
         MLP,
         {**ATTENTION, "norm": "post", "head": "cls"},
         {**ATTENTION, "experts": 2, "expert_parallel": False},
+        TIED,
     ],
 )
 @pytest.mark.parametrize("chunks", [2, 3, 4])
 def test_stages_hold_the_model_once_and_compute_it(knobs: dict, chunks: int) -> None:
-    """Every parameter of the model in exactly one stage, and the stages run one after the
-    other give the model's own logits: the split loses and repeats nothing."""
+    """Every parameter of the model in exactly one stage (a tied head's token table in the
+    first and the last), and the stages run one after the other give the model's own logits:
+    the split loses and repeats nothing else."""
     spec = spec_from_dict(knobs)
     model = spec.build().eval()
     stages = stage_modules(spec, model, chunks)
     held = [id(p) for s in stages for p in s.parameters()]
-    assert sorted(held) == sorted(id(p) for p in model.parameters())
+    twice = [id(p) for p in shared_parameters(spec, model)]
+    assert len(twice) == (knobs is TIED)
+    assert sorted(held) == sorted([id(p) for p in model.parameters()] + twice)
     x = spec.sample_inputs(3, torch.Generator().manual_seed(0), torch.device("cpu"))
     out = x
     for s in stages:
@@ -88,7 +93,6 @@ def test_layout_names_the_schedules_the_pipeline_runs() -> None:
         (MLP, 2, "zerobubble", 4, "run.layout.schedule"),
         (MLP, 2, "gpipe", 3, "run.layout.microbatches"),  # 3 does not divide the batch of 8
         (MLP, 4, "1f1b", 2, "run.layout.microbatches"),  # 1F1B needs microbatches >= pp
-        ({**ATTENTION, "tie_embeddings": True}, 2, "gpipe", 4, "attention.tie_embeddings"),
         ({**MLP, "accumulation_steps": 2}, 2, "gpipe", 4, "mlp.accumulation_steps"),
         ({**MLP, "precision": "fp16"}, 2, "gpipe", 4, "mlp.precision"),
         ({"family": "cnn"}, 2, "gpipe", 4, "run.layout.pp"),
@@ -136,6 +140,7 @@ for knobs in json.loads(sys.argv[1]):
         for step in range(3):
             x, y = make_batch(spec, device=device, stream=step)
             loss, times = pipe.step(x, y)
+            pipe.reduce_gradients()
             opt.step()
             opt.zero_grad()
             ref_loss = pipeline_loss(ref(x), y)
@@ -144,7 +149,8 @@ for knobs in json.loads(sys.argv[1]):
             ref_opt.zero_grad()
             losses.append(None if loss is None else float(loss))
             ref_losses.append(float(ref_loss))
-        out.append({"family": spec.family, "schedule": schedule, "losses": losses, "ref": ref_losses,
+        out.append({"family": spec.family, "tied": len(pipe.shared), "schedule": schedule,
+                    "losses": losses, "ref": ref_losses,
                     "sent": times.sent_bytes, "busy": times.busy_s, "span": times.span_s})
 group.close()
 print("RESULT " + json.dumps({"rank": world.rank, "runs": out}), flush=True)
@@ -153,13 +159,14 @@ print("RESULT " + json.dumps({"rank": world.rank, "runs": out}), flush=True)
 
 @pytest.mark.mpi
 def test_every_schedule_trains_as_one_process_does(tmp_path: Path) -> None:
-    """pp=2 with GPipe, 1F1B and interleaved 1F1B (two stages per rank), attention and MLP:
+    """pp=2 with GPipe, 1F1B and interleaved 1F1B (two stages per rank), attention (also with a
+    tied head, its table's gradients summed between the ends) and MLP:
     three AdamW steps give one process's losses (the whole batch at once against four
     micro-batches: rounding apart), and each boundary carries each micro-batch's activations
     forward and their gradients back (``metrics.pipeline_p2p_bytes``)."""
     script = tmp_path / "pipeline_ranks.py"
     script.write_text(SCRIPT)
-    specs = json.dumps([ATTENTION, MLP])
+    specs = json.dumps([ATTENTION, MLP, TIED])
     cmd = [mpirun_path(), "-np", "2", "--oversubscribe", sys.executable, str(script), specs]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=mpi_env())
     assert p.returncode == 0, p.stderr[-3000:]
@@ -168,11 +175,13 @@ def test_every_schedule_trains_as_one_process_does(tmp_path: Path) -> None:
     ]
     ranks = {r["rank"]: r["runs"] for r in results}
     assert sorted(ranks) == [0, 1]
+    assert [r["tied"] for r in ranks[1]] == [0] * 6 + [1] * 3  # the tied head's table: both ends
     for first, last in zip(ranks[0], ranks[1], strict=True):
         assert first["losses"] == [None] * 3  # only the last stage computes the loss
-        assert last["losses"] == pytest.approx(last["ref"], rel=1e-5), (last["family"], last["schedule"])
+        which = (last["family"], last["tied"], last["schedule"])
+        assert last["losses"] == pytest.approx(last["ref"], rel=1e-5), which
         assert last["losses"][-1] < last["losses"][0]
-        knobs = ATTENTION if last["family"] == "attention" else MLP
+        knobs = ATTENTION if last["family"] == "attention" else MLP  # TIED: ATTENTION's sizes
         per_sample = knobs["seq_len"] * knobs["width"] if "seq_len" in knobs else knobs["width"]
         activation = knobs["batch_size"] // 4 * per_sample * 4  # fp32
         boundaries = 3 if last["schedule"] == "interleaved" else 1  # 4 stages on 2 ranks, or 2

@@ -14,8 +14,10 @@ blocks, an MLP's hidden layers. They are dealt out in contiguous, balanced runs
 (:func:`stage_layers`: the first ``layers mod stages`` stages take one more); the first stage
 also runs what comes before the blocks (token and position embeddings), the last what comes
 after (final norm, pooling, head) and the loss. The stages hold the model's own modules: the
-same seed gives the same weights as one process. A tied language-model head would need the
-first stage's token table on the last stage: refused (``tie_embeddings=false``).
+same seed gives the same weights as one process. A tied language-model head (GPT-2's, BERT's)
+multiplies by the token table of the first stage: the last stage holds its own copy (its rank
+built the same weights), and after each schedule the two ends sum their gradients of it
+(Megatron's way), so both copies take one process's update.
 
 **The step.** The loss is the mean cross-entropy of each micro-batch, in fp32, on the last
 stage; the schedule divides the summed gradients by the micro-batches, so that a step's
@@ -77,20 +79,25 @@ class End:
 @dataclass(frozen=True)
 class Parts:
     """A model seen as a pipeline: ``before`` the blocks, the blocks split across the stages,
-    and ``after`` them."""
+    and ``after`` them; ``shared``: parameters both ends use (a tied head's token table)."""
 
     before: End | None
     blocks: list[nn.Module]
     after: End
+    shared: tuple[nn.Parameter, ...] = ()
 
 
 def _attention_parts(model: nn.Module) -> Parts:
     m: Any = model  # hpcdl.workloads.families.attention.Transformer
-    after = (m.final_norm,) + ((m.head,) if m.head is not None else ())
+    # a tied lm head multiplies by the token table: the last stage holds the table too (its
+    # rank's copy, the same weights from the seed), and the two ends sum their gradients of it
+    tied = m.head is None
+    after = (m.final_norm, m.tokens if tied else m.head)
     return Parts(
         End(m.embed, (m.tokens, m.positions, m.embed_norm, m.embed_drop)),
         list(m.blocks),
         End(m.finish, after),
+        (m.tokens.weight,) if tied else (),
     )
 
 
@@ -153,11 +160,6 @@ def check(spec: Spec, pp: int, schedule: str, microbatches: int) -> None:
 
 _REFUSED: list[tuple[str, Callable[[Any], bool], str]] = [
     (
-        "tie_embeddings",
-        lambda s: s.tie_embeddings and s.head == "lm",
-        "false (the head is not on the first stage)",
-    ),
-    (
         "expert_parallel",
         lambda s: s.experts and s.expert_parallel,
         "false (each stage holds its own experts)",
@@ -195,6 +197,11 @@ class StageModule(nn.Module):
                 x = self._before.run(x)
             x = self.blocks(x)
             return self._after.run(x) if self._after is not None else x
+
+
+def shared_parameters(spec: Spec, model: nn.Module) -> tuple[nn.Parameter, ...]:
+    """The parameters of ``model`` that its first and its last stage both hold (``Parts.shared``)."""
+    return SPLITS[spec.family](model).shared
 
 
 def stage_modules(spec: Spec, model: nn.Module, chunks: int) -> list[StageModule]:

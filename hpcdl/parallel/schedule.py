@@ -16,7 +16,14 @@ from torch.distributed.pipelining import PipelineStage
 
 from hpcdl import metrics
 from hpcdl.measure.device import synchronize
-from hpcdl.parallel.pipeline import SCHEDULES, StepTimes, check, pipeline_loss, stage_modules
+from hpcdl.parallel.pipeline import (
+    SCHEDULES,
+    StepTimes,
+    check,
+    pipeline_loss,
+    shared_parameters,
+    stage_modules,
+)
 from hpcdl.workloads.spec import Spec
 
 
@@ -81,6 +88,12 @@ class Pipeline:
         self.indices = [pp_rank + k * pp for k in range(kind.virtual)]
         self.modules: list[nn.Module] = [all_modules[i].to(device) for i in self.indices]
         self.dp_group = dp_group if dp_group is not None and dist.get_world_size(dp_group) > 1 else None
+        held = {id(p) for p in self.parameters()}
+        self.shared = [p for p in shared_parameters(spec, model) if id(p) in held]
+        self.ends_group = None
+        if self.shared:  # this rank holds the first or the last stage: the two of them sum
+            ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+            self.ends_group = dist.new_group([ranks[0], ranks[-1]], use_local_synchronization=True)
         self.stages = [
             TimedStage(m, i, chunks, device, group=group)
             for m, i in zip(self.modules, self.indices, strict=True)
@@ -122,9 +135,14 @@ class Pipeline:
         return loss, times
 
     def reduce_gradients(self) -> None:
-        """Average this rank's stage gradients across the data-parallel replicas (dp > 1): one
-        flat allreduce over ``dp_group`` after the schedule (DistributedDataParallel inside the
-        schedule's last backward trips over the schedule's extra backward of its first step)."""
+        """Sum the gradients of parameters both ends hold (a tied head's table) between the first
+        and the last stage; then average this rank's stage gradients across the data-parallel
+        replicas (dp > 1): one flat allreduce over ``dp_group`` after the schedule
+        (DistributedDataParallel inside the schedule's last backward trips over the schedule's
+        extra backward of its first step)."""
+        for p in self.shared:  # the first and the last stage's uses of a tied table
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=self.ends_group)
         if self.dp_group is None:
             return
         grads = [p.grad for p in self.parameters() if p.grad is not None]
