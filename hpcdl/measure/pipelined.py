@@ -211,7 +211,8 @@ def measure_pipeline_rank(
         group=groups[0],
         dp_group=groups[1],
     )
-    own = [p for m in pipe.modules for p in m.parameters()]
+    pipe.release_others(model)
+    own = pipe.parameters()
     grad_bytes = sum(p.numel() * p.element_size() for p in own) if layout.dp > 1 else 0
     # the first and the last stage of a pipeline draw the same batches: one stream per replica
     source = device_pool(

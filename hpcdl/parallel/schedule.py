@@ -109,6 +109,14 @@ class Pipeline:
         """The parameters this rank's stages hold (its optimizer's)."""
         return [p for m in self.modules for p in m.parameters()]
 
+    def release_others(self, model: nn.Module) -> None:
+        """Free the weights of ``model``'s parts that this rank's stages do not hold (every rank
+        built the whole model from the seed; a stage keeps only its share in memory)."""
+        held = {id(p) for p in self.parameters()}
+        for p in model.parameters():
+            if id(p) not in held:
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
     def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor | None, StepTimes]:
         """One step of the whole batch ``x``, ``y`` through the pipeline: every micro-batch's
         forward and backward, in the schedule's order; the gradients are left on the
