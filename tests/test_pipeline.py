@@ -21,6 +21,7 @@ from hpcdl.parallel.pipeline import SCHEDULES, check, shared_parameters, stage_l
 from hpcdl.records.audit import audit
 from hpcdl.records.loader import read_record
 from hpcdl.records.store import read_steps
+from hpcdl.workloads import recipes
 from hpcdl.workloads.registry import spec_from_dict
 
 ATTENTION = {
@@ -104,6 +105,19 @@ def test_what_a_pipeline_cannot_run_is_one_line(
     with pytest.raises(SpecError) as e:
         check(spec_from_dict(knobs), pp, schedule, m)
     assert e.value.field == field and "\n" not in str(e.value)
+
+
+def test_class_l_pipelines_are_runnable() -> None:
+    """Every default layout of class L that splits a model into stages passes the pipeline's
+    checks (gpt2-xl: a tied head, 48 blocks, batch 4 in 4 micro-batches)."""
+    suite = recipes.suite("L")
+    named = [
+        (name, layouts.parse_layout(text)) for name, kinds in suite.layouts.items() for text in kinds.values()
+    ]
+    piped = [(name, lay) for name, lay in named if lay.pp > 1]
+    assert piped
+    for name, lay in piped:
+        check(spec_from_dict(suite.workloads[name]), lay.pp, lay.schedule, lay.chunks)
 
 
 def test_a_bad_layout_exits_2_before_launching(tmp_path: Path) -> None:
@@ -192,6 +206,7 @@ def test_every_schedule_trains_as_one_process_does(tmp_path: Path) -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["gpipe"])  # 1f1b: the dp x pp test; every schedule: above
 def test_a_pipeline_run_records_its_schedule_and_bubble(schedule: str, tmp_path: Path) -> None:
     """``hpcdl run --np 2 --layout pp=2``: a valid, audited record whose losses are those of
