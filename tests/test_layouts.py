@@ -1,7 +1,8 @@
 """Parallel layouts and tensor parallelism: the layout's parsing and checks, the Megatron plan's
 shards, collectives and per-rank counts (on torch's fake process group and against the FLOP
-counter), class L's default layouts, real tp=2 and dp=2 x tp=2 runs whose loss trajectories
-match one process, and bad layouts refused in one line."""
+counter), class L's default layouts, real tp=2 and dp=2 x tp=2 runs on the emulated hosts whose
+loss trajectories match one process (a tp group across hosts said so, one inside a host not),
+and bad layouts refused in one line."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def test_layout_parses_fits_and_places_tp_innermost() -> None:
     layout = fit_layout(parse_layout("tp=2, pp=2,schedule=gpipe"), 8)
     assert (layout.dp, layout.tp, layout.pp, layout.schedule, layout.chunks) == (2, 2, 2, "gpipe", 4)
     assert layout.coords(5) == {"pp": 1, "dp": 0, "tp": 1}
-    assert layout.tp_group(5) == [4, 5] and layout.dp_group(5) == [5, 7] and layout.stage_ranks(1) == [4, 5, 6, 7]
+    assert layout.tp_group(5) == [4, 5] and layout.dp_group(5) == [5, 7]
+    assert layout.stage_ranks(1) == [4, 5, 6, 7]
     assert fit_layout(parse_layout(""), 4) == Layout(dp=4)
     assert str(fit_layout(parse_layout("dp=2,tp=2"), 4)) == "dp=2,tp=2,pp=1"
 
@@ -213,15 +215,24 @@ def reference_losses(spec: Spec, streams: int, steps: int) -> list[float]:
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize(("layout", "np", "dp"), [("tp=2", 2, 1), ("dp=2,tp=2", 4, 2)])
-def test_tensor_parallel_runs_train_as_one_process(layout: str, np: int, dp: int, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("on_cluster")
+@pytest.mark.parametrize(
+    ("layout", "np", "dp", "per_host"),
+    [
+        ("tp=2", 2, 1, "1"),  # one rank per emulated host: the tp group spans two hosts
+        ("dp=2,tp=2", 4, 2, "2"),  # two hosts of two ranks: each tp group inside one
+    ],
+)
+def test_tensor_parallel_runs_train_as_one_process(
+    layout: str, np: int, dp: int, per_host: str, tmp_path: Path
+) -> None:
     steps = ["--warmup", "1", "--steps", "3", "--min-duration", "0"]
     p = subprocess.run(
         [sys.executable, "-m", "hpcdl", "run", *WORKLOAD, *steps, "--np", str(np), "--layout", layout],
         capture_output=True,
         text=True,
         timeout=300,
-        env=mpi_env(),
+        env={**mpi_env(), "HPCDL_CLUSTER_HOSTS": "2", "HPCDL_CLUSTER_PPN": per_host},
         cwd=tmp_path,
     )
     assert p.returncode == 0, p.stderr[-3000:]
@@ -229,7 +240,12 @@ def test_tensor_parallel_runs_train_as_one_process(layout: str, np: int, dp: int
     rec = json.loads(path.read_text())
     assert rec["validity"]["passed"], rec["validity"]
     assert audit(read_record(path)).problems == ()  # its figures follow from its measurements
-    assert rec["settings"]["layout"] == f"dp={dp},tp=2,pp=1" and rec["settings"]["tp_crosses_nodes"] is False
+    crosses = per_host == "1"
+    assert rec["settings"]["nodes"] == 2 and rec["settings"]["tp_crosses_nodes"] is crosses
+    warnings = [line for line in p.stderr.splitlines() if "across nodes" in line]
+    assert len(warnings) == int(crosses), p.stderr[-2000:]
+    assert rec["settings"]["layout"] == f"dp={dp},tp=2,pp=1"
+    assert f"layout dp={dp},tp=2,pp=1: step" in p.stdout  # where the step's time goes, said
     assert rec["settings"]["global_batch"] == 4 * dp and rec["settings"]["backend"] == "tensor"
     spec = spec_from_dict(ATTENTION)
     assert rec["counts"]["rank_params"] == rank_count(spec, 2).params < rec["counts"]["params"]

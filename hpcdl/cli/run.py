@@ -23,7 +23,7 @@ from hpcdl.parallel.layout import parse_layout
 from hpcdl.parallel.world import World, init_world, under_mpi
 from hpcdl.records import mllog, repeats, schema
 from hpcdl.records.store import read_steps, write_record
-from hpcdl.records.views import Target
+from hpcdl.records.views import Result, Target
 from hpcdl.results.text import mfu_text, notes_once, si, table
 from hpcdl.workloads import recipes
 from hpcdl.workloads.spec import Spec
@@ -168,6 +168,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{name}: {target_text(target)}")
         if res.result.metrics.fit:
             print(f"{name}: {fit_text(res.result.metrics.fit)}")
+        if res.result.settings.layout:
+            print(f"{name}: {layout_text(res.result)}")
     print("\n".join(peak_lines(results)) + f"\nRecords in {out}/")
     if args.repeat > 1:
         print(repeat_table(specs, results, args.repeat, out, stamp))
@@ -194,6 +196,20 @@ def log_run(path: Path, res: RunResult, started: float, say: Any) -> int:
         say(f"hpcdl: --mllog {path}: the lines of {res.result.name} were not written ({why}); its record was")
         return 1
     return 0
+
+
+def layout_text(result: Result) -> str:
+    """Where a layout run's step goes per parallel dimension: the median step, and each
+    dimension's collectives per step (timed after training on their groups)."""
+    m = result.metrics
+    step = m.step_time_s.median
+    parts = [
+        f"{name} {c.seconds_per_step * 1e3:.3g} ms ({c.seconds_per_step / step:.0%}; "
+        f"{c.calls_per_step} calls, {si(c.bytes_per_step, 'B')} among {c.ranks} ranks)"
+        for name, c in m.communication.collectives.items()
+    ]
+    crossing = "; tp groups span nodes" if result.settings.tp_crosses_nodes else ""
+    return f"layout {result.settings.layout}: step {step * 1e3:.3g} ms: " + ", ".join(parts) + crossing
 
 
 def fit_text(fit: dict[str, Any]) -> str:

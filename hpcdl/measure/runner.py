@@ -37,7 +37,7 @@ from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import gemm_ceiling, theoretical_peak
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.watchdog import Watchdog
-from hpcdl.parallel.backends import Backend, data_shard, gradient_bytes, resolve_backend_name
+from hpcdl.parallel.backends import Backend, Traffic, data_shard, gradient_bytes, resolve_backend_name
 from hpcdl.parallel.backends.tensor import TensorParallel
 from hpcdl.parallel.checks import one_step_equivalence, parameter_digest
 from hpcdl.parallel.commbench import backend_time
@@ -294,8 +294,8 @@ def collective_seconds(
     world: World,
     backend: Backend,
     device: torch.device,
-    traffic: list,
-    layered: dict | None,
+    traffic: list[Traffic],
+    layered: dict[str, Traffic] | None,
 ) -> dict[str, float]:
     """Each collective of a step timed after training, by name (several ranks): through the
     backend over every rank, or, under a layout, over the group of its dimension."""

@@ -205,8 +205,8 @@ def _ranks(r: Result) -> list[str]:
 def _derived_figures(r: Result) -> list[str]:
     m, rows = r.metrics, r.metrics.per_rank
     samples = [r.settings.samples_per_step * x.timed_steps for x in rows]
-    share = r.settings.ranks_per_sample  # a tp group's ranks train on the same samples
-    want = metrics.aggregate_throughput([n // share for n in samples], [x.timed_window_s for x in rows])
+    distinct = sum(samples) // r.settings.ranks_per_sample  # a tp group's ranks train on the same samples
+    want = metrics.aggregate_throughput([distinct], [x.timed_window_s for x in rows])
     problems = []
     if not _close(m.samples_per_s, want):
         problems.append(f"samples_per_s {m.samples_per_s:.6g} != all ranks' samples / window {want:.6g}")

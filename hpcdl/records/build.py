@@ -389,10 +389,10 @@ def build_record(
     lead = logs[0]
     # the ranks of a tensor-parallel group (or a pipeline) train on the same samples: each
     # sample once, however many ranks share its work
-    share = layout.tp * layout.pp
-    samples = [spec.samples_per_step * len(g.step_s) // share for g in logs]
+    samples = [spec.samples_per_step * len(g.step_s) for g in logs]
+    distinct = sum(samples) // (layout.tp * layout.pp)  # every rank times as many steps
     window = max(g.window_s for g in logs)
-    samples_per_s = metrics.aggregate_throughput(samples, [g.window_s for g in logs])
+    samples_per_s = metrics.aggregate_throughput([distinct], [g.window_s for g in logs])
     ai_ops = metrics.ai_ops_per_s(count.train_flops, samples_per_s)
     peak = job_peak(device, cfg.peak_flops, ranks)
     ceiling = float(sum(r.gemm_ceiling_flops for r in ranks))
@@ -449,10 +449,10 @@ def build_record(
         loss_first=lead.losses[0] if lead.losses else None,
         loss_last=lead.losses[-1] if lead.losses else None,
         io=ranks[0].io,
-        energy=energy_of(ranks, count.train_flops, sum(samples), window),
+        energy=energy_of(ranks, count.train_flops, distinct, window),
         fit=dataclasses.asdict(fit) if fit else None,
         memory=memory_split(spec, cfg, ranks),
-        target=target_of(cfg, logs, sum(samples)),
+        target=target_of(cfg, logs, distinct),
         window_start_unix=min(g.start_unix for g in logs),
         window_end_unix=max(g.start_unix + g.window_s for g in logs),
         straggler=straggler(rows, rules),
