@@ -255,3 +255,4 @@ def test_data_parallel_pipelines_step_as_one_process(tmp_path: Path) -> None:
     assert pipe is not None and [x.pp_rank for x in pipe.per_rank] == [0, 0, 1, 1]  # (pp, dp, tp) order
     assert r.metrics.communication.grad_bytes_per_step == 4 * pipe.per_rank[0].params
     assert r.metrics.phases_s["allreduce"].median > 0
+    assert "pp bubble" in p.stdout and "dp allreduce" in p.stdout  # the run's layout line
