@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_inputs import one_refusal  # beside this file, on pytest's path
 
 from hpcdl import metrics
 from hpcdl.errors import SpecError
@@ -120,12 +121,23 @@ def test_class_l_pipelines_are_runnable() -> None:
         check(spec_from_dict(suite.workloads[name]), lay.pp, lay.schedule, lay.chunks)
 
 
-def test_a_bad_layout_exits_2_before_launching(tmp_path: Path) -> None:
-    p = hpcdl("run", *CLI_MLP, "--np", "2", "--layout", "pp=2,microbatches=3", *RUN, "-o", str(tmp_path))
-    assert p.returncode == 2, p.stderr[-2000:]
-    (line,) = p.stderr.strip().splitlines()
-    assert "run.layout.microbatches=3" in line and "batch_size=8" in line
-    assert not list(tmp_path.iterdir())
+@pytest.mark.parametrize(
+    ("layout", "says"),
+    [
+        ("pp=8", "run.layout.pp=8 is invalid: at most mlp.layers=4"),
+        ("pp=2,schedule=zigzag", "run.layout.schedule='zigzag' is invalid"),
+        ("pp=2,microbatches=3", "run.layout.microbatches=3 is invalid: must divide mlp.batch_size=8"),
+        ("pp=2,schedule=1f1b,microbatches=1", "run.layout.microbatches=1 is invalid: >= pp=2"),
+        ("pp=2,tp=2", "run.layout.tp=2 is invalid: 1 with pp > 1"),
+    ],
+)
+def test_a_bad_layout_is_one_line_before_launching(
+    layout: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    np = "8" if "pp=8" in layout else "4"  # layouts that fit the ranks: the model refuses them
+    argv = ["run", *CLI_MLP, "--np", np, "--layout", layout, *RUN, "-o", str(tmp_path)]
+    assert says in one_refusal(argv, capsys)
+    assert not any(tmp_path.iterdir())  # nothing ran
 
 
 SCRIPT = """
