@@ -129,13 +129,15 @@ def test_class_l_pipelines_are_runnable() -> None:
         ("pp=2,microbatches=3", "run.layout.microbatches=3 is invalid: must divide mlp.batch_size=8"),
         ("pp=2,schedule=1f1b,microbatches=1", "run.layout.microbatches=1 is invalid: >= pp=2"),
         ("pp=2,tp=2", "run.layout.tp=2 is invalid: 1 with pp > 1"),
+        ("dp=4", "run.backend='pipeline' is invalid: only with a layout of pp > 1"),
     ],
 )
 def test_a_bad_layout_is_one_line_before_launching(
     layout: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     np = "8" if "pp=8" in layout else "4"  # layouts that fit the ranks: the model refuses them
-    argv = ["run", *CLI_MLP, "--np", np, "--layout", layout, *RUN, "-o", str(tmp_path)]
+    backend = ["--backend", "pipeline"] if layout == "dp=4" else []
+    argv = ["run", *CLI_MLP, "--np", np, "--layout", layout, *backend, *RUN, "-o", str(tmp_path)]
     assert says in one_refusal(argv, capsys)
     assert not any(tmp_path.iterdir())  # nothing ran
 

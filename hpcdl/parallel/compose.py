@@ -40,6 +40,8 @@ def run_layout(spec: Spec, cfg: RunConfig, world_size: int) -> Layout:
     check_layout(layout, spec)
     if layout.pp > 1:
         check_pipeline(spec, cfg, layout)
+    elif cfg.backend == PipelineBackend.name:
+        raise SpecError("run.backend", cfg.backend, "only with a layout of pp > 1 (e.g. --layout pp=2)")
     if layout.tp > 1 and cfg.backend not in ("auto", "torch", TensorParallel.name):
         raise SpecError(
             "run.backend", cfg.backend, "auto or torch: tensor parallelism runs on torch.distributed"

@@ -12,8 +12,8 @@ from hpcdl.parallel.backends.torch_ddp import TorchBackend
 
 @BACKENDS.register
 class PipelineBackend(TorchBackend):
-    """Chosen by a layout with pp > 1 (``--layout``), never by ``backend=auto``; named alone it
-    is ``torch``'s data parallelism (DDP)."""
+    """Chosen by a layout with pp > 1 (``--layout``), never by ``backend=auto``; named without
+    one it is refused (``parallel.compose.run_layout``)."""
 
     name: ClassVar[str] = "pipeline"
     auto_priority: ClassVar[int | None] = None
