@@ -153,6 +153,29 @@ def spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / med if med > 0 else 0.0
 
 
+def theoretical_bubble(stages: int, microbatches: int, virtual: int = 1) -> float:
+    """The idle share of a pipeline step whose stages take equal times and communicate for free:
+    ``(p - 1) / (v m + p - 1)`` for ``p`` ranks, ``m`` micro-batches and ``v`` stages per rank
+    (GPipe and 1F1B: v = 1; interleaved 1F1B: v > 1). GPipe (Huang et al. 2019), Megatron-LM's
+    interleaved schedule (Narayanan et al. 2021, eq. 1 and 2 over the ideal time)."""
+    return (stages - 1) / (virtual * microbatches + stages - 1)
+
+
+def pipeline_bubble(busy_s: float, span_s: float) -> float:
+    """The measured idle share of a pipeline step on one rank: ``1 - busy / span``, where busy is
+    the seconds its stages' forward and backward actions took and span the step's wall time
+    (waiting for a neighbour's activations or gradients, stage imbalance and point-to-point
+    time all count as idle)."""
+    return 1 - busy_s / span_s if span_s > 0 else float("nan")
+
+
+def pipeline_p2p_bytes(activation_bytes: int, microbatches: int) -> int:
+    """Bytes one pipeline boundary carries per step: each micro-batch's activations forward and
+    their gradient (the same size) backward. ``activation_bytes`` is one micro-batch's tensor
+    crossing the boundary (attention: b/m x seq_len x width x the element size)."""
+    return 2 * microbatches * activation_bytes
+
+
 def algbw(nbytes: int, seconds: float) -> float:
     """A collective's algorithm bandwidth: its size in bytes over the time (nccl-tests' algbw).
     The size is nccl-tests': the buffer of an allreduce, the gathered output of an all-gather,

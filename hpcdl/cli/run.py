@@ -199,8 +199,9 @@ def log_run(path: Path, res: RunResult, started: float, say: Any) -> int:
 
 
 def layout_text(result: Result) -> str:
-    """Where a layout run's step goes per parallel dimension: the median step, and each
-    dimension's collectives per step (timed after training on their groups)."""
+    """Where a layout run's step goes per parallel dimension: the median step, each
+    dimension's collectives per step (timed after training on their groups) and a pipeline's
+    bubble and point-to-point bytes."""
     m = result.metrics
     step = m.step_time_s.median
     parts = [
@@ -208,6 +209,15 @@ def layout_text(result: Result) -> str:
         f"{c.calls_per_step} calls, {si(c.bytes_per_step, 'B')} among {c.ranks} ranks)"
         for name, c in m.communication.collectives.items()
     ]
+    if m.pipeline is not None:  # the stages' idle share, and what they send each other
+        pipe = m.pipeline
+        parts.append(
+            f"pp bubble {pipe.bubble_measured:.0%} measured, {pipe.bubble_theoretical:.0%} in theory "
+            f"({pipe.schedule}, {pipe.microbatches} micro-batches), "
+            f"{si(pipe.p2p_bytes_per_step, 'B')} point-to-point per pipeline"
+        )
+        if m.communication.exposed_s:  # the dp replicas' allreduce after the schedule
+            parts.append(f"dp allreduce {m.communication.exposed_s * 1e3:.3g} ms")
     crossing = "; tp groups span nodes" if result.settings.tp_crosses_nodes else ""
     return f"layout {result.settings.layout}: step {step * 1e3:.3g} ms: " + ", ".join(parts) + crossing
 

@@ -56,6 +56,9 @@ class StepLog:
 class Trainer:
     """One model, optimizer and batch source; ``run`` executes steps and times them."""
 
+    phases: tuple[str, ...] = PHASES
+    """the phases ``step`` times (a pipeline's differ: ``hpcdl.measure.pipelined``)"""
+
     def __init__(
         self,
         model: nn.Module,
@@ -191,7 +194,7 @@ class Trainer:
         several ranks it must return the same answer on all of them (e.g. true once it is true
         on every rank), since a rank that stops one step early leaves the others waiting in an
         allreduce."""
-        log = StepLog()
+        log = StepLog(phases_s={p: [] for p in self.phases})
         self.model.train()
         for _ in range(warmup):
             self.step()

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcdl import metrics
 from hpcdl.measure.loop import StepLog
 from hpcdl.measure.peaks import Peak
 from hpcdl.parallel.backends import Traffic
 from hpcdl.records.validity import Check
+
+if TYPE_CHECKING:
+    from hpcdl.parallel.pipeline import StageLog
 
 
 @dataclass
@@ -63,10 +66,14 @@ class RankMeasurement:
     collective_s: dict[str, float] = field(default_factory=dict)
     """per collective of ``traffic``: median blocking call of its bytes per step, after
     training (several ranks)"""
+    pipeline: StageLog | None = None
+    """what this rank's pipeline stages did (pipeline-parallel runs only)"""
 
     def forward_backward_s(self) -> list[float]:
         """Forward plus backward time of each timed step: the rank's computation, and whatever
         waiting for other ranks the backend does inside them."""
+        if self.pipeline is not None:  # its stages' actions (the waits between them are not in)
+            return list(self.pipeline.busy_s)
         phases = self.log.phases_s
         return [f + b for f, b in zip(phases["forward"], phases["backward"], strict=True)]
 

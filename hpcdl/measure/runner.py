@@ -370,7 +370,12 @@ def run(
     backend_name, backend = run_backend(backend_name, layout, world, device)
     heartbeats = heartbeat_dir(output_dir, world)
     try:
-        mine = measure_rank(spec, cfg, device, world, backend, report, heartbeats, before_window)
+        if layout.pp > 1:  # torch's pipelining takes seconds to import: only pipelines do
+            from hpcdl.measure.pipelined import measure_pipeline_rank
+
+            mine = measure_pipeline_rank(spec, cfg, device, world, layout, report, heartbeats, before_window)
+        else:
+            mine = measure_rank(spec, cfg, device, world, backend, report, heartbeats, before_window)
     finally:
         backend.close()
         if world.rank == 0 and heartbeats is not None:

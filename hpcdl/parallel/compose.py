@@ -2,8 +2,8 @@
 the backend, and the backend that carries it out (``hpcdl.parallel.layout`` parses it).
 
 The one place where a kind of parallelism joins the run: tensor parallelism through
-``backends.tensor.TensorParallel``; pipeline parallelism's hook is :func:`run_layout`'s refusal of
-pp > 1 until ``hpcdl.parallel.pipeline`` exists.
+``backends.tensor.TensorParallel``; pipeline parallelism through ``backends.pipeline`` (its process
+group) and ``measure.pipelined`` (a stage's part of the run).
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from hpcdl.errors import SpecError
+from hpcdl.parallel import pipeline
 from hpcdl.parallel.backends import Backend, make_backend
+from hpcdl.parallel.backends.pipeline import PipelineBackend
 from hpcdl.parallel.backends.tensor import TensorParallel
 from hpcdl.parallel.layout import (
+    FIELD,
     Layout,
     check_layout,
     crossing_warning,
@@ -35,8 +38,10 @@ def run_layout(spec: Spec, cfg: RunConfig, world_size: int) -> Layout:
     workload and the backend: a one-line error otherwise."""
     layout = fit_layout(parse_layout(cfg.layout), world_size)
     check_layout(layout, spec)
-    if layout.pp > 1:  # the hook of hpcdl.parallel.pipeline
-        raise SpecError("run.layout.pp", layout.pp, "1: pipeline parallelism is not built yet")
+    if layout.pp > 1:
+        check_pipeline(spec, cfg, layout)
+    elif cfg.backend == PipelineBackend.name:
+        raise SpecError("run.backend", cfg.backend, "only with a layout of pp > 1 (e.g. --layout pp=2)")
     if layout.tp > 1 and cfg.backend not in ("auto", "torch", TensorParallel.name):
         raise SpecError(
             "run.backend", cfg.backend, "auto or torch: tensor parallelism runs on torch.distributed"
@@ -44,10 +49,33 @@ def run_layout(spec: Spec, cfg: RunConfig, world_size: int) -> Layout:
     return layout
 
 
+def check_pipeline(spec: Spec, cfg: RunConfig, layout: Layout) -> None:
+    """What a pipeline cannot take: the model and batch (``pipeline.check``), and the run's
+    settings that assume every rank holds the whole model or its own data."""
+    pipeline.check(spec, layout.pp, layout.schedule, layout.chunks)
+    if layout.tp > 1:
+        raise SpecError(
+            f"{FIELD}.tp", layout.tp, "1 with pp > 1: tensor and pipeline parallelism together are not built"
+        )
+    if cfg.backend not in ("auto", "torch", PipelineBackend.name):
+        raise SpecError("run.backend", cfg.backend, "auto or torch: pipelines run on torch.distributed")
+    if cfg.data == "hdf5":
+        raise SpecError("run.data", cfg.data, "random or learnable with pp > 1 (HDF5 shards are per rank)")
+    if cfg.fit_fraction > 0:
+        raise SpecError(
+            "run.fit_fraction", cfg.fit_fraction, "0 with pp > 1: give a batch the microbatches divide"
+        )
+    if cfg.target_loss_fraction:
+        raise SpecError("run.target_loss_fraction", cfg.target_loss_fraction, "0 with pp > 1")
+
+
 def run_backend(name: str, layout: Layout, world: World, device: torch.device) -> tuple[str, Backend]:
-    """The backend of a run: tensor parallelism's for a layout with tp > 1, else ``name``'s."""
+    """The backend of a run: tensor parallelism's for a layout with tp > 1, the pipeline's process
+    group for pp > 1, else ``name``'s."""
     if layout.tp > 1:
         return TensorParallel.name, TensorParallel(world, device, layout)
+    if layout.pp > 1:
+        return PipelineBackend.name, PipelineBackend(world, device)
     return name, make_backend(name, world, device)
 
 

@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 
 FIELD = "run.layout"
 """the name bad layouts are reported under (the ``--layout`` flag, ``RunConfig.layout``)"""
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
 """pipeline schedules a layout may name (``torch.distributed.pipelining``: Schedule1F1B,
-ScheduleGPipe)"""
+ScheduleGPipe, ScheduleInterleaved1F1B; ``hpcdl.parallel.pipeline.SCHEDULES``)"""
 DIMS = ("pp", "dp", "tp")
 """the device mesh's dimensions, outermost first (tensor parallelism innermost: inside a node)"""
 TP_FAMILIES = ("attention", "mlp")

@@ -32,6 +32,8 @@ from hpcdl.records.views import (
     Counts,
     Energy,
     Metrics,
+    PipelineFigures,
+    PipelineRank,
     RankRow,
     Settings,
     Stats,
@@ -141,6 +143,8 @@ def implausible(mfu: float, fraction: float, ceiling: float, peak: Peak | None) 
 def compute_only(r: RankMeasurement, rules: type[Backend]) -> float | None:
     """The rank's median computation per step without waiting for the others (the backend's
     rule over its phases, in-step collectives taken out)."""
+    if r.pipeline is not None:  # a step of stages, not a forward and a backward
+        return None
     local = metrics.summarize(r.local_backward_s)["median"] if r.local_backward_s else None
     return rules.compute_only_s(r.own_phase_s("forward"), r.own_phase_s("backward"), local)
 
@@ -248,6 +252,11 @@ def communication(
         return Communication(grad_bytes_per_step=grad_bytes)
     local = [t for r in ranks for t in r.local_backward_s]
     rules = BACKENDS.get(backend)
+    if ranks[0].pipeline is not None:  # its point-to-point traffic is in the pipeline block
+        exposed = phases["allreduce"].median if grad_bytes else None  # the dp replicas' alone
+        return Communication(
+            grad_bytes_per_step=grad_bytes, exposed_s=exposed, exposed_method=rules.exposed_method
+        )
     exposed = rules.exposed_s(
         phases["backward"].median,
         metrics.summarize(local)["median"] if local else None,
@@ -325,6 +334,42 @@ def rank_counts(spec: Spec, layout: Layout) -> dict[str, int]:
         "rank_forward_flops_per_sample": mine.forward_flops,
         "rank_train_flops_per_sample": mine.train_flops,
     }
+
+
+def pipeline_of(spec: Spec, ranks: Sequence[RankMeasurement], layout: Layout) -> PipelineFigures | None:
+    """The pipeline block: the schedule, the bubble measured beside the theoretical one, and
+    the point-to-point bytes of a step (one pipeline's: all ranks' over the dp replicas)."""
+    if ranks[0].pipeline is None:
+        return None
+    rows = []
+    for r in ranks:
+        s = r.pipeline
+        assert s is not None
+        rows.append(
+            PipelineRank(
+                rank=r.rank,
+                pp_rank=s.pp_rank,
+                stages=s.stages,
+                params=s.params,
+                busy_s=metrics.summarize(s.busy_s)["median"],
+                span_s=metrics.summarize(s.span_s)["median"],
+                bubble=s.bubble,
+                sent_bytes_per_step=s.sent_bytes,
+            )
+        )
+    virtual = len(rows[0].stages)
+    return PipelineFigures(
+        schedule=layout.schedule,
+        stages=layout.pp,
+        stages_per_rank=virtual,
+        microbatches=layout.chunks,
+        microbatch_size=spec.batch_size // layout.chunks,
+        bubble_theoretical=metrics.theoretical_bubble(layout.pp, layout.chunks, virtual),
+        bubble_measured=float(np.mean([row.bubble for row in rows])),
+        p2p_bytes_per_step=sum(row.sent_bytes_per_step for row in rows) // layout.dp,
+        p2p_sends_per_step=sum(r.pipeline.sends for r in ranks if r.pipeline) // layout.dp,
+        per_rank=rows,
+    )
 
 
 def build_record(
@@ -413,6 +458,7 @@ def build_record(
         window_start_unix=min(g.start_unix for g in logs),
         window_end_unix=max(g.start_unix + g.window_s for g in logs),
         straggler=straggler(rows, rules),
+        pipeline=pipeline_of(spec, ranks, layout),
     )
     return {
         "schema": schema.RESULT,

@@ -290,6 +290,50 @@ class Target:
 
 
 @dataclass(frozen=True)
+class PipelineRank:
+    """One rank of a pipeline-parallel run: its stages and what they did (medians over the timed
+    steps)."""
+
+    rank: int
+    pp_rank: int
+    stages: list[int]
+    params: int
+    """parameters its stages hold"""
+    busy_s: float
+    """median seconds per step its stages' forward and backward actions took"""
+    span_s: float
+    """median wall time of the schedule per step"""
+    bubble: float
+    """median of ``metrics.pipeline_bubble`` over the timed steps"""
+    sent_bytes_per_step: int
+    """activations (forward) and their gradients (backward) it sent per step"""
+
+
+@dataclass(frozen=True)
+class PipelineFigures:
+    """A pipeline-parallel run (``hpcdl.parallel.pipeline``): its schedule and its bubble,
+    measured beside the theoretical one, and the point-to-point traffic of a step."""
+
+    schedule: str
+    stages: int
+    """pp: the ranks of one pipeline"""
+    stages_per_rank: int
+    """1; 2 with the interleaved schedule"""
+    microbatches: int
+    microbatch_size: int
+    """samples per micro-batch (batch_size / microbatches)"""
+    bubble_theoretical: float
+    """``metrics.theoretical_bubble``: equal stages, free communication"""
+    bubble_measured: float
+    """the mean over the ranks of each rank's measured bubble (``PipelineRank.bubble``)"""
+    p2p_bytes_per_step: int
+    """bytes one pipeline's ranks send each other per step (activations and gradients)"""
+    p2p_sends_per_step: int
+    """point-to-point messages of one pipeline per step"""
+    per_rank: list[PipelineRank]
+
+
+@dataclass(frozen=True)
 class Metrics:
     samples_per_s: float
     ai_ops_per_s: float
@@ -333,6 +377,8 @@ class Metrics:
     """the latest rank's window end"""
     straggler: Straggler | None = None
     """the slowest-computing rank of a multi-rank run (records before 2026-12 leave it out)"""
+    pipeline: PipelineFigures | None = None
+    """the pipeline's schedule, bubble and point-to-point traffic (pipeline-parallel runs only)"""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from hpcdl.scaling.model import relative_error
 from hpcdl.scaling.table import scaling_table
 
 DPI = 110
-PHASES = ("data", "forward", "backward", "allreduce", "optimizer")
+PHASES = ("data", "forward", "backward", "schedule", "allreduce", "optimizer")
+"""step phases, in order (a pipeline's ``schedule`` holds its forwards and backwards)"""
 
 
 class PowerTrace(NamedTuple):

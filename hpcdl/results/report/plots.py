@@ -80,7 +80,8 @@ def phase_plots(records: Sequence[Audit]) -> list[Plot]:
     if not rows:
         return []
     caption = (
-        "Median time of each step phase (data, forward with loss, backward, allreduce, optimizer) "
+        "Median time of each step phase (data, forward with loss, backward, a pipeline's schedule, "
+        "allreduce, optimizer) "
         "per record, in ms and as a share of their sum"
     )
     return [Plot("phases.png", caption, partial(figures.phases, rows=rows))]

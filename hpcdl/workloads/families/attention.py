@@ -298,8 +298,16 @@ class Transformer(nn.Module):
         self.head = None if self.tied else nn.Linear(spec.width, out, bias=self.pool)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.finish(self.blocks(self.embed(ids)))
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids -> the first block's input (a pipeline's first stage runs it)."""
         x = self.tokens(ids) + self.positions.weight[: ids.shape[1]]
-        x = self.final_norm(self.blocks(self.embed_drop(self.embed_norm(x))))
+        return self.embed_drop(self.embed_norm(x))
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """The last block's output -> logits (a pipeline's last stage runs it)."""
+        x = self.final_norm(x)
         if self.pool:
             x = x.mean(dim=1)
         if self.head is None:

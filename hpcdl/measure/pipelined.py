@@ -1,0 +1,263 @@
+"""A pipeline-parallel rank's part of a run (``hpcdl.parallel.pipeline``): its check against one
+process, its timed loop and what it hands rank 0.
+
+A pipeline's step does not split into a forward and a backward: the schedule interleaves
+every micro-batch's forward and backward across the stages. Its phases are therefore ``data``
+(the batch), ``schedule`` (the whole schedule: forwards, backwards, point-to-point sends and
+waits, the bubble), ``allreduce`` (the dp replicas averaging each stage's gradients; 0 with
+dp = 1) and ``optimizer``; where the schedule's time goes is told by the stages' own timing
+instead (``StageLog``: busy against idle, the bubble).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hpcdl.measure.config import RunConfig
+from hpcdl.measure.data import device_pool, make_batch
+from hpcdl.measure.device import device_name, peak_memory, reset_peak_memory, synchronize
+from hpcdl.measure.loop import IN_STEP_PHASES, BatchSource, StepLog, Trainer
+from hpcdl.measure.measurement import RankMeasurement
+from hpcdl.measure.peaks import theoretical_peak
+from hpcdl.measure.telemetry import TelemetrySampler
+from hpcdl.measure.watchdog import Watchdog
+from hpcdl.parallel.checks import CHECK_STREAM, EQUIVALENCE_TOLERANCE, parameter_digest
+from hpcdl.parallel.layout import Layout, device_mesh
+from hpcdl.parallel.pipeline import StageLog, StepTimes, pipeline_loss
+from hpcdl.parallel.schedule import Pipeline
+from hpcdl.parallel.world import World
+from hpcdl.records.validity import Check
+from hpcdl.workloads.spec import Spec
+
+if TYPE_CHECKING:
+    from hpcdl.measure.runner import Reporter
+
+PIPELINE_PHASES = ("data", "schedule", "allreduce", "optimizer")
+"""the phases of a pipeline step (see the module's docstring)"""
+
+
+class PipelineTrainer(Trainer):
+    """The timed loop of one rank's stages: each step a batch through the pipeline's schedule,
+    then the optimizer. Every rank records the losses, which the last stage computes."""
+
+    phases = PIPELINE_PHASES
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        optimizer: torch.optim.Optimizer,
+        source: BatchSource,
+        device: torch.device,
+        precision: str,
+        phase_sync: bool,
+        group: dist.ProcessGroup | None,
+    ) -> None:
+        super().__init__(nn.ModuleList(pipeline.modules), optimizer, source, device, precision, phase_sync)
+        self.pipeline, self.group = pipeline, group
+        self.times: list[StepTimes] = []
+
+    def step(self) -> tuple[float, dict[str, float], dict[str, float]]:
+        start = self._mark()
+        x, y = self.source.next()
+        t1 = self._mark()
+        loss, times = self.pipeline.step(x, y)
+        t2 = self._mark()
+        self.pipeline.reduce_gradients()
+        t3 = self._mark()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        synchronize(self.device)
+        t4 = time.perf_counter()
+        # the stages before the last have no loss: theirs is filled in after the run
+        self._losses.append(loss if loss is not None else torch.tensor(float("nan")))
+        self.times.append(times)
+        if self.on_step is not None:
+            self.on_step()
+        phases = {"data": t1 - start, "schedule": t2 - t1, "allreduce": t3 - t2, "optimizer": t4 - t3}
+        return t4 - start, phases, dict.fromkeys(IN_STEP_PHASES, 0.0)
+
+    def local_backward_s(self, steps: int) -> list[float]:
+        return []  # a stage's backward waits for its neighbour's gradients: not computation alone
+
+    def run(self, *args: Any, **kwargs: Any) -> StepLog:
+        """The base loop; then every rank of the pipeline takes the last stage's losses."""
+        log = super().run(*args, **kwargs)
+        shared: list[Any] = [log.losses]
+        dist.broadcast_object_list(shared, group=self.group, group_src=self.pipeline.pp - 1)
+        log.losses = shared[0]
+        return log
+
+    def stage_log(self, timed_steps: int, dp_grad_bytes: int) -> StageLog:
+        """What this rank's stages did in the last ``timed_steps`` steps."""
+        timed = self.times[-timed_steps:]
+        return StageLog(
+            pp_rank=self.pipeline.indices[0],
+            stages=list(self.pipeline.indices),
+            busy_s=[t.busy_s for t in timed],
+            span_s=[t.span_s for t in timed],
+            sent_bytes=timed[-1].sent_bytes,
+            sends=timed[-1].sends,
+            dp_grad_bytes=dp_grad_bytes,
+            params=sum(p.numel() for p in self.pipeline.parameters()),
+        )
+
+
+def _groups(layout: Layout, device: torch.device) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
+    mesh = device_mesh(layout, device.type)
+    return mesh.get_group("pp"), (mesh.get_group("dp") if layout.dp > 1 else None)
+
+
+def pipeline_equivalence(
+    spec: Spec, layout: Layout, world: World, device: torch.device, groups: tuple[Any, Any]
+) -> Check:
+    """One SGD step of the whole layout (every pipeline on its own shard) against one process
+    stepping on the global batch from the same weights: each rank's stage parameters must
+    agree with the one process's. The one process runs the same micro-batches one after the
+    other, each loss divided by their number (shapes as the stages see them: see
+    ``checks.one_step_equivalence``). In eval mode: no dropout."""
+    m = layout.chunks
+    small = spec.replace(batch_size=m * min(spec.batch_size // m, 2), precision="fp32")
+    shards = [make_batch(small, device=device, stream=CHECK_STREAM + d) for d in range(layout.dp)]
+    model = small.build().to(device).eval()
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    pipe = Pipeline(
+        small,
+        model,
+        pp=layout.pp,
+        pp_rank=layout.coords(world.rank)["pp"],
+        schedule=layout.schedule,
+        microbatches=m,
+        device=device,
+        group=groups[0],
+        dp_group=groups[1],
+    )
+    pipe.step(*shards[layout.coords(world.rank)["dp"]])
+    pipe.reduce_gradients()
+    torch.optim.SGD(pipe.parameters(), lr=0.1).step()
+    mine = {id(p) for p in pipe.parameters()}
+    stepped = {n: p.detach() for n, p in model.named_parameters() if id(p) in mine}
+
+    ref = small.build().to(device).eval()
+    micro = [(x, y) for xs, ys in shards for x, y in zip(xs.chunk(m), ys.chunk(m), strict=True)]
+    for x, y in micro:
+        (pipeline_loss(ref(x), y) / len(micro)).backward()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    synchronize(device)
+
+    expected = dict(ref.named_parameters())
+    update = max(float((expected[n].detach() - p0).abs().max()) for n, p0 in start.items())
+    diff = max(float((p - expected[n].detach()).abs().max()) for n, p in stepped.items())
+    worst = max(world.allgather(diff / update if update > 0 else float("inf")))
+    return Check(
+        "one_step_equivalence",
+        worst <= EQUIVALENCE_TOLERANCE,
+        f"{world.size} ranks as {layout} vs 1 process on the global batch: max parameter "
+        f"difference {worst:.2e} of the update (tolerance {EQUIVALENCE_TOLERANCE:g})",
+    )
+
+
+def pipeline_digest(model: nn.Module, pipe: Pipeline, layout: Layout, world: World) -> str:
+    """The digest of the whole model as this rank's data-parallel replica holds it: every
+    stage's parameter digest, in stage order (``records.build`` then finds every replica
+    identical, or not)."""
+    mine = {id(p) for p in pipe.parameters()}
+    own = parameter_digest([(n, p) for n, p in model.named_parameters() if id(p) in mine])
+    everyone = world.allgather((layout.coords(world.rank), own))
+    replica = layout.coords(world.rank)["dp"]
+    ordered = sorted((c["pp"], d) for c, d in everyone if c["dp"] == replica)
+    return hashlib.sha256("".join(d for _, d in ordered).encode()).hexdigest()
+
+
+def measure_pipeline_rank(
+    spec: Spec,
+    cfg: RunConfig,
+    device: torch.device,
+    world: World,
+    layout: Layout,
+    report: Reporter,
+    heartbeats: Path | None = None,
+    before_window: Callable[[], None] | None = None,
+) -> RankMeasurement:
+    """This rank's part of a pipeline run (``measure.runner.measure_rank``'s counterpart):
+    the check, warm-up and timed steps of its stages; the default process group is up."""
+    from hpcdl.measure.runner import gpu_identity, make_optimizer, measured_ceiling
+
+    groups = _groups(layout, device)
+    report.say(f"checking that the pipeline {layout} steps like one process")
+    checks = [pipeline_equivalence(spec, layout, world, device, groups)]
+    world.barrier()
+    ceiling = measured_ceiling(device, spec.precision, torch.get_num_threads())
+    report.say(f"building {spec.family} model in {layout.pp} stages and {cfg.data} data")
+    coords = layout.coords(world.rank)
+    model = spec.build()
+    pipe = Pipeline(
+        spec,
+        model,
+        pp=layout.pp,
+        pp_rank=coords["pp"],
+        schedule=layout.schedule,
+        microbatches=layout.chunks,
+        device=device,
+        group=groups[0],
+        dp_group=groups[1],
+    )
+    pipe.release_others(model)
+    own = pipe.parameters()
+    grad_bytes = sum(p.numel() * p.element_size() for p in own) if layout.dp > 1 else 0
+    # the first and the last stage of a pipeline draw the same batches: one stream per replica
+    source = device_pool(
+        spec, device, cfg.pool_batches, learnable=cfg.data == "learnable", stream=coords["dp"]
+    )
+    trainer = PipelineTrainer(
+        pipe, make_optimizer(own, cfg), source, device, spec.precision, cfg.phase_sync, groups[0]
+    )
+    trainer.before_window = before_window
+    reset_peak_memory(device)
+    report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
+    sampler = TelemetrySampler(device)
+    guard: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+    if heartbeats is not None and cfg.stall_s > 0:
+        watchdog = Watchdog(heartbeats, world, cfg.stall_s)
+        trainer.on_step = watchdog.step_done
+        guard = watchdog
+    with guard:
+        log = trainer.run(
+            cfg.warmup_steps,
+            cfg.steps,
+            cfg.duration_s,
+            progress=lambda n, s: report.tick(n, s, n * spec.samples_per_step * layout.dp),
+            window=sampler,
+            agree=world.all_true,
+        )
+    mem_bytes, mem_kind = peak_memory(device)
+    return RankMeasurement(
+        rank=world.rank,
+        host=world.hostname,
+        node=world.node,
+        local_rank=world.local_rank,
+        log=log,
+        device_index=device.index if device.type == "cuda" else None,
+        device_uuid=gpu_identity(device),
+        cpus=sorted(os.sched_getaffinity(0)),
+        peak=theoretical_peak(device, device_name(device), spec.precision),
+        gemm_ceiling_flops=ceiling,
+        grad_bytes=grad_bytes,
+        peak_memory_bytes=mem_bytes,
+        peak_memory_kind=mem_kind,
+        threads=torch.get_num_threads(),
+        energy=sampler.summary(),
+        power_trace=sampler.trace(),
+        checks=checks,
+        digest=pipeline_digest(model, pipe, layout, world),
+        pipeline=trainer.stage_log(len(log.step_s), grad_bytes),
+    )

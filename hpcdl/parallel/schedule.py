@@ -1,0 +1,167 @@
+"""A pipeline's runtime (``hpcdl.parallel.pipeline`` is its plan): this rank's stages on
+``torch.distributed.pipelining.PipelineStage``, stepped by PyTorch's schedule, every forward and
+backward action timed and every send counted."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed import pipelining
+from torch.distributed.pipelining import PipelineStage
+
+from hpcdl import metrics
+from hpcdl.measure.device import synchronize
+from hpcdl.parallel.pipeline import (
+    SCHEDULES,
+    StepTimes,
+    check,
+    pipeline_loss,
+    shared_parameters,
+    stage_modules,
+)
+from hpcdl.workloads.spec import Spec
+
+
+class TimedStage(PipelineStage):
+    """PyTorch's stage, its forward and backward actions timed (the device synchronised around
+    them) and the bytes it sends counted: what the bubble and the point-to-point traffic are
+    measured from."""
+
+    busy_s: float = 0.0
+    sent_bytes: int = 0
+    sends: int = 0
+
+    def _timed(self, action: Callable[[], Any]) -> Any:
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        out = action()
+        synchronize(self.device)
+        self.busy_s += time.perf_counter() - t0
+        return out
+
+    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(lambda: super(TimedStage, self).forward_one_chunk(*args, **kwargs))
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(lambda: super(TimedStage, self).backward_one_chunk(*args, **kwargs))
+
+    def _counted(self, ops: list[dist.P2POp]) -> list[dist.P2POp]:
+        self.sent_bytes += sum(op.tensor.numel() * op.tensor.element_size() for op in ops)
+        self.sends += len(ops)
+        return ops
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._counted(super().get_fwd_send_ops(fwd_chunk_id))
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._counted(super().get_bwd_send_ops(bwd_chunk_id))
+
+
+class Pipeline:
+    """This rank's stages of a pipeline over ``pp`` ranks (its place ``pp_rank`` among them,
+    communicating over ``group``) and the schedule that steps them. With ``dp_group`` each
+    stage is also data-parallel over that group (:meth:`reduce_gradients`)."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        model: nn.Module,
+        *,
+        pp: int,
+        pp_rank: int,
+        schedule: str,
+        microbatches: int,
+        device: torch.device,
+        group: dist.ProcessGroup | None = None,
+        dp_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        check(spec, pp, schedule, microbatches)
+        kind = SCHEDULES[schedule]
+        chunks = pp * kind.virtual
+        self.microbatches, self.pp, self.virtual = microbatches, pp, kind.virtual
+        all_modules = stage_modules(spec, model, chunks)
+        self.indices = [pp_rank + k * pp for k in range(kind.virtual)]
+        self.modules: list[nn.Module] = [all_modules[i].to(device) for i in self.indices]
+        self.dp_group = dp_group if dp_group is not None and dist.get_world_size(dp_group) > 1 else None
+        held = {id(p) for p in self.parameters()}
+        self.shared = [p for p in shared_parameters(spec, model) if id(p) in held]
+        self.ends_group = None
+        if self.shared:  # this rank holds the first or the last stage: the two of them sum
+            ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+            self.ends_group = dist.new_group([ranks[0], ranks[-1]], use_local_synchronization=True)
+        self.stages = [
+            TimedStage(m, i, chunks, device, group=group)
+            for m, i in zip(self.modules, self.indices, strict=True)
+        ]
+        self.first = 0 in self.indices
+        self.last = chunks - 1 in self.indices
+        cls = getattr(pipelining, kind.torch_class)
+        # single-stage schedules take the stage, multi-stage ones the list
+        mine = self.stages[0] if kind.virtual == 1 else self.stages
+        self.schedule = cls(mine, microbatches, loss_fn=pipeline_loss)
+
+    def parameters(self) -> list[nn.Parameter]:
+        """The parameters this rank's stages hold (its optimizer's)."""
+        return [p for m in self.modules for p in m.parameters()]
+
+    def release_others(self, model: nn.Module) -> None:
+        """Free the weights of ``model``'s parts that this rank's stages do not hold (every rank
+        built the whole model from the seed; a stage keeps only its share in memory)."""
+        held = {id(p) for p in self.parameters()}
+        for p in model.parameters():
+            if id(p) not in held:
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor | None, StepTimes]:
+        """One step of the whole batch ``x``, ``y`` through the pipeline: every micro-batch's
+        forward and backward, in the schedule's order; the gradients are left on the
+        parameters. Returns the batch's mean loss (on the rank of the last stage; None
+        elsewhere) and this rank's times."""
+        for s in self.stages:
+            s.busy_s, s.sent_bytes, s.sends = 0.0, 0, 0
+        args = (x,) if self.first else ()
+        losses: list[torch.Tensor] = []
+        t0 = time.perf_counter()
+        if self.last:
+            self.schedule.step(*args, target=y, losses=losses, return_outputs=False)
+        else:
+            self.schedule.step(*args, return_outputs=False)
+        synchronize(self.stages[0].device)
+        span = time.perf_counter() - t0
+        times = StepTimes(
+            span,
+            sum(s.busy_s for s in self.stages),
+            sum(s.sent_bytes for s in self.stages),
+            sum(s.sends for s in self.stages),
+        )
+        loss = torch.stack(losses).detach().mean() if losses else None
+        return loss, times
+
+    def reduce_gradients(self) -> None:
+        """Sum the gradients of parameters both ends hold (a tied head's table) between the first
+        and the last stage; then average this rank's stage gradients across the data-parallel
+        replicas (dp > 1): one flat allreduce over ``dp_group`` after the schedule
+        (DistributedDataParallel inside the schedule's last backward trips over the schedule's
+        extra backward of its first step)."""
+        for p in self.shared:  # the first and the last stage's uses of a tied table
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=self.ends_group)
+        if self.dp_group is None:
+            return
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= dist.get_world_size(self.dp_group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    @property
+    def theoretical_bubble(self) -> float:
+        return metrics.theoretical_bubble(self.pp, self.microbatches, self.virtual)
