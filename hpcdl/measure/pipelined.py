@@ -29,6 +29,7 @@ from hpcdl.measure.device import device_name, peak_memory, reset_peak_memory, sy
 from hpcdl.measure.loop import IN_STEP_PHASES, BatchSource, StepLog, Trainer
 from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import theoretical_peak
+from hpcdl.measure.schedstat import Descheduled, together
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.watchdog import Watchdog
 from hpcdl.parallel.checks import CHECK_STREAM, EQUIVALENCE_TOLERANCE, parameter_digest
@@ -224,7 +225,7 @@ def measure_pipeline_rank(
     trainer.before_window = before_window
     reset_peak_memory(device)
     report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
-    sampler = TelemetrySampler(device)
+    sampler, descheduled = TelemetrySampler(device), Descheduled()
     guard: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
     if heartbeats is not None and cfg.stall_s > 0:
         watchdog = Watchdog(heartbeats, world, cfg.stall_s)
@@ -236,7 +237,7 @@ def measure_pipeline_rank(
             cfg.steps,
             cfg.duration_s,
             progress=lambda n, s: report.tick(n, s, n * spec.samples_per_step * layout.dp),
-            window=sampler,
+            window=together(sampler, descheduled),
             agree=world.all_true,
         )
     mem_bytes, mem_kind = peak_memory(device)
@@ -256,6 +257,8 @@ def measure_pipeline_rank(
         peak_memory_kind=mem_kind,
         threads=torch.get_num_threads(),
         energy=sampler.summary(),
+        on_cpu_s=descheduled.ran_s,
+        descheduled_s=descheduled.waited_s,
         power_trace=sampler.trace(),
         checks=checks,
         digest=pipeline_digest(model, pipe, layout, world),

@@ -28,6 +28,7 @@ from hpcdl.measure.device import (
     device_name,
     ieee_fp32,
     peak_memory,
+    rank_threads,
     reset_peak_memory,
     resolve_device,
 )
@@ -311,9 +312,8 @@ def collective_seconds(
 
 def set_threads(world: World) -> None:
     """Share the cores among the ranks of a node (torch would otherwise pick on its own),
-    unless the user chose a thread count with OMP_NUM_THREADS."""
-    if world.local_size > 1 and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world.local_size))
+    unless the user chose a thread count with OMP_NUM_THREADS (the rule the fit's trials use)."""
+    torch.set_num_threads(rank_threads(world.local_size))
 
 
 def run(
