@@ -35,7 +35,8 @@ from bench_parallel import gamma_base, record
 
 from hpcdl.records.loader import read_comm, read_record
 from hpcdl.results.text import table
-from hpcdl.scaling.model import model_from_records, relative_error
+from hpcdl.scaling.fitting import model_from_records
+from hpcdl.scaling.model import relative_error
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "scripts" / "cluster"

@@ -18,7 +18,8 @@ from hpcdl.parallel.backends import Traffic
 from hpcdl.records.loader import CommRow, read_comm, read_record
 from hpcdl.records.store import load_record
 from hpcdl.scaling.collectives import Hierarchy
-from hpcdl.scaling.model import Comm, Model, comm_from_record, fit_comm, model_from_records
+from hpcdl.scaling.fitting import comm_from_record, fit_comm, model_from_records
+from hpcdl.scaling.model import Comm, Model
 from hpcdl.scaling.system import catalogue, catalogue_dir, load_system, parse_system, read_toml
 
 REF = Path(__file__).resolve().parent.parent / "reference_results" / "cpu-epyc-2core-2026-11-22" / "scaling"

@@ -27,6 +27,7 @@ from hpcdl.records.store import write_record
 from hpcdl.records.views import Result
 from hpcdl.results.best import best_per_rank_count
 from hpcdl.results.text import si, table
+from hpcdl.scaling import fitting
 from hpcdl.scaling import model as model_mod
 from hpcdl.scaling.system import System, load_system
 from hpcdl.workloads.registry import canonical
@@ -115,7 +116,9 @@ def build(
 ) -> model_mod.Model:
     kw: dict[str, Any] = {"backend": backend, "mode": args.mode, "overlap": args.overlap}
     if cal.base is not None:
-        return model_mod.model_from_records(cal.base, comm, accumulation_steps=accum, **kw)
+        return fitting.model_from_records(cal.base, comm, accumulation_steps=accum, **kw)
+    if isinstance(comm, CommSweep):
+        comm = fitting.fitted(comm)
     return model_mod.model_for(cal.spec, cal.batch, cal.gamma, comm, accumulation_steps=accum, **kw)
 
 
@@ -161,7 +164,7 @@ def models_from_args(
         label = Path(args.comm).stem
         if args.comm_inter:
             inter = _read("predict.comm_inter", args.comm_inter, read_comm, "a sweep across two nodes")
-            comms = model_mod.hierarchy_comms(sweep, inter, model.traffic, rpn)
+            comms = fitting.hierarchy_comms(sweep, inter, model.traffic, rpn)
             model = replace(model, comms=comms)
             label += " + " + Path(args.comm_inter).stem
         return [(label, model, rpn)], cal, backend
