@@ -29,6 +29,7 @@ from hpcdl.results.best import best_per_rank_count
 from hpcdl.results.text import si, table
 from hpcdl.scaling import fitting
 from hpcdl.scaling import model as model_mod
+from hpcdl.scaling.modelparallel import parse_layout
 from hpcdl.scaling.system import System, load_system
 from hpcdl.workloads.registry import canonical
 
@@ -115,6 +116,8 @@ def build(
     cal: Calibration, comm: Any, args: argparse.Namespace, backend: str, accum: int | None
 ) -> model_mod.Model:
     kw: dict[str, Any] = {"backend": backend, "mode": args.mode, "overlap": args.overlap}
+    if args.layout:
+        kw["layout"] = parse_layout(args.layout)
     if cal.base is not None:
         return fitting.model_from_records(cal.base, comm, accumulation_steps=accum, **kw)
     if isinstance(comm, CommSweep):
@@ -340,6 +343,11 @@ def add_parsers(sub: Any) -> None:
         "--overlap",
         default="bucketed",
         help="bucketed (default: gradient buckets behind backward) | none (compute + comm) | full (max)",
+    )
+    pr.add_argument(
+        "--layout",
+        help="dp=N,tp=N,pp=N[,microbatches=M,schedule=1f1b|gpipe,sp=1]: tensor and pipeline "
+        "parallelism on top of data parallelism (dp omitted: the rest of the ranks)",
     )
     pr.add_argument("--compare", help="directory of measured records: show their samples/s and the error")
     pr.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -20,6 +20,7 @@ from hpcdl.records.loader import CommRow, CommSweep
 from hpcdl.records.views import Result
 from hpcdl.scaling.collectives import Comm, Cost, Hierarchy
 from hpcdl.scaling.model import BACKWARD_FRACTION, CostsOf, Model, model_for
+from hpcdl.scaling.modelparallel import Layout
 
 __all__ = ["fit_comm", "fitted", "fitted_hierarchy", "hierarchy_comms", "model_from_records"]
 
@@ -138,6 +139,7 @@ def model_from_records(
     mode: str = "weak",
     overlap: str = "bucketed",
     accumulation_steps: int | None = None,
+    layout: Layout | None = None,
 ) -> Model:
     """The model of ``base``'s workload on ``base``'s system: γ from its AI-ops/s, the
     optimizer's time and backward's share from its phases (it must be a 1-rank record), γ's
@@ -165,6 +167,7 @@ def model_from_records(
         accumulation_steps=accumulation_steps,
         backward_fraction=fraction if math.isfinite(fraction) else BACKWARD_FRACTION,
         gamma_rse=median_rse(base.metrics.step_time_s),
+        layout=layout,
     )
 
 

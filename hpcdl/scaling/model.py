@@ -34,6 +34,7 @@ from hpcdl.parallel.backends import BACKENDS, COLLECTIVES, SINGLE, Traffic
 from hpcdl.parallel.placement import rank_local, spread
 from hpcdl.records.loader import SweepSummary
 from hpcdl.scaling.collectives import Comm, Cost, Hierarchy
+from hpcdl.scaling.modelparallel import Layout, ModelParallel, activations, check, levels, replicas
 from hpcdl.scaling.table import scaling_table
 from hpcdl.workloads import moe
 from hpcdl.workloads.registry import spec_from_dict
@@ -91,6 +92,10 @@ class Model:
     """the backend's polling period (Horovod's cycle time): a ready bucket waits half of it"""
     gamma_rse: float = 0.0
     """relative standard error of γ (0: given, not measured)"""
+    parallel: ModelParallel | None = None
+    """a layout's tensor- and pipeline-parallel terms (``hpcdl.scaling.modelparallel``); with
+    one, ``batch`` (weak scaling) is a data-parallel replica's, and ``traffic`` a replica's
+    whole model's (each rank reduces its ``1/(tp·pp)``)"""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -138,7 +143,10 @@ class Model:
         return self.batch if self.mode == "weak" else self.batch / p
 
     def predictable(self, p: int) -> bool:
-        """False where the experts cannot be sharded across ``p`` ranks (hpcdl refuses the run)."""
+        """False where the experts cannot be sharded across ``p`` ranks (hpcdl refuses the run),
+        or where the layout does not fit ``p`` ranks."""
+        if self.parallel is not None and replicas(self.parallel.layout, p) is None:
+            return False
         return p == 1 or not self.expert_ranks or p in self.expert_ranks
 
     def _bytes(self, t: Traffic, p: int) -> float:
@@ -191,6 +199,9 @@ class Model:
 
     def parts(self, p: int) -> tuple[float, float, float]:
         """(compute, communication, step) seconds of one optimizer step at ``p`` ranks."""
+        if self.parallel is not None:
+            compute, comm, step, _ = self.layered(p)
+            return compute, comm, step
         compute = self.compute_s(p)
         comm = self.comm_s(p)
         if self.overlap == "none":
@@ -199,7 +210,55 @@ class Model:
             return compute, comm, max(compute, comm)
         return compute, comm, compute + (self.exposed_s(p) if p > 1 else 0.0)
 
+    def layered(self, p: int) -> tuple[float, float, float, float]:
+        """(compute, communication, step, bubble) seconds of one optimizer step at ``p`` ranks
+        in the layout's ``dp × tp × pp`` (METRICS.md, "Scaling model: layouts"): each of the
+        ``m`` micro-batches of ``b/m`` samples takes a slot of ``F·b/(m·γ·tp·pp)`` (its stage's
+        share of the work) plus its tensor-parallel collectives and its sends between stages;
+        the pipeline runs ``N·(m + pp − 1)`` slots, ``pp − 1`` of them idle; the optimizer
+        updates ``1/(tp·pp)`` of the parameters; the gradients of that share are reduced over
+        the ``dp`` ranks, behind the last backward (pp = 1, bucketed) or after the pipeline's
+        flush (pp > 1: the schedule ends before any is reduced). Other collectives (FSDP's
+        all-gathers, the experts' all-to-alls) run in every micro-batch, unhidden."""
+        mp = self.parallel
+        if mp is None:
+            raise InputError("predict.layout", None, "a model with a layout")
+        layout = mp.layout
+        dp = replicas(layout, p)
+        if dp is None:
+            raise InputError(
+                "predict.layout", str(p), f"a rank count divisible by tp x pp = {layout.model_parallel}"
+            )
+        m, n, share = layout.chunks, self.accumulation_steps, layout.model_parallel
+        samples = self.batch_per_rank(dp) / m
+        work = self.micro_s(dp) / share / m
+        slot = work + mp.tp_s(samples, p) + mp.p2p_s(samples, p)
+        o, s = self.optimizer_s, self.sharded_fraction
+        optimizer = o * (1 - s + s / dp) / share
+        reductions, others = [], 0.0
+        for t in self.traffic:
+            cost = mp.dp_cost(self.comms[t.collective])
+            nbytes = self._bytes(t, dp) / share
+            if t.collective in PER_STEP:
+                reductions.append((cost, nbytes, t.calls))
+            else:
+                others += n * m * cost.time(nbytes, dp, t.calls)
+        reduce_s = sum(cost.time(nbytes, dp, calls) for cost, nbytes, calls in reductions)
+        if self.overlap == "none" or layout.pp > 1:
+            exposed = reduce_s
+        elif self.overlap == "full":
+            exposed = 0.0
+        else:
+            exposed = bucket_tail(reductions, dp, self.backward_fraction * work, self.cycle_s)
+        compute = n * m * work + optimizer
+        comm = n * m * (slot - work) + reduce_s + others
+        bubble = n * (layout.pp - 1) * slot
+        return compute, comm, n * (m + layout.pp - 1) * slot + optimizer + exposed + others, bubble
+
     def samples_per_step(self, p: int) -> float:
+        if self.parallel is not None:
+            dp = replicas(self.parallel.layout, p) or 0
+            return dp * self.batch_per_rank(dp) * self.accumulation_steps
         return p * self.batch_per_rank(p) * self.accumulation_steps
 
     def samples_per_s(self, p: int) -> float:
@@ -225,8 +284,12 @@ class Model:
         """Predicted step time, its parts, samples/s, speed-up and efficiency at ``p`` ranks."""
         compute, comm, step = self.parts(p)
         samples = self.samples_per_step(p) / step
-        (row,) = scaling_table([(p, samples)], base=(1, self.samples_per_s(1)))
+        one = replace(self, parallel=None)  # the base: one rank holding the whole model
+        (row,) = scaling_table([(p, samples)], base=(1, one.samples_per_s(1)))
         exposed = step - compute if self.overlap != "full" else max(0.0, comm - compute)
+        extra = {}
+        if self.parallel is not None:
+            extra = {"layout": str(self.parallel.layout), "bubble_s": self.layered(p)[3]}
         return {
             "np": p,
             "ranks": p,
@@ -241,6 +304,7 @@ class Model:
             "speedup": row.speedup,
             "efficiency": row.efficiency,
             "step_rse": self.step_rse(p),
+            **extra,
         }
 
 
@@ -309,12 +373,14 @@ def model_for(
     accumulation_steps: int | None = None,
     backward_fraction: float = BACKWARD_FRACTION,
     gamma_rse: float = 0.0,
+    layout: Layout | None = None,
 ) -> Model:
     """The model of a workload (a spec dict, counted analytically) on a system (γ; the cost of
     each collective: one ``Comm`` is an allreduce's, a mapping by collective, or a function of
     the step's traffic, as ``hpcdl.scaling.fitting`` fits a sweep around the step's message
     sizes; the optimizer's seconds per step at one rank, when known).
-    ``accumulation_steps`` None: the spec's own (1 where it has none)."""
+    ``accumulation_steps`` None: the spec's own (1 where it has none). ``layout``: tensor and
+    pipeline parallelism on top (``hpcdl.scaling.modelparallel``), on the costs' two levels."""
     reducing = [n for n in BACKENDS.names() if n != SINGLE]
     if backend not in reducing:
         raise InputError("predict.backend", backend, f"allowed: {', '.join(reducing)}")
@@ -328,6 +394,13 @@ def model_for(
         comms: Mapping[str, Cost] = {comm.collective: comm}
     else:
         comms = dict(comm) if isinstance(comm, Mapping) else dict(comm(traffic))
+    parallel = None
+    if layout is not None:
+        check(layout, workload)
+        intra, inter, rpn = levels(comms)
+        parallel = ModelParallel(
+            layout=layout, activations=activations(workload), intra=intra, inter=inter, ranks_per_node=rpn
+        )
     return Model(
         train_flops_per_sample=float(workload.count().train_flops),
         batch=batch,
@@ -343,6 +416,7 @@ def model_for(
         backward_fraction=backward_fraction,
         cycle_s=HOROVOD_CYCLE_S if backend == "horovod" else 0.0,
         gamma_rse=gamma_rse,
+        parallel=parallel,
     )
 
 
