@@ -109,23 +109,31 @@ def fitted(sweep: CommSweep) -> CostsOf:
     return lambda traffic: comms_for(sweep, traffic)
 
 
-def fitted_hierarchy(intra: CommSweep, inter: CommSweep, ranks_per_node: int) -> CostsOf:
+def fitted_hierarchy(
+    intra: CommSweep, inter: CommSweep, ranks_per_node: int, algorithms: tuple[str, ...] | None = None
+) -> CostsOf:
     """Two levels: a step's collectives fitted to a sweep inside one node and one across two
-    (for ``model_for``)."""
-    return lambda traffic: hierarchy_comms(intra, inter, traffic, ranks_per_node)
+    (for ``model_for``); ``algorithms``: the allreduce algorithms the library runs (None: all)."""
+    return lambda traffic: hierarchy_comms(intra, inter, traffic, ranks_per_node, algorithms)
 
 
 def hierarchy_comms(
-    intra: CommSweep, inter: CommSweep, traffic: Sequence[Traffic], ranks_per_node: int
+    intra: CommSweep,
+    inter: CommSweep,
+    traffic: Sequence[Traffic],
+    ranks_per_node: int,
+    algorithms: tuple[str, ...] | None = None,
 ) -> dict[str, Cost]:
     """Two levels fitted to two sweeps: ``intra`` taken inside one node, ``inter`` across two
     nodes (one rank on each: its β is the node's fabric, its α the latency across it)."""
+    chosen = {"algorithms": algorithms} if algorithms else {}
     return {
         t.collective: Hierarchy(
             intra=fit_comm(intra.rows, intra.ranks, t.collective, t.bytes / t.calls),
             inter=fit_comm(inter.rows, inter.ranks, t.collective, t.bytes / t.calls),
             ranks_per_node=ranks_per_node,
             collective=t.collective,
+            **chosen,
         )
         for t in traffic
     }
