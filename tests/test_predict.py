@@ -393,3 +393,16 @@ def test_a_system_file_of_zero_bandwidth_is_refused(
     os.mkfifo(tmp_path / "fifo.toml")
     code, _, err = predict(capsys, *RESNET, "--system", str(tmp_path / "fifo.toml"))
     assert code == 2 and "a FIFO, not a regular file" in err
+
+
+def test_compare_matches_strong_scaling_points_on_the_global_micro_batch() -> None:
+    from hpcdl.cli.predict import compared_batch, measured_points
+    from hpcdl.records.views import Settings
+
+    spec = read_record(REF / "mlp-torch-weak-np1.json").result.spec  # batch 64
+    assert sorted(measured_points(REF, spec, "weak", "torch")) == [1, 2]  # 64 a rank at both
+    assert sorted(measured_points(REF, spec, "strong", "torch")) == [1]  # 64 in all: np1 only
+    assert sorted(measured_points(REF, {**spec, "batch_size": 128}, "strong", "torch")) == [2]
+    # 4 micro-batches a step: global_batch counts them, the model's strong batch does not
+    s = Settings("fp32", 16, 4, 256, "torch", "cpu", 1, ["a"], accumulation_steps=4)
+    assert compared_batch(s, "strong") == 64 and compared_batch(s, "weak") == 16
