@@ -73,8 +73,9 @@ ETH_50 = Comm(alpha_s=10e-6, beta_bytes_per_s=50e9 / 8 * 0.9)
 """50 Gbit/s (stated) at an assumed 90 %; 10 us per step assumed (Gloo over TCP)"""
 
 
-def horovod_512(name: str, published: float, params: float, images_per_s: float, rate_source: str,
-                explained: str) -> Case:  # fmt: skip
+def horovod_512(
+    name: str, published: float, params: float, images_per_s: float, rate_source: str, explained: str
+) -> Case:
     """One of Horovod's 512-GPU runs: only the network, its published efficiency and one GPU's
     rate differ between them; the cluster and Horovod's settings are the same."""
     return Case(
