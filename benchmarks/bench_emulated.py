@@ -101,17 +101,33 @@ def predicted(base: Path, intra: CommSweep, inter: CommSweep, backend: str, host
     return model_from_records(read_record(base).result, costs, backend=backend)
 
 
-def measured_parts(rec: dict[str, Any]) -> dict[str, float]:
-    """Step seconds (the global batch over the aggregate samples/s), the slowest rank's
-    computation alone, and the rest of the step."""
+def measured_parts(rec: dict[str, Any]) -> dict[str, float | None]:
+    """The median step time, and its communication as the run measured it: the exposed part of
+    the gradients' reduction (the backend's rule: DDP's backward minus its backward under
+    ``no_sync``, Horovod's wait in ``synchronize``) and the collectives timed inside the step
+    (the experts' all-to-alls); computation is the rest. FSDP's gathers run inside forward and
+    backward and cannot be timed apart: its shares are None.
+
+    The median, not the mean step (global batch over samples/s): on a machine others load, a
+    step now and then waits for the scheduler for tens of ms; the mean carries those stalls,
+    the median does not, and neither the calibration nor the model knows of them."""
     m = rec["metrics"]
-    step = rec["settings"]["global_batch"] / m["samples_per_s"]
-    # FSDP's computation cannot be timed alone (it gathers parameters inside forward and
-    # backward): there, forward + backward with their gathers
-    alone = [r.get("compute_only_s") or r["compute_median_s"] for r in m["per_rank"]]
-    optimizer = m["phases_s"].get("optimizer", {}).get("median") or 0.0
-    compute = max(alone) + optimizer
-    return {"step_s": step, "compute_s": compute, "comm_s": max(step - compute, 0.0)}
+    step = m["step_time_s"]["median"]
+    c = m["communication"]
+    if c.get("exposed_s") is None:
+        return {"step_s": step, "compute_s": None, "comm_s": None, "mean_step_s": mean_step(rec)}
+    in_step = sum(
+        x["seconds_per_step"]
+        for x in (c.get("collectives") or {}).values()
+        if x["timing"].startswith("in the step")
+    )
+    comm = c["exposed_s"] + in_step
+    return {"step_s": step, "compute_s": step - comm, "comm_s": comm, "mean_step_s": mean_step(rec)}
+
+
+def mean_step(rec: dict[str, Any]) -> float:
+    """The global batch over the aggregate samples/s: the mean step, stalls included."""
+    return float(rec["settings"]["global_batch"] / rec["metrics"]["samples_per_s"])
 
 
 def collective_rows(out: Path, layouts: list[tuple[int, int]], reps: str) -> list[list[str]]:
@@ -198,8 +214,12 @@ def kept_base(here: Path, ranks: int) -> Path | None:
 
 
 def step_rows(rounds: dict[tuple[int, int], list[dict[str, dict[str, Any]]]]) -> list[list[str]]:
-    def ms(parts: list[dict[str, float]], key: str) -> float:
-        return statistics.median(p[key] for p in parts) * 1e3
+    def ms(parts: list[dict[str, Any]], key: str) -> float | None:
+        values = [p[key] for p in parts if p[key] is not None]
+        return statistics.median(values) * 1e3 if values else None
+
+    def share(value: float | None, whole: float) -> str:
+        return "-" if value is None else f"{value:.1f} ({value / whole:.0%})"
 
     rows = []
     for (hosts, ppn), found in rounds.items():
@@ -207,14 +227,12 @@ def step_rows(rounds: dict[tuple[int, int], list[dict[str, dict[str, Any]]]]) ->
             got = [f[name]["measured"] for f in found]
             want = [f[name]["predicted"] for f in found]
             errors = [relative_error(w["step_s"], g["step_s"]) for g, w in zip(got, want, strict=True)]
-            step, pstep = ms(got, "step_s"), ms(want, "step_s")
+            step, pstep, mean = ms(got, "step_s") or 0.0, ms(want, "step_s") or 0.0, ms(got, "mean_step_s")
             error = relative_error(pstep, step)
             rows.append([
-                f"{hosts} x {ppn}", name,
-                f"{step:.1f}", f"{ms(got, 'compute_s'):.1f} ({ms(got, 'compute_s') / step:.0%})",
-                f"{ms(got, 'comm_s'):.1f} ({ms(got, 'comm_s') / step:.0%})",
-                f"{pstep:.1f}", f"{ms(want, 'compute_s'):.1f} ({ms(want, 'compute_s') / pstep:.0%})",
-                f"{ms(want, 'exposed_comm_s'):.1f} ({ms(want, 'exposed_comm_s') / pstep:.0%})",
+                f"{hosts} x {ppn}", name, f"{step:.1f}", f"{mean:.1f}",
+                share(ms(got, "compute_s"), step), share(ms(got, "comm_s"), step),
+                f"{pstep:.1f}", share(ms(want, "compute_s"), pstep), share(ms(want, "exposed_comm_s"), pstep),
                 f"{error:+.1%}", f"{min(errors):+.0%}..{max(errors):+.0%}",
                 "yes" if abs(error) <= 0.10 else "NO",
                 f"{statistics.median(f[name]['load'] for f in found):.1f}",
@@ -254,16 +272,19 @@ def main() -> int:
             cluster("stop")
     if "steps" not in args.only:
         return 0
-    head = ["hosts x ranks", "workload", "step ms", "compute ms", "comm+wait ms", "predicted step ms",
-            "compute ms", "exposed comm ms", "error", "rounds' errors", "within 10%", "load"]  # fmt: skip
+    head = ["hosts x ranks", "workload", "step ms", "mean step ms", "compute ms", "comm ms", "predicted ms",
+            "compute ms", "comm ms", "error", "rounds' errors", "within 10%", "load"]  # fmt: skip
     print(f"{args.reps} interleaved rounds, medians; predicted: the two-level model of hpcdl/scaling")
     rows = step_rows(rounds)
     print(table(head, rows))
-    errors = [float(r[8].rstrip("%")) / 100 for r in rows]
+    errors = [float(r[9].rstrip("%")) / 100 for r in rows]
     print(f"median |error| {statistics.median(abs(e) for e in errors):.1%}; records in {out}")
-    print("compute measured: the slowest rank's forward + backward alone and the optimizer (FSDP: with its")
-    print("gathers); predicted: training FLOPs over gamma of the concurrent 1-rank runs. comm measured: the")
-    print("rest of the step (communication and waiting); predicted: what the model leaves unhidden.")
+    print(
+        "step: the median step time (mean step: global batch over samples/s, the scheduler's stalls in it)."
+    )
+    print("comm measured: the exposed reduction (the backend's rule) + the all-to-alls timed in the step;")
+    print("compute: the rest (FSDP: not separable). Predicted: compute = training FLOPs over gamma of the")
+    print("concurrent 1-rank runs; comm = what the model leaves unhidden.")
     return 0
 
 
