@@ -11,8 +11,8 @@ DDP, Horovod and FSDP, and a mixture-of-experts transformer (experts across the 
 The model is the two-level one of hpcdl/scaling (collectives.py, model.py): alpha and beta of
 each collective fitted to two ``hpcdl comm`` sweeps of 2 ranks, one inside one host (the
 intra-node level) and one across two hosts (the inter-node level), taken once for both layouts;
-the allreduce as the libraries here run it (a ring over all ranks: neither gloo nor Open MPI's
-allreduce knows the hosts, and Horovod's hierarchical allreduce is off by default); gradients
+the allreduce as the libraries here run it (gloo: one ring over all ranks; Open MPI, Horovod's
+path: the cheapest of the model's candidates, as its tuned component picks per size); gradients
 reduced bucket by bucket behind backward (DDP's 25 MB buckets; Horovod's 128 MB fusion buffer
 and 1 ms cycle, its 0.28.1 defaults). Gamma from concurrent 1-rank runs, as many as the layout
 has ranks, one thread each (the resources a rank really has, as bench_parallel.py calibrates).
@@ -62,8 +62,11 @@ WORKLOADS = {
 SWEEP_BACKEND = {"torch": "torch", "fsdp": "torch", "horovod": "horovod"}
 """whose collectives a backend's communication goes through (FSDP: torch.distributed's)"""
 COMM_SIZES = ",".join(str(4096 << (2 * k)) for k in range(6)) + f",{2 << 20}"  # 4 KiB .. 4 MiB
-ALGORITHMS = ("ring",)
-"""the allreduce gloo and Open MPI run here: flat over all ranks (METRICS.md)"""
+ALGORITHMS: dict[str, tuple[str, ...] | None] = {"torch": ("ring",), "horovod": None}
+"""the allreduce algorithms each library has: gloo (torch.distributed on CPUs) one ring over all
+ranks; Open MPI's tuned component (Horovod's path) chooses per message size and rank count among
+recursive doubling, Rabenseifner's halving-doubling, ring and segmented ring, as the model's
+cheapest candidate does (None: all of ring, tree, hierarchical)"""
 
 
 def cluster(*args: str) -> subprocess.CompletedProcess[str]:
@@ -97,7 +100,7 @@ def levels(out: Path, backend: str) -> tuple[CommSweep, CommSweep]:
 def predicted(base: Path, intra: CommSweep, inter: CommSweep, backend: str, hosts: int, ppn: int) -> Model:
     """The one call into hpcdl.scaling: the two-level model of ``base``'s workload, its
     collectives fitted to the sweeps inside one host and across two, ``ppn`` ranks a host."""
-    costs = fitted_hierarchy(intra, inter, ppn, ALGORITHMS)
+    costs = fitted_hierarchy(intra, inter, ppn, ALGORITHMS[SWEEP_BACKEND[backend]])
     return model_from_records(read_record(base).result, costs, backend=backend)
 
 
@@ -143,7 +146,7 @@ def collective_rows(out: Path, layouts: list[tuple[int, int]], reps: str) -> lis
                     continue
                 model = from_spec(args, wl_backend)
                 for t in model.traffic:
-                    two_level = hierarchy_comms(intra, inter, [t], ppn, ALGORITHMS)[t.collective]
+                    two_level = hierarchy_comms(intra, inter, [t], ppn, ALGORITHMS[backend])[t.collective]
                     flat = fit_comm(four.rows, four.ranks, t.collective, t.bytes / t.calls)
                     want = flat.time(t.bytes / t.calls, 4)
                     got = two_level.time(t.bytes / t.calls, 4)

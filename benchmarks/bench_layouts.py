@@ -49,7 +49,7 @@ def one_round(out: Path, i: int, duration: str) -> dict[str, tuple[float, float,
               "--duration", duration, "-o", str(here / "run"), **on_layout(HOSTS, PPN))  # fmt: skip
         got = measured_parts(record(here / "run"))["step_s"]
         intra, inter = levels(out, "torch")
-        costs = fitted_hierarchy(intra, inter, PPN, ALGORITHMS)
+        costs = fitted_hierarchy(intra, inter, PPN, ALGORITHMS["torch"])
         model = model_from_records(
             read_record(base).result, costs, backend="torch", layout=parse_layout(layout)
         )
