@@ -61,6 +61,14 @@ WORKLOADS = {
 }
 SWEEP_BACKEND = {"torch": "torch", "fsdp": "torch", "horovod": "horovod"}
 """whose collectives a backend's communication goes through (FSDP: torch.distributed's)"""
+CALIBRATION = {"torch": "none"}
+"""the backend gamma is calibrated with, where not the run's own ("none": the same computation
+without a reducer). At one rank DDP still runs its reducer, a 1-rank gloo allreduce per bucket
+on gloo's worker thread, which on a loaded machine waits tens of ms for a core (1-rank DDP
+backward 43-55 ms against Horovod's 2 ms for the same MLP; forward + backward under no_sync
+3 ms): gamma would count that wait as computation, and the model's communication term counts
+it again at p ranks. FSDP keeps its own (its copies in and out of flat buffers are its
+computation); Horovod's hooks at one rank only enqueue."""
 COMM_SIZES = ",".join(str(4096 << (2 * k)) for k in range(6)) + f",{2 << 20}"  # 4 KiB .. 4 MiB
 ALGORITHMS: dict[str, tuple[str, ...] | None] = {"torch": ("ring",), "horovod": None}
 """the allreduce algorithms each library has: gloo (torch.distributed on CPUs) one ring over all
@@ -109,7 +117,8 @@ def measured_parts(rec: dict[str, Any]) -> dict[str, float | None]:
     the gradients' reduction (the backend's rule: DDP's backward minus its backward under
     ``no_sync``, Horovod's wait in ``synchronize``) and the collectives timed inside the step
     (the experts' all-to-alls); computation is the rest. FSDP's gathers run inside forward and
-    backward and cannot be timed apart: its shares are None.
+    backward and cannot be timed apart: its shares are None, as where the two overlap (DDP's
+    exposed part, backward with and without ``no_sync``, holds backward's all-to-alls too).
 
     The median, not the mean step (global batch over samples/s): on a machine others load, a
     step now and then waits for the scheduler for tens of ms; the mean carries those stalls,
@@ -125,6 +134,8 @@ def measured_parts(rec: dict[str, Any]) -> dict[str, float | None]:
         if x["timing"].startswith("in the step")
     )
     comm = c["exposed_s"] + in_step
+    if comm >= step:  # DDP's exposed part (two backward medians apart) holds backward's in-step ones too
+        return {"step_s": step, "compute_s": None, "comm_s": None, "mean_step_s": mean_step(rec)}
     return {"step_s": step, "compute_s": step - comm, "comm_s": comm, "mean_step_s": mean_step(rec)}
 
 
@@ -177,14 +188,21 @@ def _number(text: str) -> int | float | str:
     return text
 
 
-def one_round(out: Path, i: int, hosts: int, ppn: int, duration: str) -> dict[str, dict[str, Any]]:
-    """Every workload on one layout, calibrated then measured: round ``i``."""
+def one_round(
+    out: Path, i: int, hosts: int, ppn: int, duration: str, kept: bool
+) -> dict[str, dict[str, Any]]:
+    """Every workload on one layout, calibrated then measured: round ``i`` (``kept``: only the
+    points an earlier run into the same -o finished)."""
     env = on_layout(hosts, ppn)
     found = {}
     for name, (backend, args) in WORKLOADS.items():
         here = out / f"{hosts}x{ppn}" / name.replace(" ", "-") / f"round-{i}"
-        base = kept_base(here, hosts * ppn) or gamma_base(
-            here, [*args, "--backend", backend], hosts * ppn, duration
+        calibrate = CALIBRATION.get(backend, backend)
+        calib = here / calibrate if calibrate != backend else here
+        if kept and not (kept_base(calib, hosts * ppn) and list((here / "run").glob("*.json"))):
+            continue
+        base = kept_base(calib, hosts * ppn) or gamma_base(
+            calib, [*args, "--backend", calibrate], hosts * ppn, duration
         )
         if not list((here / "run").glob("*.json")):
             hpcdl("run", *args, "--np", str(hosts * ppn), "--backend", backend, "--duration", duration,
@@ -225,15 +243,18 @@ def step_rows(rounds: dict[tuple[int, int], list[dict[str, dict[str, Any]]]]) ->
         return "-" if value is None else f"{value:.1f} ({value / whole:.0%})"
 
     rows = []
-    for (hosts, ppn), found in rounds.items():
+    for (hosts, ppn), every in rounds.items():
         for name in WORKLOADS:
+            found = [f for f in every if name in f]
+            if not found:
+                continue
             got = [f[name]["measured"] for f in found]
             want = [f[name]["predicted"] for f in found]
             errors = [relative_error(w["step_s"], g["step_s"]) for g, w in zip(got, want, strict=True)]
             step, pstep, mean = ms(got, "step_s") or 0.0, ms(want, "step_s") or 0.0, ms(got, "mean_step_s")
             error = relative_error(pstep, step)
             rows.append([
-                f"{hosts} x {ppn}", name, f"{step:.1f}", f"{mean:.1f}",
+                f"{hosts} x {ppn}", name + f" ({len(found)})", f"{step:.1f}", f"{mean or 0.0:.1f}",
                 share(ms(got, "compute_s"), step), share(ms(got, "comm_s"), step),
                 f"{pstep:.1f}", share(ms(want, "compute_s"), pstep), share(ms(want, "exposed_comm_s"), pstep),
                 f"{error:+.1%}", f"{min(errors):+.0%}..{max(errors):+.0%}",
@@ -250,6 +271,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3, help="interleaved rounds of every point (default 3)")
     ap.add_argument("--layouts", default="2x2,4x1", help="HOSTSxRANKS of 4 ranks each (default 2x2,4x1)")
     ap.add_argument("--only", default="collectives,steps", help="sections (default collectives,steps)")
+    ap.add_argument("--kept", action="store_true", help="measure nothing: tabulate the points kept in -o")
     ap.add_argument("-o", "--output", help="keep the records here and reuse them (default: a temporary dir)")
     args = ap.parse_args()
     out = Path(args.output or tempfile.mkdtemp(prefix="hpcdl-emulated-"))
@@ -269,7 +291,7 @@ def main() -> int:
         if "steps" in args.only:
             for i in range(args.reps):
                 for hosts, ppn in layouts:
-                    rounds[(hosts, ppn)].append(one_round(out, i, hosts, ppn, args.duration))
+                    rounds[(hosts, ppn)].append(one_round(out, i, hosts, ppn, args.duration, args.kept))
     finally:
         if not was_running:
             cluster("stop")
