@@ -109,7 +109,7 @@ def predicted(base: Path, intra: CommSweep, inter: CommSweep, backend: str, host
     """The one call into hpcdl.scaling: the two-level model of ``base``'s workload, its
     collectives fitted to the sweeps inside one host and across two, ``ppn`` ranks a host."""
     costs = fitted_hierarchy(intra, inter, ppn, ALGORITHMS[SWEEP_BACKEND[backend]])
-    return model_from_records(read_record(base).result, costs, backend=backend)
+    return model_from_records(read_record(base).result, costs, backend=backend, gamma_from="phases")
 
 
 def measured_parts(rec: dict[str, Any]) -> dict[str, float | None]:

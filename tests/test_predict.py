@@ -406,3 +406,14 @@ def test_compare_matches_strong_scaling_points_on_the_global_micro_batch() -> No
     # 4 micro-batches a step: global_batch counts them, the model's strong batch does not
     s = Settings("fp32", 16, 4, 256, "torch", "cpu", 1, ["a"], accumulation_steps=4)
     assert compared_batch(s, "strong") == 64 and compared_batch(s, "weak") == 16
+
+
+def test_gamma_from_phases_is_the_step_the_phases_compute() -> None:
+    base = read_record(REF / "mlp-torch-weak-np1.json").result
+    comm = Comm(alpha_s=1e-6, beta_bytes_per_s=1e9)
+    m = model_from_records(base, comm, backend="torch", gamma_from="phases")
+    phases = sum(base.metrics.phases_s[k].median for k in ("data", "forward", "backward", "optimizer"))
+    assert m.step_s(1) == pytest.approx(phases)
+    assert model_from_records(base, comm, backend="torch").gamma_flops_per_s == base.metrics.ai_ops_per_s
+    with pytest.raises(InputError, match="predict.gamma_from"):
+        model_from_records(base, comm, gamma_from="guess")

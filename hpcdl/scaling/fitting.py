@@ -148,13 +148,19 @@ def model_from_records(
     overlap: str = "bucketed",
     accumulation_steps: int | None = None,
     layout: Layout | None = None,
+    gamma_from: str = "throughput",
 ) -> Model:
-    """The model of ``base``'s workload on ``base``'s system: γ from its AI-ops/s, the
-    optimizer's time and backward's share from its phases (it must be a 1-rank record), γ's
-    standard error from the spread of its step times; α and β given or fitted to a sweep."""
+    """The model of ``base``'s workload on ``base``'s system: γ from its AI-ops/s (``gamma_from
+    "throughput"``) or from the medians of its phases (``"phases"``: ``F · b`` over data +
+    forward + backward + optimizer, what a step computes without the stalls a loaded machine
+    puts between them), the optimizer's time and backward's share from its phases (it must be a
+    1-rank record), γ's standard error from the spread of its step times; α and β given or
+    fitted to a sweep."""
     if base.world_size != 1:
         raise InputError("predict.base", base.name, "a 1-rank result record calibrates gamma")
-    gamma = base.metrics.ai_ops_per_s
+    if gamma_from not in GAMMA_FROM:
+        raise InputError("predict.gamma_from", gamma_from, "allowed: " + ", ".join(GAMMA_FROM))
+    gamma = base.metrics.ai_ops_per_s if gamma_from == "throughput" else phase_gamma(base)
     batch = base.settings.batch_per_rank
     phases = base.metrics.phases_s
     optimizer = phases.get("optimizer")
@@ -177,6 +183,19 @@ def model_from_records(
         gamma_rse=median_rse(base.metrics.step_time_s),
         layout=layout,
     )
+
+
+GAMMA_FROM = ("throughput", "phases")
+COMPUTE_PHASES = ("data", "forward", "backward", "optimizer")
+
+
+def phase_gamma(base: Result) -> float:
+    """γ of a 1-rank record from its phases: ``F · b / Σ median(phase)`` over ``COMPUTE_PHASES``."""
+    phases = base.metrics.phases_s
+    seconds = sum(phases[k].median for k in COMPUTE_PHASES if k in phases and math.isfinite(phases[k].median))
+    if not seconds > 0:
+        raise InputError("predict.base", base.name, "a record whose phases were timed (gamma from phases)")
+    return base.metrics.train_flops_per_sample * base.settings.batch_per_rank / seconds
 
 
 def median_rse(stats: Any) -> float:
