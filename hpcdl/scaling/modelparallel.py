@@ -22,6 +22,7 @@ layout, with its checks against the world and the model) replaces it where it ex
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -187,7 +188,7 @@ class ModelParallel:
         return cost
 
 
-def levels(comms: dict[str, Cost] | Any) -> tuple[Comm, Comm, int]:
+def levels(comms: Mapping[str, Cost]) -> tuple[Comm, Comm, int]:
     """(intra, inter, ranks per node) of a system's collective costs: a Hierarchy's two levels,
     or one flat Comm twice."""
     cost = comms.get("allreduce") or next(iter(comms.values()))
