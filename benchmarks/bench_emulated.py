@@ -31,6 +31,7 @@ Must run as root (it starts the emulated cluster if none runs, and stops it agai
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -207,6 +208,7 @@ def one_round(
         if not list((here / "run").glob("*.json")):
             hpcdl("run", *args, "--np", str(hosts * ppn), "--backend", backend, "--duration", duration,
                   "-o", str(here / "run"), **env)  # fmt: skip
+            (here / "load.txt").write_text(f"{os.getloadavg()[0]:.1f}\n")  # the load as it ran
         rec = record(here / "run")
         hosts_seen = sorted({r["host"] for r in rec["metrics"]["per_rank"]})
         assert len(hosts_seen) == hosts, f"{name}: ranks ran on {hosts_seen}, not {hosts} hosts"
@@ -216,7 +218,7 @@ def one_round(
         found[name] = {
             "measured": measured_parts(rec),
             "predicted": {k: point[k] for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s")},
-            "load": os.getloadavg()[0],
+            "load": float((here / "load.txt").read_text()) if (here / "load.txt").exists() else math.nan,
         }
         got, want = found[name]["predicted"]["step_s"], found[name]["measured"]["step_s"]
         shown = f"({relative_error(got, want):+.1%}), load {found[name]['load']:.1f}"
