@@ -72,65 +72,62 @@ assumed 80 %; 1 us per step assumed"""
 ETH_50 = Comm(alpha_s=10e-6, beta_bytes_per_s=50e9 / 8 * 0.9)
 """50 Gbit/s (stated) at an assumed 90 %; 10 us per step assumed (Gloo over TCP)"""
 
+
+def horovod_512(
+    name: str, published: float, params: float, images_per_s: float, rate_source: str, explained: str
+) -> Case:
+    """One of Horovod's 512-GPU runs: only the network, its published efficiency and one GPU's
+    rate differ between them; the cluster and Horovod's settings are the same."""
+    return Case(
+        name=f"Horovod {name}, 512 GPUs",
+        source=HOROVOD,
+        published=published,
+        params=params,
+        images_per_s=images_per_s,
+        rate_source=rate_source,
+        batch=64,
+        devices_per_node=4,
+        nodes=128,
+        base_nodes=1,
+        intra=PCIE,
+        inter=ROCE_25,
+        bucket_bytes=64 * 2**20,
+        algorithms=("ring",),
+        cycle_s=HOROVOD_2017_CYCLE_S,
+        explained=explained,
+    )
+
+
 CASES = (
-    Case(
-        name="Horovod Inception V3, 512 GPUs",
-        source=HOROVOD,
-        published=0.90,
-        params=23.8e6,
-        images_per_s=142.0,
-        rate_source=TF_P100 + ", batch 64",
-        batch=64,
-        devices_per_node=4,
-        nodes=128,
-        base_nodes=1,
-        intra=PCIE,
-        inter=ROCE_25,
-        bucket_bytes=64 * 2**20,
-        algorithms=("ring",),
-        cycle_s=HOROVOD_2017_CYCLE_S,
-        explained="compute-bound: 95 MB of gradients behind 0.45 s of compute; what the model "
-        "leaves out (TensorFlow's per-tensor negotiation, stragglers across 512 GPUs) is what is left",
+    horovod_512(
+        "Inception V3",
+        0.90,
+        23.8e6,
+        142.0,
+        TF_P100 + ", batch 64",
+        "compute-bound: 95 MB of gradients behind 0.45 s of compute; what the model leaves out "
+        "(TensorFlow's per-tensor negotiation, stragglers across 512 GPUs) is what is left",
     ),
-    Case(
-        name="Horovod ResNet-101, 512 GPUs",
-        source=HOROVOD,
-        published=0.90,
-        params=44.5e6,
-        images_per_s=130.0,
-        rate_source="assumed: interpolated by FLOPs (7.8 GFLOP) between ResNet-50's 219 and "
-        "ResNet-152's 95 img/s (" + TF_P100 + "; ResNet-101 is not in the table)",
-        batch=64,
-        devices_per_node=4,
-        nodes=128,
-        base_nodes=1,
-        intra=PCIE,
-        inter=ROCE_25,
-        bucket_bytes=64 * 2**20,
-        algorithms=("ring",),
-        cycle_s=HOROVOD_2017_CYCLE_S,
-        explained="as Inception V3: the communication hides behind backward but for the last bucket",
+    horovod_512(
+        "ResNet-101",
+        0.90,
+        44.5e6,
+        130.0,
+        "assumed: interpolated by FLOPs (7.8 GFLOP) between ResNet-50's 219 and ResNet-152's 95 img/s ("
+        + TF_P100
+        + "; ResNet-101 is not in the table)",
+        "as Inception V3: the communication hides behind backward but for the last bucket",
     ),
-    Case(
-        name="Horovod VGG-16, 512 GPUs",
-        source=HOROVOD,
-        published=0.68,
-        params=138.4e6,
-        images_per_s=154.0,
-        rate_source="assumed: 154 img/s, " + TF_P100 + " (batch 32 there), as recalled: no stored "
-        "copy of the table was found to confirm it",
-        batch=64,
-        devices_per_node=4,
-        nodes=128,
-        base_nodes=1,
-        intra=PCIE,
-        inter=ROCE_25,
-        bucket_bytes=64 * 2**20,
-        algorithms=("ring",),
-        cycle_s=HOROVOD_2017_CYCLE_S,
-        explained="communication-bound: 553 MB of gradients, 0.4 s of ring at 25 Gbit/s against "
-        "0.28 s of backward; VGG's gradients come mostly from its fully connected layers, "
-        "which backward reaches first, so the buckets start earlier than the model's even spread",
+    horovod_512(
+        "VGG-16",
+        0.68,
+        138.4e6,
+        154.0,
+        "assumed: 154 img/s, " + TF_P100 + " (batch 32 there), as recalled: no stored copy of the "
+        "table was found to confirm it",
+        "communication-bound: 553 MB of gradients, 0.4 s of ring at 25 Gbit/s against 0.28 s of "
+        "backward; VGG's gradients come mostly from its fully connected layers, which backward "
+        "reaches first, so the buckets start earlier than the model's even spread",
     ),
     Case(
         name="Goyal et al. ResNet-50, 8 -> 256 P100",

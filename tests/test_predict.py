@@ -18,7 +18,8 @@ from hpcdl.parallel.backends import Traffic
 from hpcdl.records.loader import CommRow, read_comm, read_record
 from hpcdl.records.store import load_record
 from hpcdl.scaling.collectives import Hierarchy
-from hpcdl.scaling.model import Comm, Model, comm_from_record, fit_comm, model_from_records
+from hpcdl.scaling.fitting import comm_from_record, fit_comm, model_from_records
+from hpcdl.scaling.model import Comm, Model
 from hpcdl.scaling.system import catalogue, catalogue_dir, load_system, parse_system, read_toml
 
 REF = Path(__file__).resolve().parent.parent / "reference_results" / "cpu-epyc-2core-2026-11-22" / "scaling"
@@ -392,3 +393,27 @@ def test_a_system_file_of_zero_bandwidth_is_refused(
     os.mkfifo(tmp_path / "fifo.toml")
     code, _, err = predict(capsys, *RESNET, "--system", str(tmp_path / "fifo.toml"))
     assert code == 2 and "a FIFO, not a regular file" in err
+
+
+def test_compare_matches_strong_scaling_points_on_the_global_micro_batch() -> None:
+    from hpcdl.cli.predict import compared_batch, measured_points
+    from hpcdl.records.views import Settings
+
+    spec = read_record(REF / "mlp-torch-weak-np1.json").result.spec  # batch 64
+    assert sorted(measured_points(REF, spec, "weak", "torch")) == [1, 2]  # 64 a rank at both
+    assert sorted(measured_points(REF, spec, "strong", "torch")) == [1]  # 64 in all: np1 only
+    assert sorted(measured_points(REF, {**spec, "batch_size": 128}, "strong", "torch")) == [2]
+    # 4 micro-batches a step: global_batch counts them, the model's strong batch does not
+    s = Settings("fp32", 16, 4, 256, "torch", "cpu", 1, ["a"], accumulation_steps=4)
+    assert compared_batch(s, "strong") == 64 and compared_batch(s, "weak") == 16
+
+
+def test_gamma_from_phases_is_the_step_the_phases_compute() -> None:
+    base = read_record(REF / "mlp-torch-weak-np1.json").result
+    comm = Comm(alpha_s=1e-6, beta_bytes_per_s=1e9)
+    m = model_from_records(base, comm, backend="torch", gamma_from="phases")
+    phases = sum(base.metrics.phases_s[k].median for k in ("data", "forward", "backward", "optimizer"))
+    assert m.step_s(1) == pytest.approx(phases)
+    assert model_from_records(base, comm, backend="torch").gamma_flops_per_s == base.metrics.ai_ops_per_s
+    with pytest.raises(InputError, match="predict.gamma_from"):
+        model_from_records(base, comm, gamma_from="guess")

@@ -24,10 +24,12 @@ from hpcdl.parallel.backends import COLLECTIVES
 from hpcdl.records import schema
 from hpcdl.records.loader import CommSweep, Unreadable, load_tree, read_comm, read_record
 from hpcdl.records.store import write_record
-from hpcdl.records.views import Result
+from hpcdl.records.views import Result, Settings
 from hpcdl.results.best import best_per_rank_count
 from hpcdl.results.text import si, table
+from hpcdl.scaling import fitting
 from hpcdl.scaling import model as model_mod
+from hpcdl.scaling.modelparallel import parse_layout
 from hpcdl.scaling.system import System, load_system
 from hpcdl.workloads.registry import canonical
 
@@ -114,8 +116,12 @@ def build(
     cal: Calibration, comm: Any, args: argparse.Namespace, backend: str, accum: int | None
 ) -> model_mod.Model:
     kw: dict[str, Any] = {"backend": backend, "mode": args.mode, "overlap": args.overlap}
+    if args.layout:
+        kw["layout"] = parse_layout(args.layout)
     if cal.base is not None:
-        return model_mod.model_from_records(cal.base, comm, accumulation_steps=accum, **kw)
+        return fitting.model_from_records(cal.base, comm, accumulation_steps=accum, **kw)
+    if isinstance(comm, CommSweep):
+        comm = fitting.fitted(comm)
     return model_mod.model_for(cal.spec, cal.batch, cal.gamma, comm, accumulation_steps=accum, **kw)
 
 
@@ -161,7 +167,7 @@ def models_from_args(
         label = Path(args.comm).stem
         if args.comm_inter:
             inter = _read("predict.comm_inter", args.comm_inter, read_comm, "a sweep across two nodes")
-            comms = model_mod.hierarchy_comms(sweep, inter, model.traffic, rpn)
+            comms = fitting.hierarchy_comms(sweep, inter, model.traffic, rpn)
             model = replace(model, comms=comms)
             label += " + " + Path(args.comm_inter).stem
         return [(label, model, rpn)], cal, backend
@@ -174,18 +180,16 @@ def measured_points(
 ) -> dict[int, tuple[float, float | None]]:
     """Measured samples/s and overlap by rank count: the best valid record under ``folder`` of
     the same workload, backend and accumulation steps at each count. Weak scaling keeps the
-    batch per rank; strong scaling the global batch. Overlap is ``1 − exposed_s / allreduce_s``
-    where both were timed."""
+    batch per rank; strong scaling the global micro-batch (``compared_batch``). Overlap is
+    ``1 − exposed_s / allreduce_s`` where both were timed."""
 
     def same(r: Result) -> bool:
-        s = r.settings
-        batch = s.batch_per_rank if mode == "weak" else s.global_batch
         return (
             r.validity.passed
             and _but_batch(canonical(r.spec) or {}) == _but_batch(canonical(spec) or spec)
-            and batch == spec["batch_size"]
+            and compared_batch(r.settings, mode) == spec["batch_size"]
             and int(r.spec.get(ACCUMULATION, 1)) == accumulation
-            and (s.world_size == 1 or s.backend == backend)
+            and (r.settings.world_size == 1 or r.settings.backend == backend)
         )
 
     found = [rec for rec in load_tree([folder]).records if same(rec.result)]
@@ -198,6 +202,13 @@ def measured_points(
             hidden = metrics.overlap_fraction(c.allreduce_s, c.exposed_s)
         out[n] = (rec.result.metrics.samples_per_s, hidden)
     return out
+
+
+def compared_batch(s: Settings, mode: str) -> int:
+    """The batch a measured point is matched on, as the model's ``batch`` means it: one rank's
+    micro-batch (weak scaling) or the micro-batch of all ranks together (strong scaling), the
+    accumulation steps compared apart (``global_batch`` counts them: it is not that)."""
+    return s.batch_per_rank if mode == "weak" else s.batch_per_rank * s.world_size
 
 
 def _but_batch(spec: dict[str, Any]) -> dict[str, Any]:
@@ -337,6 +348,11 @@ def add_parsers(sub: Any) -> None:
         "--overlap",
         default="bucketed",
         help="bucketed (default: gradient buckets behind backward) | none (compute + comm) | full (max)",
+    )
+    pr.add_argument(
+        "--layout",
+        help="dp=N,tp=N,pp=N[,microbatches=M,schedule=1f1b|gpipe,sp=1]: tensor and pipeline "
+        "parallelism on top of data parallelism (dp omitted: the rest of the ranks)",
     )
     pr.add_argument("--compare", help="directory of measured records: show their samples/s and the error")
     pr.add_argument("--json", action="store_true", help="print JSON instead of a table")

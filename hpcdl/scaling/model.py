@@ -14,7 +14,8 @@ reduces the gradients bucket by bucket while backward runs (``bucket_tail``).
 
 γ is one rank's sustained training FLOP/s, calibrated from a measured 1-rank run (or given);
 α and β are fitted to measured sweeps (``hpcdl comm -o``) or read from a system file
-(``hpcdl.scaling.system``). The assumptions are stated in METRICS.md ("Scaling model").
+(``hpcdl.scaling.system``); the fits are ``hpcdl.scaling.fitting``'s. The assumptions are
+stated in METRICS.md ("Scaling model").
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -32,14 +32,14 @@ from hpcdl import metrics
 from hpcdl.errors import HpcdlError, InputError
 from hpcdl.parallel.backends import BACKENDS, COLLECTIVES, SINGLE, Traffic
 from hpcdl.parallel.placement import rank_local, spread
-from hpcdl.records.loader import CommRow, CommSweep, SweepSummary
-from hpcdl.records.views import Result
+from hpcdl.records.loader import SweepSummary
 from hpcdl.scaling.collectives import Comm, Cost, Hierarchy
+from hpcdl.scaling.modelparallel import Layout, ModelParallel, activations, check, levels, replicas
 from hpcdl.scaling.table import scaling_table
 from hpcdl.workloads import moe
 from hpcdl.workloads.registry import spec_from_dict
 
-__all__ = ["Comm", "Cost", "Hierarchy", "Model", "fit_comm", "model_for", "model_from_records"]
+__all__ = ["Comm", "Cost", "Hierarchy", "Model", "model_for"]
 
 MODES = ("weak", "strong")
 OVERLAPS = ("none", "bucketed", "full")
@@ -52,6 +52,8 @@ all-to-alls) run in every micro-batch's forward and backward and are counted who
 BACKWARD_FRACTION = 2 / 3
 """backward's share of forward + backward where no record measured it: backward computes two
 products for each of forward's one (METRICS.md, training FLOPs = 3 x forward)"""
+CostsOf = Callable[[Sequence[Traffic]], Mapping[str, Cost]]
+"""the cost of each collective of a step, given what the step moves (a sweep's fit)"""
 HOROVOD_CYCLE_S = 1e-3
 """Horovod's ``HOROVOD_CYCLE_TIME`` default in the release hpcdl installs (0.28.1:
 ``SetCycleTimeMs(1)`` in horovod/common/operations.cc; the 2017 releases had 5 ms): a bucket
@@ -90,6 +92,10 @@ class Model:
     """the backend's polling period (Horovod's cycle time): a ready bucket waits half of it"""
     gamma_rse: float = 0.0
     """relative standard error of γ (0: given, not measured)"""
+    parallel: ModelParallel | None = None
+    """a layout's tensor- and pipeline-parallel terms (``hpcdl.scaling.modelparallel``); with
+    one, ``batch`` (weak scaling) is a data-parallel replica's, and ``traffic`` a replica's
+    whole model's (each rank reduces its ``1/(tp·pp)``)"""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -137,7 +143,10 @@ class Model:
         return self.batch if self.mode == "weak" else self.batch / p
 
     def predictable(self, p: int) -> bool:
-        """False where the experts cannot be sharded across ``p`` ranks (hpcdl refuses the run)."""
+        """False where the experts cannot be sharded across ``p`` ranks (hpcdl refuses the run),
+        or where the layout does not fit ``p`` ranks."""
+        if self.parallel is not None and replicas(self.parallel.layout, p) is None:
+            return False
         return p == 1 or not self.expert_ranks or p in self.expert_ranks
 
     def _bytes(self, t: Traffic, p: int) -> float:
@@ -190,6 +199,9 @@ class Model:
 
     def parts(self, p: int) -> tuple[float, float, float]:
         """(compute, communication, step) seconds of one optimizer step at ``p`` ranks."""
+        if self.parallel is not None:
+            compute, comm, step, _ = self.layered(p)
+            return compute, comm, step
         compute = self.compute_s(p)
         comm = self.comm_s(p)
         if self.overlap == "none":
@@ -198,7 +210,55 @@ class Model:
             return compute, comm, max(compute, comm)
         return compute, comm, compute + (self.exposed_s(p) if p > 1 else 0.0)
 
+    def layered(self, p: int) -> tuple[float, float, float, float]:
+        """(compute, communication, step, bubble) seconds of one optimizer step at ``p`` ranks
+        in the layout's ``dp × tp × pp`` (METRICS.md, "Scaling model: layouts"): each of the
+        ``m`` micro-batches of ``b/m`` samples takes a slot of ``F·b/(m·γ·tp·pp)`` (its stage's
+        share of the work) plus its tensor-parallel collectives and its sends between stages;
+        the pipeline runs ``N·(m + pp − 1)`` slots, ``pp − 1`` of them idle; the optimizer
+        updates ``1/(tp·pp)`` of the parameters; the gradients of that share are reduced over
+        the ``dp`` ranks, behind the last backward (pp = 1, bucketed) or after the pipeline's
+        flush (pp > 1: the schedule ends before any is reduced). Other collectives (FSDP's
+        all-gathers, the experts' all-to-alls) run in every micro-batch, unhidden."""
+        mp = self.parallel
+        if mp is None:
+            raise InputError("predict.layout", None, "a model with a layout")
+        layout = mp.layout
+        dp = replicas(layout, p)
+        if dp is None:
+            raise InputError(
+                "predict.layout", str(p), f"a rank count divisible by tp x pp = {layout.model_parallel}"
+            )
+        m, n, share = layout.chunks, self.accumulation_steps, layout.model_parallel
+        samples = self.batch_per_rank(dp) / m
+        work = self.micro_s(dp) / share / m
+        slot = work + mp.tp_s(samples, p) + mp.p2p_s(samples, p)
+        o, s = self.optimizer_s, self.sharded_fraction
+        optimizer = o * (1 - s + s / dp) / share
+        reductions, others = [], 0.0
+        for t in self.traffic:
+            cost = mp.dp_cost(self.comms[t.collective])
+            nbytes = self._bytes(t, dp) / share
+            if t.collective in PER_STEP:
+                reductions.append((cost, nbytes, t.calls))
+            else:
+                others += n * m * cost.time(nbytes, dp, t.calls)
+        reduce_s = sum(cost.time(nbytes, dp, calls) for cost, nbytes, calls in reductions)
+        if self.overlap == "none" or layout.pp > 1:
+            exposed = reduce_s
+        elif self.overlap == "full":
+            exposed = 0.0
+        else:
+            exposed = bucket_tail(reductions, dp, self.backward_fraction * work, self.cycle_s)
+        compute = n * m * work + optimizer
+        comm = n * m * (slot - work) + reduce_s + others
+        bubble = n * (layout.pp - 1) * slot
+        return compute, comm, n * (m + layout.pp - 1) * slot + optimizer + exposed + others, bubble
+
     def samples_per_step(self, p: int) -> float:
+        if self.parallel is not None:
+            dp = replicas(self.parallel.layout, p) or 0
+            return dp * self.batch_per_rank(dp) * self.accumulation_steps
         return p * self.batch_per_rank(p) * self.accumulation_steps
 
     def samples_per_s(self, p: int) -> float:
@@ -224,8 +284,12 @@ class Model:
         """Predicted step time, its parts, samples/s, speed-up and efficiency at ``p`` ranks."""
         compute, comm, step = self.parts(p)
         samples = self.samples_per_step(p) / step
-        (row,) = scaling_table([(p, samples)], base=(1, self.samples_per_s(1)))
+        one = replace(self, parallel=None)  # the base: one rank holding the whole model
+        (row,) = scaling_table([(p, samples)], base=(1, one.samples_per_s(1)))
         exposed = step - compute if self.overlap != "full" else max(0.0, comm - compute)
+        extra = {}
+        if self.parallel is not None:
+            extra = {"layout": str(self.parallel.layout), "bubble_s": self.layered(p)[3]}
         return {
             "np": p,
             "ranks": p,
@@ -240,6 +304,7 @@ class Model:
             "speedup": row.speedup,
             "efficiency": row.efficiency,
             "step_rse": self.step_rse(p),
+            **extra,
         }
 
 
@@ -261,85 +326,6 @@ def bucket_tail(
     for ready, seconds in buckets:
         end = max(end, ready) + seconds
     return max(0.0, end - backward_s) if buckets else 0.0
-
-
-def fit_comm(
-    rows: Sequence[CommRow], ranks: int, collective: str = "allreduce", message_bytes: float | None = None
-) -> Comm:
-    """α and β of ``collective`` from its sweep at ``ranks`` ranks (the backend's times of
-    ``hpcdl comm``): least squares of ``t(S) = a + c·S`` in relative error (every size counts
-    alike, not just the largest), then ``α = a / s(P)`` and ``β = f(P) / c``.
-
-    With ``message_bytes`` (the size of a step's messages) inside the sweep's sizes, only the
-    two sizes around it count: a library's time is seldom one line from 1 KiB to 64 MiB
-    (caches, protocol switches; gloo's all-gather at 2 ranks here: 0.8 ms at 1 MiB, 5.2 ms at
-    4 MiB), and one message size is what the step sends. Where that line would start below
-    zero or fall (noise), it runs from zero through the larger size instead."""
-    if ranks < 2:
-        raise InputError("comm.ranks", ranks, "a collective sweep of at least 2 ranks")
-    rows = sorted((r for r in rows if r.collective == collective), key=lambda r: r.bytes)
-    sizes = np.array([float(r.bytes) for r in rows])
-    times = np.array([r.backend_s for r in rows])
-    if not (np.all(np.isfinite(sizes) & (sizes > 0)) and np.all(np.isfinite(times) & (times > 0))):
-        raise HpcdlError(f"the {collective} sweep holds a size or a time that is not a positive number")
-    if len(rows) < 2 or len(set(sizes.tolist())) < 2:
-        raise HpcdlError(
-            f"the {collective} sweep needs at least two buffer sizes to fit latency and bandwidth"
-        )
-    alpha_se, beta_rse = _standard_errors(sizes, times)
-    local = message_bytes is not None and sizes[0] < message_bytes <= sizes[-1]
-    if message_bytes is not None and local:
-        upper = int(np.searchsorted(sizes, message_bytes))
-        sizes, times = sizes[upper - 1 : upper + 1], times[upper - 1 : upper + 1]
-    (a, c) = _line(sizes, times)
-    if local and (a < 0 or c <= 0):  # bandwidth falls with the size here, or noise: bound it
-        a, c = 0.0, times[-1] / sizes[-1]
-    a = max(float(a), 0.0)  # a negative intercept over all sizes is noise in the latency: none
-    if not c > 0:
-        raise HpcdlError(f"the {collective} sweep does not grow with the buffer size; cannot fit a bandwidth")
-    factor = metrics.bus_factor(collective, ranks)
-    return Comm(
-        alpha_s=float(a) / (ranks * factor),
-        beta_bytes_per_s=factor / float(c),
-        collective=collective,
-        alpha_se_s=alpha_se / (ranks * factor),
-        beta_rse=beta_rse,
-    )
-
-
-def _line(sizes: np.ndarray, times: np.ndarray) -> tuple[float, float]:
-    """Least squares of ``t = a + c·S`` in relative error."""
-    design = np.stack([np.ones_like(sizes), sizes], axis=1) / times[:, None]
-    (a, c), *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
-    return float(a), float(c)
-
-
-def _standard_errors(sizes: np.ndarray, times: np.ndarray) -> tuple[float, float]:
-    """Standard error of the intercept ``a`` (seconds) and relative standard error of the slope
-    ``c`` of the line over every size, from its residuals (``σ² (XᵀX)⁻¹``, σ² the residuals'
-    sum of squares over n − 2); 0 where two sizes leave no residual to judge by."""
-    if len(sizes) < 3:
-        return 0.0, 0.0
-    design = np.stack([np.ones_like(sizes), sizes], axis=1) / times[:, None]
-    theta, *_ = np.linalg.lstsq(design, np.ones_like(times), rcond=None)
-    residual = np.ones_like(times) - design @ theta
-    sigma2 = float(residual @ residual) / (len(sizes) - 2)
-    try:
-        cov = sigma2 * np.linalg.inv(design.T @ design)
-    except np.linalg.LinAlgError:
-        return 0.0, 0.0
-    c = float(theta[1])
-    return math.sqrt(max(cov[0, 0], 0.0)), (math.sqrt(max(cov[1, 1], 0.0)) / c if c > 0 else 0.0)
-
-
-def comm_from_record(comm: CommSweep) -> Comm:
-    """The fitted α, β of a sweep's allreduce (the backend's column, not raw MPI)."""
-    return fit_comm(comm.rows, comm.ranks)
-
-
-def comms_for(sweep: CommSweep, traffic: Sequence[Traffic]) -> dict[str, Cost]:
-    """α, β of each collective of a step, fitted to the sweep around its message size."""
-    return {t.collective: fit_comm(sweep.rows, sweep.ranks, t.collective, t.bytes / t.calls) for t in traffic}
 
 
 def placed_model(spec: Any, ranks: int) -> nn.Module:
@@ -378,7 +364,7 @@ def model_for(
     spec: Mapping[str, Any],
     batch: int,
     gamma_flops_per_s: float,
-    comm: Comm | Mapping[str, Cost] | CommSweep,
+    comm: Comm | Mapping[str, Cost] | CostsOf,
     *,
     backend: str = "horovod",
     mode: str = "weak",
@@ -387,11 +373,14 @@ def model_for(
     accumulation_steps: int | None = None,
     backward_fraction: float = BACKWARD_FRACTION,
     gamma_rse: float = 0.0,
+    layout: Layout | None = None,
 ) -> Model:
     """The model of a workload (a spec dict, counted analytically) on a system (γ; the cost of
-    each collective: one ``Comm`` is an allreduce's, a sweep is fitted around the step's
-    message sizes; the optimizer's seconds per step at one rank, when known).
-    ``accumulation_steps`` None: the spec's own (1 where it has none)."""
+    each collective: one ``Comm`` is an allreduce's, a mapping by collective, or a function of
+    the step's traffic, as ``hpcdl.scaling.fitting`` fits a sweep around the step's message
+    sizes; the optimizer's seconds per step at one rank, when known).
+    ``accumulation_steps`` None: the spec's own (1 where it has none). ``layout``: tensor and
+    pipeline parallelism on top (``hpcdl.scaling.modelparallel``), on the costs' two levels."""
     reducing = [n for n in BACKENDS.names() if n != SINGLE]
     if backend not in reducing:
         raise InputError("predict.backend", backend, f"allowed: {', '.join(reducing)}")
@@ -401,10 +390,17 @@ def model_for(
     experts = workload.experts if isinstance(workload, moe.MoEKnobs) and workload.expert_parallel else 0
     sharded_at = experts if experts > 1 else 2  # the traffic per rank is the same at every such p
     traffic = step_traffic(workload, backend, sharded_at, batch)
-    if isinstance(comm, CommSweep):
-        comms: Mapping[str, Cost] = comms_for(comm, traffic)
+    if isinstance(comm, Comm):
+        comms: Mapping[str, Cost] = {comm.collective: comm}
     else:
-        comms = {comm.collective: comm} if isinstance(comm, Comm) else dict(comm)
+        comms = dict(comm) if isinstance(comm, Mapping) else dict(comm(traffic))
+    parallel = None
+    if layout is not None:
+        check(layout, workload)
+        intra, inter, rpn = levels(comms)
+        parallel = ModelParallel(
+            layout=layout, activations=activations(workload), intra=intra, inter=inter, ranks_per_node=rpn
+        )
     return Model(
         train_flops_per_sample=float(workload.count().train_flops),
         batch=batch,
@@ -420,74 +416,13 @@ def model_for(
         backward_fraction=backward_fraction,
         cycle_s=HOROVOD_CYCLE_S if backend == "horovod" else 0.0,
         gamma_rse=gamma_rse,
+        parallel=parallel,
     )
-
-
-def hierarchy_comms(
-    intra: CommSweep, inter: CommSweep, traffic: Sequence[Traffic], ranks_per_node: int
-) -> dict[str, Cost]:
-    """Two levels fitted to two sweeps: ``intra`` taken inside one node, ``inter`` across two
-    nodes (one rank on each: its β is the node's fabric, its α the latency across it)."""
-    return {
-        t.collective: Hierarchy(
-            intra=fit_comm(intra.rows, intra.ranks, t.collective, t.bytes / t.calls),
-            inter=fit_comm(inter.rows, inter.ranks, t.collective, t.bytes / t.calls),
-            ranks_per_node=ranks_per_node,
-            collective=t.collective,
-        )
-        for t in traffic
-    }
 
 
 def system_comms(system: Any, ranks_per_node: int) -> dict[str, Cost]:
     """Every collective's cost on a ``hpcdl.scaling.system.System``."""
     return {c: system.cost(c, ranks_per_node) for c in COLLECTIVES}
-
-
-def model_from_records(
-    base: Result,
-    comm: Comm | Mapping[str, Cost] | CommSweep,
-    *,
-    backend: str = "horovod",
-    mode: str = "weak",
-    overlap: str = "bucketed",
-    accumulation_steps: int | None = None,
-) -> Model:
-    """The model of ``base``'s workload on ``base``'s system: γ from its AI-ops/s, the
-    optimizer's time and backward's share from its phases (it must be a 1-rank record), γ's
-    standard error from the spread of its step times; α and β given or fitted to a sweep."""
-    if base.world_size != 1:
-        raise InputError("predict.base", base.name, "a 1-rank result record calibrates gamma")
-    gamma = base.metrics.ai_ops_per_s
-    batch = base.settings.batch_per_rank
-    phases = base.metrics.phases_s
-    optimizer = phases.get("optimizer")
-    optimizer_s = optimizer.median if optimizer is not None and math.isfinite(optimizer.median) else 0.0
-    forward, backward = phases.get("forward"), phases.get("backward")
-    fraction = BACKWARD_FRACTION
-    if forward is not None and backward is not None and forward.median + backward.median > 0:
-        fraction = backward.median / (forward.median + backward.median)
-    return model_for(
-        base.spec,
-        batch,
-        gamma,
-        comm,
-        backend=backend,
-        mode=mode,
-        overlap=overlap,
-        optimizer_s=optimizer_s,
-        accumulation_steps=accumulation_steps,
-        backward_fraction=fraction if math.isfinite(fraction) else BACKWARD_FRACTION,
-        gamma_rse=median_rse(base.metrics.step_time_s),
-    )
-
-
-def median_rse(stats: Any) -> float:
-    """Relative standard error of a median of ``n`` steps: ``1.2533 · σ / √n / median`` with
-    ``σ ≈ (p90 − p10) / 2.563`` (a normal sample's 10th-90th percentile span)."""
-    if not (stats.n > 1 and stats.median > 0 and math.isfinite(stats.p90 - stats.p10)):
-        return 0.0
-    return 1.2533 * (stats.p90 - stats.p10) / 2.563 / math.sqrt(stats.n) / stats.median
 
 
 def sweep_predictor(fits: Mapping[str, Comm]) -> Callable[[SweepSummary], dict[int, float] | None]:

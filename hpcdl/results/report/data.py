@@ -13,7 +13,8 @@ from pathlib import Path
 from hpcdl.errors import HpcdlError
 from hpcdl.records.audit import Audit, audit, out_of_range
 from hpcdl.records.loader import Document, SweepSummary, Unread, load_tree
-from hpcdl.scaling.model import Comm, comm_from_record
+from hpcdl.scaling.fitting import comm_from_record
+from hpcdl.scaling.model import Comm
 
 
 @dataclass(frozen=True)
