@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcdl import metrics
-from hpcdl.measure.device import synchronize
+from hpcdl.device import synchronize
 from hpcdl.parallel.backends import Backend
 from hpcdl.parallel.backends.single import SingleProcess
 from hpcdl.parallel.placement import InStepCollectives

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from hpcdl import metrics
 from hpcdl.errors import HpcdlError
+from hpcdl.measure.measurement import Check
 from hpcdl.records import schema
 
 T = TypeVar("T")
@@ -303,15 +304,6 @@ class Metrics:
     """the latest rank's window end"""
     straggler: Straggler | None = None
     """the slowest-computing rank of a multi-rank run (records before 2026-12 leave it out)"""
-
-
-@dataclass(frozen=True)
-class Check:
-    """One validity check: a fast wrong answer is not a result (``records.validity``)."""
-
-    name: str
-    passed: bool
-    detail: str
 
 
 @dataclass(frozen=True)

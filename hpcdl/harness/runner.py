@@ -18,11 +18,7 @@ from typing import Any
 import torch
 
 from hpcdl import metrics
-from hpcdl.errors import HpcdlError, InputError, SpecError
-from hpcdl.measure import hdf5 as h5data
-from hpcdl.measure.config import RunConfig
-from hpcdl.measure.data import device_pool
-from hpcdl.measure.device import (
+from hpcdl.device import (
     cuda_uuid,
     device_name,
     ieee_fp32,
@@ -30,6 +26,11 @@ from hpcdl.measure.device import (
     reset_peak_memory,
     resolve_device,
 )
+from hpcdl.errors import HpcdlError, InputError, SpecError
+from hpcdl.measure import hdf5 as h5data
+from hpcdl.measure.checks import one_step_equivalence, parameter_digest
+from hpcdl.measure.config import RunConfig
+from hpcdl.measure.data import device_pool
 from hpcdl.measure.fit import Fit, estimated_batch, fit_batch, rank_memory
 from hpcdl.measure.loop import BatchSource, Trainer
 from hpcdl.measure.measurement import RankMeasurement
@@ -37,7 +38,6 @@ from hpcdl.measure.peaks import gemm_ceiling, theoretical_peak
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.watchdog import Watchdog
 from hpcdl.parallel.backends import Backend, gradient_bytes, make_backend, resolve_backend_name
-from hpcdl.parallel.checks import one_step_equivalence, parameter_digest
 from hpcdl.parallel.commbench import backend_time
 from hpcdl.parallel.launch import not_stopped
 from hpcdl.parallel.placement import full_parameters, spread
