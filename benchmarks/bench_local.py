@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 import hpcdl
+from hpcdl.device import resolve_device, synchronize
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import make_batch
-from hpcdl.measure.device import resolve_device, synchronize
 from hpcdl.measure.loop import Trainer
 from hpcdl.results.text import si, table
 from hpcdl.workloads.crosscheck import counted_flops

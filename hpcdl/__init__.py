@@ -20,9 +20,9 @@ from __future__ import annotations
 from torch import nn
 
 from hpcdl.errors import HpcdlError, InputError, SpecError
+from hpcdl.harness.runner import RunResult, run
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import make_batch
-from hpcdl.measure.runner import RunResult, run
 from hpcdl.proxy import fit, profile
 from hpcdl.workloads.counting import Count
 from hpcdl.workloads.families.attention import AttentionSpec

@@ -26,7 +26,7 @@ from hpcdl.parallel.world import World
 from hpcdl.records.audit import audit
 from hpcdl.records.loader import read_record
 from hpcdl.results.score import suite_workload
-from hpcdl.schedulers.jobfile import load_job
+from hpcdl.schedulers.load import load_job
 from hpcdl.schedulers.point import points
 from hpcdl.workloads import recipes
 from hpcdl.workloads.spec import Spec
@@ -213,8 +213,8 @@ def reductions(backend: Any, world: World, steps: int) -> dict[str, Any]:
 def ranks_main() -> None:
     """On every rank (``mpirun -np 2 python -m tests.test_accumulation``): the equivalence
     check and the reductions of each backend; rank 0 prints them as JSON."""
+    from hpcdl.measure.checks import one_step_equivalence
     from hpcdl.parallel.backends import make_backend
-    from hpcdl.parallel.checks import one_step_equivalence
     from hpcdl.parallel.world import init_world
 
     torch.set_num_threads(1)
@@ -249,7 +249,7 @@ def ranks() -> dict[str, Any]:
 @pytest.mark.parametrize("backend", ["torch", "horovod", "fsdp"])
 def test_two_ranks_of_n_micro_batches_step_like_one_process(ranks: dict[str, Any], backend: str) -> None:
     """2 ranks x N micro-batches of b: one step gives the parameters of one process on the
-    2·N·b samples at once (``parallel.checks.one_step_equivalence``, run in every run)."""
+    2·N·b samples at once (``measure.checks.one_step_equivalence``, run in every run)."""
     r = ranks[backend]
     assert r["check"] and f"of {N} micro-batches" in r["detail"], r["detail"]
 

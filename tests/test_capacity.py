@@ -16,8 +16,8 @@ from test_telemetry import FakeNvml
 
 from hpcdl import metrics
 from hpcdl.errors import InputError
-from hpcdl.parallel import capacity
-from hpcdl.parallel.capacity import Gpu, Layout, place_node
+from hpcdl.harness import capacity
+from hpcdl.harness.capacity import Gpu, Layout, place_node
 from hpcdl.records import schema
 from hpcdl.records.audit import audit
 from hpcdl.records.loader import read_record

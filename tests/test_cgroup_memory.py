@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdl.measure.device import cgroup_memory_left
+from hpcdl.device import cgroup_memory_left
 
 GiB = 1 << 30
 
@@ -97,7 +97,7 @@ def test_a_process_in_a_1_5_gib_cgroup_sees_at_most_1_5_gib(limited_cgroup: Path
     charge with a process unless told to, so the move itself takes nothing from the limit."""
     import torch
 
-    from hpcdl.measure.device import memory_capacity
+    from hpcdl.device import memory_capacity
 
     before = memory_capacity(torch.device("cpu"))
     (limited_cgroup / "cgroup.procs").write_text(str(os.getpid()))

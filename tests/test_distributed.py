@@ -202,13 +202,13 @@ def test_sigterm_to_the_launcher_ends_every_rank(tmp_path: Path) -> None:
 
 FAULT = """
 import sys
-import hpcdl.measure.runner, hpcdl.cli
-real = hpcdl.measure.runner.measure_rank
+import hpcdl.harness.runner, hpcdl.cli
+real = hpcdl.harness.runner.measure_rank
 def faulty(spec, cfg, device, world, *rest):
     if world.rank == 1:
         raise RuntimeError("injected fault")
     return real(spec, cfg, device, world, *rest)
-hpcdl.measure.runner.measure_rank = faulty
+hpcdl.harness.runner.measure_rank = faulty
 sys.exit(hpcdl.cli.main(sys.argv[1:]))
 """
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hpcdl.device import rank_threads
 from hpcdl.errors import RunFailed
-from hpcdl.measure.device import rank_threads
 from hpcdl.measure.fit import WINDOW, search
 from hpcdl.measure.trial import Trial, cpu_trial
 from hpcdl.workloads.registry import spec_from_dict

@@ -73,7 +73,7 @@ def _fit_record(path: Path) -> object:
 
 
 def _job(path: Path) -> object:
-    from hpcdl.schedulers.jobfile import load_job
+    from hpcdl.schedulers.load import load_job
 
     return load_job(path)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hpcdl
-from hpcdl.measure import runner
+from hpcdl.harness import runner
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.loop import StepLog
 from hpcdl.measure.measurement import RankMeasurement

@@ -1,4 +1,4 @@
-"""Pipeline parallelism (hpcdl.parallel.pipeline, .schedule; measure.pipelined): the split of the
+"""Pipeline parallelism (hpcdl.parallel.pipeline, .schedule; harness.pipelined): the split of the
 attention and MLP models into stages, the bubble and point-to-point formulas, the refusals of
 what a pipeline cannot run, and real ranks (mpirun, gloo) whose every schedule trains as one
 process does, through the Python API and through ``hpcdl run --layout``."""

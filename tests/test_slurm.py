@@ -24,7 +24,8 @@ import pytest
 from hpcdl import cli
 from hpcdl.cli.jobs import status_table
 from hpcdl.scaling.sweep import valid_point
-from hpcdl.schedulers.jobfile import Job, load_job
+from hpcdl.schedulers.jobfile import Job
+from hpcdl.schedulers.load import load_job
 from hpcdl.schedulers.point import points
 from hpcdl.schedulers.protocol import SCHEDULERS
 from hpcdl.schedulers.state import load_state

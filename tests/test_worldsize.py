@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from hpcdl import cli
-from hpcdl.measure.runner import run
+from hpcdl.harness.runner import run
 from hpcdl.parallel.worldsize import EXPECTED_ENV, WorldMismatch, check_world_size, promised_sizes
-from hpcdl.schedulers.jobfile import job_from_dict
+from hpcdl.schedulers.load import job_from_dict
 from hpcdl.schedulers.point import points, write_point_file
 from hpcdl.schedulers.state import remember
 from hpcdl.schedulers.status import invalid_detail

@@ -1,4 +1,4 @@
-"""``hpcdl capacity``: M independent instances of one workload at once (parallel/capacity.py)."""
+"""``hpcdl capacity``: M independent instances of one workload at once (harness/capacity.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 from hpcdl.cli.common import add_workload_options, err, workload_specs
 from hpcdl.cli.run_options import add_run_options, run_config
 from hpcdl.errors import InputError
+from hpcdl.harness import capacity
+from hpcdl.harness.runner import preflight
 from hpcdl.measure import caps
-from hpcdl.measure.runner import preflight
-from hpcdl.parallel import capacity
 from hpcdl.parallel.launch import mpirun_command, supervise
 from hpcdl.parallel.world import World, under_mpi
 from hpcdl.records.store import check_name, check_output

@@ -10,9 +10,9 @@ from typing import Any
 
 from hpcdl.cli.common import err
 from hpcdl.errors import InputError
+from hpcdl.harness.runner import rank_device
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.environment import environment
-from hpcdl.measure.runner import rank_device
 from hpcdl.parallel.launch import launch, not_stopped
 from hpcdl.parallel.world import init_world, under_mpi
 from hpcdl.records import schema

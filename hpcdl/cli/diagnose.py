@@ -27,9 +27,9 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     else:
         if args.np > 1 and not under_mpi():
             return launch(args.np, args.argv, timeout_s=args.timeout)
+        from hpcdl.harness.runner import rank_device
         from hpcdl.measure.config import RunConfig
-        from hpcdl.measure.runner import rank_device
-        from hpcdl.parallel.diagnose import measure
+        from hpcdl.measure.diagnose import measure
 
         world = init_world()
         found = measure(

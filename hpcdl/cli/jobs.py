@@ -22,7 +22,7 @@ def status_table(rows: Sequence[Any]) -> str:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     """One job per node count of a job file (see hpcdl/schedulers/submit.py)."""
-    from hpcdl.schedulers.jobfile import load_job
+    from hpcdl.schedulers.load import load_job
     from hpcdl.schedulers.point import points
     from hpcdl.schedulers.protocol import choose
     from hpcdl.schedulers.state import state_path

@@ -13,11 +13,11 @@ import torch
 from hpcdl.cli.common import add_workload_options, err, suite_class, workload_specs
 from hpcdl.cli.progress import LiveLine
 from hpcdl.cli.run_options import add_run_options, run_config
+from hpcdl.device import resolve_device
 from hpcdl.errors import InputError
+from hpcdl.harness.runner import RunResult, preflight, run
 from hpcdl.measure.config import RunConfig
-from hpcdl.measure.device import resolve_device
 from hpcdl.measure.peaks import has_bf16
-from hpcdl.measure.runner import RunResult, preflight, run
 from hpcdl.parallel.launch import launch
 from hpcdl.parallel.layout import parse_layout
 from hpcdl.parallel.world import World, init_world, under_mpi

@@ -10,11 +10,11 @@ from typing import Any
 
 from hpcdl.cli.common import add_workload_options, err, workload_specs
 from hpcdl.cli.run_options import RUN_FLAGS, add_run_options, run_config
+from hpcdl.device import resolve_device
 from hpcdl.errors import InputError
+from hpcdl.harness.runner import preflight
 from hpcdl.measure import caps
 from hpcdl.measure.config import RunConfig
-from hpcdl.measure.device import resolve_device
-from hpcdl.measure.runner import preflight
 from hpcdl.parallel.world import World
 from hpcdl.records.store import NAME_RE
 from hpcdl.results.text import si, table

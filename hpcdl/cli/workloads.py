@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
+from hpcdl.device import device_name, memory_capacity, resolve_device
 from hpcdl.errors import InputError
 from hpcdl.measure import hdf5 as h5data
-from hpcdl.measure.device import device_name, memory_capacity, resolve_device
 from hpcdl.measure.environment import availability, environment
 from hpcdl.measure.peaks import gemm_ceiling, theoretical_peak
 from hpcdl.records.store import check_output

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from hpcdl import reader
+from hpcdl.device import cpu_model, device_name
 from hpcdl.errors import InputError
 from hpcdl.measure.caps import CAP_ENV
-from hpcdl.measure.device import cpu_model, device_name
 
 
 def hpcdl_version() -> str:

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hpcdl.device import memory_capacity, rank_threads
 from hpcdl.errors import InputError, SpecError
 from hpcdl.measure.config import RunConfig
-from hpcdl.measure.device import memory_capacity, rank_threads
 from hpcdl.measure.trial import Trial, cpu_trial, cuda_trial
 from hpcdl.parallel.world import World
 from hpcdl.workloads.spec import Spec

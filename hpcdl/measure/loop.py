@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcdl import metrics
-from hpcdl.measure.device import synchronize
+from hpcdl.device import synchronize
 from hpcdl.parallel.backends import Backend
 from hpcdl.parallel.backends.single import SingleProcess
 from hpcdl.parallel.placement import InStepCollectives
@@ -57,7 +57,7 @@ class Trainer:
     """One model, optimizer and batch source; ``run`` executes steps and times them."""
 
     phases: tuple[str, ...] = PHASES
-    """the phases ``step`` times (a pipeline's differ: ``hpcdl.measure.pipelined``)"""
+    """the phases ``step`` times (a pipeline's differ: ``hpcdl.harness.pipelined``)"""
 
     def __init__(
         self,

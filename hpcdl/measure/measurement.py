@@ -9,7 +9,16 @@ from hpcdl import metrics
 from hpcdl.measure.loop import StepLog
 from hpcdl.measure.peaks import Peak
 from hpcdl.parallel.backends import Traffic
-from hpcdl.records.validity import Check
+
+
+@dataclass(frozen=True)
+class Check:
+    """One validity check: a fast wrong answer is not a result (``records.validity``; the
+    distributed checks, ``measure.checks``)."""
+
+    name: str
+    passed: bool
+    detail: str
 
 if TYPE_CHECKING:
     from hpcdl.parallel.pipeline import StageLog

@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
-from hpcdl.measure.device import synchronize
+from hpcdl.device import synchronize
 from hpcdl.workloads.precision import precision as precision_of
 
 # name fragment (as torch.cuda.get_device_name reports it; the first match wins, so specific
 # names come before the names they contain) -> dense peak FLOP/s by precision, and the source.
 # fp32 is the CUDA-core (vector) figure on NVIDIA: hpcdl runs fp32 in IEEE precision, never TF32
-# (measure.device.ieee_fp32). On AMD CDNA the FP32 matrix cores compute full fp32, so the fp32
+# (hpcdl.device.ieee_fp32). On AMD CDNA the FP32 matrix cores compute full fp32, so the fp32
 # matrix figure is the peak. tf32 (NVIDIA Ampere and later, AMD MI300X; half the bf16 figure) is
 # listed for `hpcdl info` and for readers comparing: hpcdl itself never trains in it. MI250X: each
 # of its two dies (GCDs) is a device of its own, so a device's peak is half the package's.

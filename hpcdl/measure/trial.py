@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hpcdl.device import reset_peak_memory, synchronize
 from hpcdl.errors import RunFailed
-from hpcdl.measure.device import reset_peak_memory, synchronize
 from hpcdl.workloads.precision import precision
 from hpcdl.workloads.spec import Spec
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from hpcdl import metrics
-from hpcdl.measure.device import synchronize
+from hpcdl.device import synchronize
 from hpcdl.parallel.backends import Backend
 from hpcdl.parallel.world import World
 

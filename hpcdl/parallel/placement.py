@@ -12,21 +12,23 @@ wraps the model, and backends leave the parameters :func:`rank_local` names alon
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
-from hpcdl.measure.device import synchronize
+from hpcdl.device import synchronize
+from hpcdl.workloads.moe import AllToAll
 
-if TYPE_CHECKING:
-    from hpcdl.parallel.backends import Backend
 
-AllToAll = Callable[[torch.Tensor], torch.Tensor]
-"""an all-to-all of equal chunks along dimension 0 (``Backend.all_to_all``); layers make it
-differentiable themselves"""
+class Collectives(Protocol):
+    """The blocking collectives placement calls: those of every ``Backend``
+    (``hpcdl.parallel.backends``, which builds on this module)."""
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor: ...
+    def all_to_all(self, tensor: torch.Tensor) -> torch.Tensor: ...
 
 
 @runtime_checkable
@@ -75,7 +77,7 @@ def _spreading(model: nn.Module) -> Iterator[SpreadsAcrossRanks]:
 
 
 def spread(
-    model: nn.Module, rank: int, ranks: int, backend: Backend | None, device: torch.device
+    model: nn.Module, rank: int, ranks: int, backend: Collectives | None, device: torch.device
 ) -> InStepCollectives:
     """Place every layer that can divide its parameters among ``ranks`` ranks, with its
     collectives going through ``backend`` (None: place only) and timed in what it returns."""
@@ -106,7 +108,7 @@ def shared_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if k not in local_names}
 
 
-def full_parameters(model: nn.Module, backend: Backend) -> list[tuple[str, torch.Tensor]]:
+def full_parameters(model: nn.Module, backend: Collectives) -> list[tuple[str, torch.Tensor]]:
     """Every parameter of ``model`` whole, by name, on every rank: shards gathered (FSDP's
     DTensors), rank-local parameters gathered along dimension 0 in rank order through the
     backend, replicated ones as they are. Collective: every rank must call it."""

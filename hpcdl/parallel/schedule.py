@@ -15,7 +15,7 @@ from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage
 
 from hpcdl import metrics
-from hpcdl.measure.device import synchronize
+from hpcdl.device import synchronize
 from hpcdl.parallel.pipeline import (
     SCHEDULES,
     StepTimes,

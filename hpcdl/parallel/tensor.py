@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
-from hpcdl.measure.device import synchronize
+from hpcdl.device import synchronize
 from hpcdl.parallel.backends import Traffic
 from hpcdl.workloads.counting import Count
 from hpcdl.workloads.precision import precision

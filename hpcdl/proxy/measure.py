@@ -20,8 +20,8 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from hpcdl.device import synchronize
 from hpcdl.errors import InputError
-from hpcdl.measure.device import synchronize
 from hpcdl.measure.environment import environment
 from hpcdl.proxy import kernels, structure
 from hpcdl.proxy.document import Profile

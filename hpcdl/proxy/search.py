@@ -36,8 +36,8 @@ from typing import Any
 import torch
 
 from hpcdl import metrics
+from hpcdl.device import memory_capacity
 from hpcdl.errors import HpcdlError
-from hpcdl.measure.device import memory_capacity
 from hpcdl.proxy import kernels
 from hpcdl.proxy import objective as obj
 from hpcdl.proxy import space as spaces
@@ -271,7 +271,7 @@ def fit(
     ``budget_s`` seconds; finalists are measured on ``device`` with ``steps`` timed steps.
 
     Candidates whose estimated training memory exceeds ``memory_bytes`` (default: the memory
-    available on ``device``, ``hpcdl.measure.device.memory_capacity``) are left out before any
+    available on ``device``, ``hpcdl.device.memory_capacity``) are left out before any
     is built. A miss is still an answer: when no candidate reaches parameters and training FLOPs
     within ``tolerance``, the closest ones are measured all the same and the result says so
     (``FitResult.reached`` is False, ``FitResult.miss`` says by how much). Only when no valid

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hpcdl.device import synchronize
 from hpcdl.errors import InputError
 from hpcdl.measure.data import make_batch
-from hpcdl.measure.device import synchronize
 from hpcdl.workloads.precision import PRECISIONS, needs_loss_scaling
 from hpcdl.workloads.precision import precision as precision_of
 from hpcdl.workloads.spec import Spec

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from hpcdl import metrics
-from hpcdl.measure.device import device_name
+from hpcdl.device import device_name
 from hpcdl.measure.environment import environment
 from hpcdl.proxy.reference import RealModel
 from hpcdl.proxy.training import Trainee, spec_trainee

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from hpcdl import metrics
+from hpcdl.measure.checks import parameters_identical
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.environment import environment
 from hpcdl.measure.fit import Fit
@@ -21,7 +22,6 @@ from hpcdl.measure.loop import StepLog
 from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import Peak, raised_to_ceiling
 from hpcdl.parallel.backends import BACKENDS, Backend
-from hpcdl.parallel.checks import parameters_identical
 from hpcdl.parallel.layout import Layout, fit_layout, parse_layout, tp_crosses_nodes
 from hpcdl.parallel.tensor import rank_count
 from hpcdl.records import schema, validity

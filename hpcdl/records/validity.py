@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from hpcdl.records.views import Check, Validity
+from hpcdl.measure.measurement import Check
+from hpcdl.records.views import Validity
 
 
 def loss_finite(losses: Sequence[float]) -> Check:

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from hpcdl import metrics
 from hpcdl.errors import HpcdlError
+from hpcdl.measure.measurement import Check
 from hpcdl.records import schema
 
 T = TypeVar("T")
@@ -379,15 +380,6 @@ class Metrics:
     """the slowest-computing rank of a multi-rank run (records before 2026-12 leave it out)"""
     pipeline: PipelineFigures | None = None
     """the pipeline's schedule, bubble and point-to-point traffic (pipeline-parallel runs only)"""
-
-
-@dataclass(frozen=True)
-class Check:
-    """One validity check: a fast wrong answer is not a result (``records.validity``)."""
-
-    name: str
-    passed: bool
-    detail: str
 
 
 @dataclass(frozen=True)

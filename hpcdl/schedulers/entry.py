@@ -97,7 +97,7 @@ def say_rank0(rank: int) -> Say:
 
 def run_rank(point: Point) -> dict[str, Any]:
     """One rank of the point (every rank calls this): run it unless it is already done."""
-    from hpcdl.measure.runner import run  # the whole measurement stack: only inside a job
+    from hpcdl.harness.runner import run  # the whole measurement stack: only inside a job
 
     os.environ[EXPECTED_ENV] = str(point.ranks)  # init_world ends every process of a split world
     world = init_world()
@@ -147,7 +147,7 @@ def prefixed(say: Say, name: str, message: str) -> None:
 
 def run_instances(point: Point, world: World, say: Say) -> dict[str, Any]:
     """The point's concurrent instances (capacity) on the ranks of its allocation."""
-    from hpcdl.parallel.capacity import Layout, run_capacity
+    from hpcdl.harness.capacity import Layout, run_capacity
 
     layout = Layout(point.instances, point.ranks // point.instances, point.per_device)
     out = run_capacity(point.workload(), point.config(), layout, Path(point.output), point.name, say, world)

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from hpcdl.errors import HpcdlError, InputError
 from hpcdl.plugins import Registry
+from hpcdl.schedulers.state import Handle  # here too: a scheduler imports what it returns from here
 
 if TYPE_CHECKING:
     from hpcdl.schedulers.jobfile import Job
@@ -50,14 +50,6 @@ ACTIVE = frozenset(
     "PENDING RUNNING REQUEUED REQUEUE_HOLD REQUEUE_FED COMPLETING CONFIGURING RESIZING SUSPENDED "
     "SIGNALING STAGE_OUT SUBMITTED UNKNOWN".split()
 )
-
-
-@dataclass(frozen=True)
-class Handle:
-    """A submitted point: the scheduler's job id, and the folder of the job's logs."""
-
-    job_id: str
-    logs: Path
 
 
 @dataclass(frozen=True)

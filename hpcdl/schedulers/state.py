@@ -21,9 +21,16 @@ from hpcdl.schedulers.point import Point
 
 if TYPE_CHECKING:
     from hpcdl.schedulers.jobfile import Job
-    from hpcdl.schedulers.protocol import Handle
 
 STATE_FILE = "hpcdl-jobs.json"
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A submitted point: the scheduler's job id, and the folder of the job's logs."""
+
+    job_id: str
+    logs: Path
 
 
 @dataclass(frozen=True)

@@ -6,27 +6,49 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hpcdl.results.ranking import INTRO, time_to_quality
 from hpcdl.results.score import SystemScore
 from hpcdl.results.text import HTML_STYLE, mfu_text, si
 from hpcdl.submission.check import Report, summary
-from hpcdl.submission.system import fields_documented, to_dict
+from hpcdl.submission.system import Description, fields_documented, to_dict
 from hpcdl.workloads import recipes
-
-if TYPE_CHECKING:
-    from hpcdl.submission.site import Entry
 
 STYLE = (
     HTML_STYLE
     + "img{max-width:min(100%,900px);border:1px solid #ddd}figure{margin:1em 0}pre{white-space:pre-wrap}"
 )
+
 NOTE = (
     "Each list ranks one class version: scores of different class versions are never compared. "
     "A system's place comes from its latest edition; its page shows every edition."
 )
+
+
+@dataclass
+class Entry:
+    """A submission that passed the check: its description, score and report folder."""
+
+    report: Report
+    description: Description
+    score: SystemScore
+    report_dir: str = ""
+    """the report's folder, relative to the site"""
+
+    @property
+    def name(self) -> str:
+        return self.description.system.name
+
+    @property
+    def edition(self) -> str:
+        return self.description.submission.edition
+
+    @property
+    def list_key(self) -> tuple[str, int]:
+        return (self.description.submission.size_class, self.description.submission.class_version)
 
 
 class Raw(str):

@@ -23,34 +23,10 @@ from hpcdl.records import schema
 from hpcdl.results.output import output_dir
 from hpcdl.results.ranking import FIGURE_COLUMNS
 from hpcdl.results.report import write_report
-from hpcdl.results.score import SystemScore
 from hpcdl.submission import pages
 from hpcdl.submission.check import Report, check
 from hpcdl.submission.layout import RESULTS
-from hpcdl.submission.system import Description
-
-
-@dataclass
-class Entry:
-    """A submission that passed the check: its description, score and report folder."""
-
-    report: Report
-    description: Description
-    score: SystemScore
-    report_dir: str = ""
-    """the report's folder, relative to the site"""
-
-    @property
-    def name(self) -> str:
-        return self.description.system.name
-
-    @property
-    def edition(self) -> str:
-        return self.description.submission.edition
-
-    @property
-    def list_key(self) -> tuple[str, int]:
-        return (self.description.submission.size_class, self.description.submission.class_version)
+from hpcdl.submission.pages import Entry
 
 
 @dataclass

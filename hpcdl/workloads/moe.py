@@ -28,6 +28,7 @@ MFU measures useful work; at ``capacity_factor`` = 1 with ``seq_len·top_k`` a m
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -35,9 +36,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcdl.errors import SpecError
-from hpcdl.parallel.placement import AllToAll
 from hpcdl.workloads.counting import Tally
 from hpcdl.workloads.precision import precision
+
+AllToAll = Callable[[torch.Tensor], torch.Tensor]
+"""an all-to-all of equal chunks along dimension 0 (``Backend.all_to_all``); layers make it
+differentiable themselves"""
 
 
 @runtime_checkable

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from hpcdl import metrics
-from hpcdl.measure.device import cuda_uuid
+from hpcdl.device import cuda_uuid
 
 TRACE_KEYS = ("time_s", "power_w", "util_pct", "mem_used_bytes", "sm_clock_mhz")
 MIG_NOTE = "MIG instance: power, energy and utilisation are those of the whole parent GPU"

@@ -13,7 +13,7 @@ from hpcdl.parallel.backends.torch_ddp import TorchBackend
 @BACKENDS.register
 class PipelineBackend(TorchBackend):
     """Chosen by a layout with pp > 1 (``--layout``), never by ``backend=auto``; named without
-    one it is refused (``parallel.compose.run_layout``)."""
+    one it is refused (``harness.compose.run_layout``)."""
 
     name: ClassVar[str] = "pipeline"
     auto_priority: ClassVar[int | None] = None

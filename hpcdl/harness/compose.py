@@ -3,7 +3,7 @@ the backend, and the backend that carries it out (``hpcdl.parallel.layout`` pars
 
 The one place where a kind of parallelism joins the run: tensor parallelism through
 ``backends.tensor.TensorParallel``; pipeline parallelism through ``backends.pipeline`` (its process
-group) and ``measure.pipelined`` (a stage's part of the run).
+group) and ``harness.pipelined`` (a stage's part of the run).
 """
 
 from __future__ import annotations

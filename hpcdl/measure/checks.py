@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hpcdl.device import synchronize
 from hpcdl.measure.data import make_batch
-from hpcdl.measure.device import synchronize
+from hpcdl.measure.measurement import Check
 from hpcdl.parallel.backends import Backend, data_shard
 from hpcdl.parallel.placement import full_parameters, spread
 from hpcdl.parallel.world import World
-from hpcdl.records.validity import Check
 from hpcdl.workloads.spec import Spec
 
 EQUIVALENCE_TOLERANCE = 1e-3

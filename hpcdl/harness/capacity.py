@@ -3,7 +3,7 @@
 HPC's throughput metric.
 
 The job's M·S ranks split into one communicator per instance (ranks i·S … i·S+S−1 are instance
-i); every instance is a run of its own (``measure.runner.run`` on its communicator) with its own
+i); every instance is a run of its own (``harness.runner.run`` on its communicator) with its own
 seed (the spec's + i) and record (``NAME-iI``). First instance 0 runs alone on the devices it
 will have (``NAME-alone``) while the others wait without spinning, then all M run together,
 starting their timed windows at one barrier after their warm-ups (a window of seconds would
@@ -32,9 +32,9 @@ import torch
 
 from hpcdl import metrics
 from hpcdl.errors import HpcdlError, InputError
+from hpcdl.harness.runner import RunResult, run
 from hpcdl.measure import caps
 from hpcdl.measure.config import RunConfig
-from hpcdl.measure.runner import RunResult, run
 from hpcdl.parallel.launch import not_stopped
 from hpcdl.parallel.world import World, end_all_ranks, init_world, world_of
 from hpcdl.records import schema

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from hpcdl import metrics
-from hpcdl.measure.device import synchronize
+from hpcdl.device import synchronize
 from hpcdl.measure.peaks import gemm_ceiling
 from hpcdl.parallel.commbench import mpi_time
 from hpcdl.parallel.world import World, world_of

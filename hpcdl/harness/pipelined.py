@@ -17,31 +17,28 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from hpcdl.device import device_name, peak_memory, reset_peak_memory, synchronize
+from hpcdl.harness.parts import Reporter, gpu_identity, make_optimizer, measured_ceiling
+from hpcdl.measure.checks import CHECK_STREAM, EQUIVALENCE_TOLERANCE, parameter_digest
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import device_pool, make_batch
-from hpcdl.measure.device import device_name, peak_memory, reset_peak_memory, synchronize
 from hpcdl.measure.loop import IN_STEP_PHASES, BatchSource, StepLog, Trainer
-from hpcdl.measure.measurement import RankMeasurement
+from hpcdl.measure.measurement import Check, RankMeasurement
 from hpcdl.measure.peaks import theoretical_peak
 from hpcdl.measure.schedstat import Descheduled, together
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.watchdog import Watchdog
-from hpcdl.parallel.checks import CHECK_STREAM, EQUIVALENCE_TOLERANCE, parameter_digest
 from hpcdl.parallel.layout import Layout, device_mesh
 from hpcdl.parallel.pipeline import StageLog, StepTimes, pipeline_loss
 from hpcdl.parallel.schedule import Pipeline
 from hpcdl.parallel.world import World
-from hpcdl.records.validity import Check
 from hpcdl.workloads.spec import Spec
-
-if TYPE_CHECKING:
-    from hpcdl.measure.runner import Reporter
 
 PIPELINE_PHASES = ("data", "schedule", "allreduce", "optimizer")
 """the phases of a pipeline step (see the module's docstring)"""
@@ -189,9 +186,8 @@ def measure_pipeline_rank(
     heartbeats: Path | None = None,
     before_window: Callable[[], None] | None = None,
 ) -> RankMeasurement:
-    """This rank's part of a pipeline run (``measure.runner.measure_rank``'s counterpart):
+    """This rank's part of a pipeline run (``harness.runner.measure_rank``'s counterpart):
     the check, warm-up and timed steps of its stages; the default process group is up."""
-    from hpcdl.measure.runner import gpu_identity, make_optimizer, measured_ceiling
 
     groups = _groups(layout, device)
     report.say(f"checking that the pipeline {layout} steps like one process")

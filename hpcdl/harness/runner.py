@@ -4,14 +4,13 @@ every rank of an MPI job with gradients reduced through a backend (the same code
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shutil
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +18,7 @@ from typing import Any
 import torch
 
 from hpcdl import metrics
-from hpcdl.errors import HpcdlError, InputError, SpecError
-from hpcdl.measure import hdf5 as h5data
-from hpcdl.measure.config import RunConfig
-from hpcdl.measure.data import device_pool
-from hpcdl.measure.device import (
-    cuda_uuid,
+from hpcdl.device import (
     device_name,
     ieee_fp32,
     peak_memory,
@@ -32,18 +26,29 @@ from hpcdl.measure.device import (
     reset_peak_memory,
     resolve_device,
 )
+from hpcdl.errors import HpcdlError, InputError, SpecError
+from hpcdl.harness.compose import crossing_note, run_backend, run_layout
+from hpcdl.harness.parts import Progress, Reporter, Ticks, gpu_identity, make_optimizer, measured_ceiling
+from hpcdl.measure import hdf5 as h5data
+from hpcdl.measure.checks import one_step_equivalence, parameter_digest
+from hpcdl.measure.config import RunConfig
+from hpcdl.measure.data import device_pool
 from hpcdl.measure.fit import Fit, estimated_batch, fit_batch, rank_memory
 from hpcdl.measure.loop import BatchSource, Trainer
 from hpcdl.measure.measurement import RankMeasurement
-from hpcdl.measure.peaks import gemm_ceiling, theoretical_peak
+from hpcdl.measure.peaks import theoretical_peak
 from hpcdl.measure.schedstat import Descheduled, together
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.watchdog import Watchdog
-from hpcdl.parallel.backends import Backend, Traffic, data_shard, gradient_bytes, resolve_backend_name
+from hpcdl.parallel.backends import (
+    Backend,
+    Traffic,
+    data_shard,
+    gradient_bytes,
+    resolve_backend_name,
+)
 from hpcdl.parallel.backends.tensor import TensorParallel
-from hpcdl.parallel.checks import one_step_equivalence, parameter_digest
 from hpcdl.parallel.commbench import backend_time
-from hpcdl.parallel.compose import crossing_note, run_backend, run_layout
 from hpcdl.parallel.launch import not_stopped
 from hpcdl.parallel.placement import full_parameters, spread
 from hpcdl.parallel.world import World, init_world, others_wait
@@ -52,26 +57,6 @@ from hpcdl.records.store import check_name, check_output, seal, write_pair
 from hpcdl.records.views import Result, read_result
 from hpcdl.workloads import moe
 from hpcdl.workloads.spec import Spec
-
-Progress = Callable[[str], None]
-Ticks = Callable[[int, float, int], None]
-"""timed steps so far, the seconds they took, and the samples of all ranks in them"""
-
-
-@dataclass(frozen=True)
-class Reporter:
-    """Where rank 0 says what a run is doing: messages, and the timed steps so far with the
-    seconds and samples in them (about once a second; by default a message)."""
-
-    say: Progress = lambda _message: None
-    timed: Ticks | None = None
-
-    def tick(self, steps: int, elapsed_s: float, samples: int) -> None:
-        if self.timed is not None:
-            self.timed(steps, elapsed_s, samples)
-        else:
-            self.say(f"timed {steps} steps in {elapsed_s:.1f} s")
-
 
 CALIBRATION_STEPS = 5  # backward timed without reduction where the backend can (DDP)
 SLOW_RANK_VAR = "HPCDL_TEST_SLOW_RANK"
@@ -99,12 +84,6 @@ class RunResult:
     @property
     def passed(self) -> bool:
         return self.result.validity.passed
-
-
-@functools.cache
-def measured_ceiling(device: torch.device, precision: str, threads: int) -> float:
-    """This rank's GEMM ceiling, once per device, precision and thread count in a process."""
-    return gemm_ceiling(device, precision)
 
 
 def rank_device(cfg: RunConfig, world: World) -> torch.device:
@@ -141,13 +120,6 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
     return device
 
 
-def gpu_identity(device: torch.device) -> str | None:
-    """The UUID of the GPU (or MIG device) ``device`` is, or None on CPUs."""
-    if device.type != "cuda":
-        return None
-    return cuda_uuid(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def distinct_gpus(device: torch.device, world: World) -> None:
     """Refuse two ranks on one GPU (NCCL cannot run them; figures would halve), compared by the
     GPUs' UUIDs, which hold also where each rank sees only its own GPU as cuda:0."""
@@ -157,12 +129,6 @@ def distinct_gpus(device: torch.device, world: World) -> None:
     taken = world.allgather(mine)
     if len(set(taken)) < len(taken):
         raise InputError("run.device", str(device), "one GPU per rank: several ranks of this run share a GPU")
-
-
-def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
-    return torch.optim.AdamW(params, lr=cfg.lr)
 
 
 def make_source(
@@ -371,7 +337,7 @@ def run(
     heartbeats = heartbeat_dir(output_dir, world)
     try:
         if layout.pp > 1:  # torch's pipelining takes seconds to import: only pipelines do
-            from hpcdl.measure.pipelined import measure_pipeline_rank
+            from hpcdl.harness.pipelined import measure_pipeline_rank
 
             mine = measure_pipeline_rank(spec, cfg, device, world, layout, report, heartbeats, before_window)
         else:

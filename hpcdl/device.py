@@ -34,7 +34,7 @@ def resolve_device(name: str) -> torch.device:
 
 def rank_threads(local_size: int) -> int:
     """The threads each of a node's ``local_size`` ranks trains with on a CPU: the count the user
-    (``OMP_NUM_THREADS``) or the placement (``parallel.capacity``) chose, which torch already
+    (``OMP_NUM_THREADS``) or the placement (``harness.capacity``) chose, which torch already
     has; else the node's cores shared among its ranks; else, alone, torch's own default."""
     if local_size > 1 and "OMP_NUM_THREADS" not in os.environ:
         return max(1, (os.cpu_count() or 1) // local_size)

@@ -1,0 +1,201 @@
+"""ARCHITECTURE.md's rule, checked on the source: a module imports only from its own stage or
+earlier ones, and no modules import each other round in a cycle.
+
+Every import counts, wherever it stands: at the top, under ``if TYPE_CHECKING:``, inside a
+function. The stage order and the modules below every stage are read from ARCHITECTURE.md's
+lines ``Stage order:`` and ``Below every stage:``, so that the document and the check cannot
+drift apart. A parent package's ``__init__.py``, which Python runs before any module of the
+package, is not counted as imported (``hpcdl/__init__.py``, the Python API, imports nearly
+everything; the stages' own are docstrings)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "hpcdl"
+TOP = ("hpcdl", "hpcdl.__main__")  # the Python API and ``python -m hpcdl``: above every stage
+
+Edge = tuple[str, str, int]  # importer, imported, line
+
+
+def documented(line_start: str, doc: Path = ROOT / "ARCHITECTURE.md") -> list[str]:
+    """The names in backquotes on ARCHITECTURE.md's line that starts with ``line_start``."""
+    lines = [s for s in doc.read_text().splitlines() if s.startswith(line_start)]
+    assert len(lines) == 1, f"ARCHITECTURE.md needs exactly one line starting {line_start!r}"
+    return re.findall(r"`([a-z_]+)`", lines[0])
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Every module of the package under ``root``, by dotted name (a package by its own)."""
+    found = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(root: Path) -> list[Edge]:
+    """Every import of one of the package's modules by another, as (importer, imported, line)."""
+    found = modules(root)
+    edges = []
+    for name, path in found.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the importer's package, up level - 1
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                # ``from pkg import mod`` imports the module mod; ``from mod import name``, mod
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in found else base for a in node.names]
+            else:
+                continue
+            edges += [(name, t, node.lineno) for t in targets if t == PACKAGE or t.startswith(PACKAGE + ".")]
+    return sorted(set(edges))  # one edge per imported module and line
+
+
+def level(module: str, stages: list[str], below: list[str]) -> int:
+    """0 below every stage, 1.. the stages in order, above them all the API: or a failure naming
+    a module that ARCHITECTURE.md places nowhere."""
+    if module in TOP:
+        return len(stages) + 1
+    first = module.split(".")[1]
+    if first in below:
+        return 0
+    assert first in stages, f"{module}: hpcdl.{first} is neither a stage nor below them in ARCHITECTURE.md"
+    return stages.index(first) + 1
+
+
+def upward(edges: Iterable[Edge], stages: list[str], below: list[str]) -> list[str]:
+    """The imports that go from a module to a later stage than its own."""
+    return [
+        f"{a}:{line} imports {b}"
+        for a, b, line in edges
+        if level(b, stages, below) > level(a, stages, below)
+    ]
+
+
+def cycles(edges: Iterable[Edge]) -> list[list[str]]:
+    """The import cycles: every strongly connected group of more than one module (or a module
+    that imports itself), by Tarjan's algorithm, iterative."""
+    graph: dict[str, set[str]] = {}
+    for a, b, _ in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    return [sorted(group) for group in _components(graph) if len(group) > 1 or group[0] in graph[group[0]]]
+
+
+def _components(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            nxt = next(successors, None)
+            if nxt is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        group.append(member)
+                        if member == node:
+                            break
+                    groups.append(group)
+            elif nxt not in index:
+                index[nxt] = low[nxt] = len(index)
+                stack.append(nxt)
+                on_stack.add(nxt)
+                work.append((nxt, iter(sorted(graph[nxt]))))
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+    return groups
+
+
+@pytest.fixture(scope="module")
+def edges() -> list[Edge]:
+    return imports(ROOT)
+
+
+def test_stages_are_the_package_folders() -> None:
+    """ARCHITECTURE.md names every folder of hpcdl/ as a stage, and every module beside them
+    as below the stages (or the API on top): nothing new escapes the rule unplaced."""
+    stages, below = documented("Stage order:"), documented("Below every stage:")
+    folders = {p.name for p in (ROOT / PACKAGE).iterdir() if (p / "__init__.py").is_file()}
+    beside = {p.stem for p in (ROOT / PACKAGE).glob("*.py")} - {"__init__", "__main__"}
+    assert sorted(stages) == sorted(folders)
+    assert sorted(below) == sorted(beside)
+
+
+def test_no_import_goes_to_a_later_stage(edges: list[Edge]) -> None:
+    """A module imports only from its own stage or earlier ones (ARCHITECTURE.md)."""
+    assert upward(edges, documented("Stage order:"), documented("Below every stage:")) == []
+
+
+def test_no_import_cycles(edges: list[Edge]) -> None:
+    assert cycles(edges) == []
+
+
+def test_the_checks_find_what_they_look_for() -> None:
+    """On a made-up graph: an import from an earlier stage to a later one is found, and so are a
+    cycle through TYPE_CHECKING and one within a stage; nothing else is."""
+    fake = [
+        ("hpcdl.workloads.moe", "hpcdl.errors", 1),
+        ("hpcdl.parallel.placement", "hpcdl.workloads.moe", 2),
+        ("hpcdl.workloads.moe", "hpcdl.parallel.placement", 3),
+        ("hpcdl.schedulers.a", "hpcdl.schedulers.b", 4),
+        ("hpcdl.schedulers.b", "hpcdl.schedulers.c", 5),
+        ("hpcdl.schedulers.c", "hpcdl.schedulers.a", 6),
+        ("hpcdl", "hpcdl.cli", 7),
+    ]
+    stages, below = ["workloads", "parallel", "schedulers", "cli"], ["errors"]
+    assert upward(fake, stages, below) == ["hpcdl.workloads.moe:3 imports hpcdl.parallel.placement"]
+    assert sorted(cycles(fake)) == [
+        ["hpcdl.parallel.placement", "hpcdl.workloads.moe"],
+        ["hpcdl.schedulers.a", "hpcdl.schedulers.b", "hpcdl.schedulers.c"],
+    ]
+
+
+def test_every_kind_of_import_counts(tmp_path: Path) -> None:
+    """Imports under TYPE_CHECKING, inside functions, relative ones and ``from hpcdl import
+    module`` are all edges of the graph."""
+    pkg = tmp_path / PACKAGE
+    (pkg / "measure").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "errors.py").write_text("")
+    (pkg / "measure" / "__init__.py").write_text("")
+    (pkg / "measure" / "loop.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from hpcdl import errors\n"
+        "if TYPE_CHECKING:\n    from hpcdl.measure.fit import Fit\n"
+        "def f():\n    import hpcdl.measure.data\n"
+        "from . import peaks\n"
+    )
+    for name in ("fit", "data", "peaks"):
+        (pkg / "measure" / f"{name}.py").write_text("")
+    assert sorted(b for a, b, _ in imports(tmp_path) if a == "hpcdl.measure.loop") == [
+        "hpcdl.errors",
+        "hpcdl.measure.data",
+        "hpcdl.measure.fit",
+        "hpcdl.measure.peaks",
+    ]
