@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hpcdl import metrics
 from hpcdl.errors import InputError
 from hpcdl.scaling.collectives import Comm, Cost, Hierarchy
 from hpcdl.workloads.precision import precision
@@ -79,7 +80,7 @@ class Layout:
 
     def bubble(self) -> float:
         """Idle fraction of the pipeline's time: ``(pp − 1)/(m + pp − 1)``."""
-        return (self.pp - 1) / (self.chunks + self.pp - 1)
+        return metrics.theoretical_bubble(self.pp, self.chunks)
 
 
 def parse_layout(text: str) -> Layout:
