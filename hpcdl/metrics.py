@@ -97,8 +97,8 @@ def memory_parts(
     SGD's momentum), ``activations`` (kept for backward and the loss's copies of the logits,
     ``sample_bytes - sample_workspace_bytes`` per sample), ``workspace`` (activation gradients
     and backend workspaces per sample, and the optimizer step's temporaries). Nothing is added
-    for the allocator: on a CPU the run fixes glibc's mmap threshold
-    (``measure.device.pin_mmap_threshold``), so the resident set holds the live tensors."""
+    for the allocator: on a CPU auto-fit's trials fix glibc's mmap threshold
+    (``measure.device.pin_mmap_threshold``), so their resident set holds the live tensors."""
     adamw = optimizer == "adamw"
     parts = {
         "weights": params * (4 + (AUTOCAST_COPY_BYTES if autocast else 0)),

@@ -187,13 +187,13 @@ _rss_peak_reset = False
 
 MMAP_THRESHOLD_BYTES = 1 << 20
 """allocations from this size up are mapped on their own by glibc and unmapped when freed; set
-once for the run (``pin_mmap_threshold``) so that its peak resident set is what its tensors
-hold, not what glibc's heap keeps of freed ones"""
+in auto-fit's trials (``pin_mmap_threshold``) so that their peak resident set is what the
+tensors hold, not what glibc's heap keeps of freed ones"""
 _M_MMAP_THRESHOLD = -3
 """``mallopt``'s parameter number of the threshold (glibc's malloc.h)"""
 
 
-def reset_peak_memory(device: torch.device) -> None:
+def reset_peak_memory(device: torch.device, *, pin: bool = False) -> None:
     """Start a new peak: the CUDA allocator's, or on the CPU the process's peak RSS (Linux
     resets VmHWM when "5" is written to /proc/self/clear_refs), so that each run of a suite
     in one process gets its own peak instead of the process's high-water mark so far.
@@ -201,14 +201,17 @@ def reset_peak_memory(device: torch.device) -> None:
     What is garbage by then is freed first, and on the CPU given back to the system: models
     made before (the correctness check's, the weights FSDP replaced) sit in reference cycles
     (module hooks), and memory glibc keeps after a free still counts in the RSS. Without
-    this, FSDP's peak per rank on a 25 M-parameter MLP read 1.25 GB instead of 1.09. From here
-    on glibc's mmap threshold is fixed (``pin_mmap_threshold``), so that the peak follows the
-    tensors and the memory estimate."""
+    this, FSDP's peak per rank on a 25 M-parameter MLP read 1.25 GB instead of 1.09. With
+    ``pin`` (auto-fit's trials) glibc's mmap threshold is fixed from here on
+    (``pin_mmap_threshold``), so that the peak follows the tensors and the memory estimate; runs
+    do not pin it: every mapped tensor is faulted in again each step, which doubled a small
+    CNN's step time (166 against 332 ms, batch 16)."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
-    pin_mmap_threshold()
+    if pin:
+        pin_mmap_threshold()
     _malloc_trim()
     global _rss_peak_reset
     try:

@@ -165,7 +165,7 @@ def main(argv: list[str]) -> None:
     train_steps(spec.replace(batch_size=1), optimizer, 1, cpu)  # libraries and kernels: the process's
     # what the warm-up freed goes back to the system (else the trial reuses it unseen) and
     # VmHWM := VmRSS, as the run resets its peak
-    reset_peak_memory(cpu)
+    reset_peak_memory(cpu, pin=True)
     base = _status_kb("VmRSS")
     train_steps(spec, optimizer, pool, cpu)
     print(json.dumps({"peak_bytes": (_status_kb("VmHWM") - base) * 1024}))
