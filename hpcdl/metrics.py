@@ -70,11 +70,6 @@ ADAMW_TEMPORARIES = 2
 """fp32 temporaries of one parameter's size that AdamW's per-tensor step allocates (the square
 root of the second moment and its bias-corrected quotient): PyTorch's CPU default, one tensor at
 a time; SGD's momentum updates in place"""
-ALLOCATOR_OVERHEAD = 0.10
-"""memory the allocator holds beyond the live tensors, as a fraction of them: glibc keeps freed
-blocks below its dynamic mmap threshold (up to 32 MiB) for reuse and the peak resident set counts
-them (CUDA's caching allocator rounds and fragments likewise). Not derived: measured at 7-22 %
-over the other parts on CPUs across families (benchmarks/bench_memory.py), 10 % assumed"""
 AUTOCAST_COPY_BYTES = 2
 """bytes per parameter of the 16-bit weight copies autocast makes and its products keep for
 backward (bf16/fp16)"""
@@ -101,8 +96,9 @@ def memory_parts(
     autocast's 16-bit copies), ``gradients`` (fp32), ``optimizer_state`` (AdamW's two moments,
     SGD's momentum), ``activations`` (kept for backward and the loss's copies of the logits,
     ``sample_bytes - sample_workspace_bytes`` per sample), ``workspace`` (activation gradients
-    and backend workspaces per sample, and the optimizer step's temporaries) and ``allocator``
-    (``ALLOCATOR_OVERHEAD`` of the rest)."""
+    and backend workspaces per sample, and the optimizer step's temporaries). Nothing is added
+    for the allocator: on a CPU auto-fit's trials fix glibc's mmap threshold
+    (``hpcdl.device.pin_mmap_threshold``), so their resident set holds the live tensors."""
     adamw = optimizer == "adamw"
     parts = {
         "weights": params * (4 + (AUTOCAST_COPY_BYTES if autocast else 0)),
@@ -111,7 +107,6 @@ def memory_parts(
         "activations": (sample_bytes - sample_workspace_bytes) * batch,
         "workspace": sample_workspace_bytes * batch + (ADAMW_TEMPORARIES * 4 * largest_param if adamw else 0),
     }
-    parts["allocator"] = int(ALLOCATOR_OVERHEAD * sum(parts.values()))
     return parts
 
 

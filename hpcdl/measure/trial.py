@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from hpcdl.device import reset_peak_memory, synchronize
 from hpcdl.errors import RunFailed
-from hpcdl.workloads.precision import precision
+from hpcdl.workloads.precision import Precision, precision
 from hpcdl.workloads.spec import Spec
 
 STEPS = 2
@@ -68,12 +68,20 @@ def train_steps(spec: Spec, optimizer: str, pool_batches: int, device: torch.dev
     x, y = x[: spec.batch_size], y[: spec.batch_size]
     p = precision(spec.precision)
     for _ in range(STEPS):
-        with torch.autocast(device.type, dtype=p.dtype, enabled=p.autocast):
-            logits = model(x)
-        F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)).backward()
+        _loss(model, x, y, device, p).backward()
         opt.step()
         opt.zero_grad()
     synchronize(device)
+
+
+def _loss(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device, p: Precision
+) -> torch.Tensor:
+    """The loss as ``measure.loop`` computes it; the logits are not held beyond it (in bf16 the
+    autocast logits would stay alive through backward beside the loss's fp32 copies)."""
+    with torch.autocast(device.type, dtype=p.dtype, enabled=p.autocast):
+        logits = model(x)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 
 
 def cuda_trial(spec: Spec, optimizer: str, pool_batches: int, device: torch.device) -> Trial:
@@ -164,7 +172,7 @@ def main(argv: list[str]) -> None:
     train_steps(spec.replace(batch_size=1), optimizer, 1, cpu)  # libraries and kernels: the process's
     # what the warm-up freed goes back to the system (else the trial reuses it unseen) and
     # VmHWM := VmRSS, as the run resets its peak
-    reset_peak_memory(cpu)
+    reset_peak_memory(cpu, pin=True)
     base = _status_kb("VmRSS")
     train_steps(spec, optimizer, pool, cpu)
     peak = (_status_kb("VmHWM") - base) * 1024
