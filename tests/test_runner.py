@@ -104,3 +104,13 @@ def test_same_seed_same_model_and_data() -> None:
     xc, _ = hpcdl.make_batch(spec.replace(seed=1), 4)
     assert not (xa == xc).all()
     assert not math.isnan(float(xa.sum()))
+
+
+def test_loss_falls_survives_one_spike_of_a_learning_model() -> None:
+    """The last quarter's median decides: one spike (as a 2-rank DDP transformer showed) does not
+    fail a training whose loss fell; a loss that does not fall still fails."""
+    from hpcdl.records.validity import loss_falls
+
+    falling = [6.8, 4.5, 4.3, 3.3, 3.2, 2.8, 3.4, 2.4, 2.6, 2.3, 2.8, 2.2, 2.4, 2.1, 2.6, 2.0, 13.8, 3.0, 2.0, 1.8]
+    assert loss_falls(falling).passed
+    assert not loss_falls([2.0, 2.1, 1.9, 2.0, 2.2, 2.0, 2.1, 2.3]).passed
