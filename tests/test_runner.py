@@ -111,6 +111,27 @@ def test_loss_falls_survives_one_spike_of_a_learning_model() -> None:
     fail a training whose loss fell; a loss that does not fall still fails."""
     from hpcdl.records.validity import loss_falls
 
-    falling = [6.8, 4.5, 4.3, 3.3, 3.2, 2.8, 3.4, 2.4, 2.6, 2.3, 2.8, 2.2, 2.4, 2.1, 2.6, 2.0, 13.8, 3.0, 2.0, 1.8]
+    falling = [
+        6.8,
+        4.5,
+        4.3,
+        3.3,
+        3.2,
+        2.8,
+        3.4,
+        2.4,
+        2.6,
+        2.3,
+        2.8,
+        2.2,
+        2.4,
+        2.1,
+        2.6,
+        2.0,
+        13.8,
+        3.0,
+        2.0,
+        1.8,
+    ]
     assert loss_falls(falling).passed
     assert not loss_falls([2.0, 2.1, 1.9, 2.0, 2.2, 2.0, 2.1, 2.3]).passed

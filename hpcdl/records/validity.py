@@ -24,7 +24,9 @@ def loss_falls(losses: Sequence[float]) -> Check:
     if len(losses) < 4:
         return Check("loss_falls", False, f"only {len(losses)} steps; need at least 4")
     first, last = statistics.median(losses[:k]), statistics.median(losses[-k:])
-    return Check("loss_falls", last < first, f"median loss of first {k} steps {first:.4g}, last {k} {last:.4g}")
+    return Check(
+        "loss_falls", last < first, f"median loss of first {k} steps {first:.4g}, last {k} {last:.4g}"
+    )
 
 
 def min_duration(seconds: float, minimum: float) -> Check:
