@@ -44,7 +44,7 @@ SHORT_RUN = {"steps": 12, "warmup_steps": 2, "min_duration_s": 0.0}
 LONG_RUN = {"steps": 10_000_000, "min_duration_s": 0.0}  # runs until cancelled
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def cluster(slurm_cluster: None) -> None:
     """The session's 4-node Slurm cluster (tests/conftest.py)."""
 
