@@ -51,7 +51,7 @@ def one_round(out: Path, i: int, duration: str) -> dict[str, tuple[float, float,
         intra, inter = levels(out, "torch")
         costs = fitted_hierarchy(intra, inter, PPN, ALGORITHMS["torch"])
         model = model_from_records(
-            read_record(base).result, costs, backend="torch", layout=parse_layout(layout)
+            read_record(base).result, costs, backend="torch", layout=parse_layout(layout), gamma_from="phases"
         )
         point = model.point(HOSTS * PPN)
         found[name] = (got, point["step_s"], point.get("bubble_s", 0.0))

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from hpcdl.errors import InputError
-from hpcdl.scaling.collectives import Comm
+from hpcdl.scaling.collectives import Comm, Hierarchy
 from hpcdl.scaling.model import Model, model_for
 from hpcdl.scaling.modelparallel import Layout, parse_layout
 from hpcdl.workloads.registry import spec_from_dict
@@ -47,6 +47,23 @@ def test_tensor_parallel_step_by_hand() -> None:
     assert comm == pytest.approx(tp + reduce)
     assert step == pytest.approx(work + tp + reduce)
     assert m.samples_per_step(4) == 16  # two replicas of 8
+
+
+def test_tensor_parallel_groups_share_the_fabric_and_reduce_after_backward() -> None:
+    # 2 nodes of 2 ranks, tp=2 inside each: the 2 dp groups (one rank on each node) run at once
+    # through each node's one fabric, and the shards are reduced in one allreduce after backward,
+    # whole, even with bucketed overlap (hpcdl's tensor backend)
+    intra, inter = Comm(alpha_s=ALPHA, beta_bytes_per_s=10 * BETA), Comm(alpha_s=ALPHA, beta_bytes_per_s=BETA)
+    comm = {"allreduce": Hierarchy(intra=intra, inter=inter, ranks_per_node=2)}
+    m = model_for(SPEC, 8, GAMMA, comm, backend="torch", layout=parse_layout("dp=2,tp=2"))
+    f, g = flops_and_grads(m)
+    work = f * 8 / GAMMA / 2
+    tp = 2 * 4 * (2 * ALPHA + 8 * ACT / (10 * BETA))  # inside a node: the intra link
+    reduce = 2 * ALPHA + (g / 2) / (BETA / 2)  # across nodes, half the fabric each
+    compute, comm_s, step = m.parts(4)
+    assert compute == pytest.approx(work)
+    assert comm_s == pytest.approx(tp + reduce)
+    assert step == pytest.approx(work + tp + reduce)
 
 
 def test_sequence_parallel_moves_what_allreduce_moves() -> None:

@@ -217,8 +217,9 @@ class Model:
         share of the work) plus its tensor-parallel collectives and its sends between stages;
         the pipeline runs ``N·(m + pp − 1)`` slots, ``pp − 1`` of them idle; the optimizer
         updates ``1/(tp·pp)`` of the parameters; the gradients of that share are reduced over
-        the ``dp`` ranks, behind the last backward (pp = 1, bucketed) or after the pipeline's
-        flush (pp > 1: the schedule ends before any is reduced). Other collectives (FSDP's
+        the ``dp`` ranks, behind the last backward (tp = pp = 1, bucketed), or whole after
+        backward (tp > 1: one flat allreduce of the shards) or after the pipeline's flush (pp > 1:
+        the schedule ends before any is reduced). Other collectives (FSDP's
         all-gathers, the experts' all-to-alls) run in every micro-batch, unhidden."""
         mp = self.parallel
         if mp is None:
@@ -240,11 +241,13 @@ class Model:
             cost = mp.dp_cost(self.comms[t.collective])
             nbytes = self._bytes(t, dp) / share
             if t.collective in PER_STEP:
-                reductions.append((cost, nbytes, t.calls))
+                # tensor parallelism reduces a rank's gradient shards in one flat allreduce
+                # after backward (hpcdl's tensor backend), not in buckets during it
+                reductions.append((cost, nbytes, 1 if layout.tp > 1 else t.calls))
             else:
                 others += n * m * cost.time(nbytes, dp, t.calls)
         reduce_s = sum(cost.time(nbytes, dp, calls) for cost, nbytes, calls in reductions)
-        if self.overlap == "none" or layout.pp > 1:
+        if self.overlap == "none" or layout.pp > 1 or layout.tp > 1:
             exposed = reduce_s
         elif self.overlap == "full":
             exposed = 0.0

@@ -183,9 +183,15 @@ class ModelParallel:
 
     def dp_cost(self, cost: Cost) -> Cost:
         """A data-parallel collective's cost among the ``dp`` ranks of one group: the group's
-        ranks on one node are the node's ranks over ``tp`` (tensor parallelism innermost)."""
+        ranks on one node are the node's ranks over ``tp`` (tensor parallelism innermost), and
+        the ``min(tp, r)`` groups with ranks on a node run at once, sharing its fabric (a node
+        of 8 NICs and tp = 8: one NIC each, as rail-optimised systems place them)."""
         if isinstance(cost, Hierarchy):
-            return replace(cost, ranks_per_node=max(1, cost.ranks_per_node // self.layout.tp))
+            r, tp = cost.ranks_per_node, self.layout.tp
+            fabric = cost.inter.beta_bytes_per_s / min(tp, r)
+            return replace(
+                cost, ranks_per_node=max(1, r // tp), inter=replace(cost.inter, beta_bytes_per_s=fabric)
+            )
         return cost
 
 
