@@ -155,8 +155,9 @@ def test_count_matches_model(spec: CNNSpec) -> None:
     assert forward == count.forward_flops
     assert total - forward == count.backward_flops + _counter_excess(spec)
 
+    # what each layer keeps is counted as autograd saves it (0.97-1.12 on these specs)
     saved = saved_activation_elements(spec)
-    assert 0.5 <= count.activation_elements / saved <= 3.0, (count.activation_elements, saved)
+    assert 0.9 <= count.activation_elements / saved <= 1.2, (count.activation_elements, saved)
 
 
 def test_depthwise_backward_is_exact_apart_from_counter_bug() -> None:

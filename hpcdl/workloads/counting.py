@@ -9,6 +9,7 @@ gradient autograd computes: the weight's always, the input's unless the input is
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hpcdl.workloads.precision import precision
@@ -59,6 +60,7 @@ class Tally:
         self.largest_output = 0
         self.last_linear = 0  # the latest linear's output: the logits if nothing follows it
         self.workspace = 0
+        self.backward_peak = 0  # the most elements alive in one layer's backward, kept ones included
 
     def matmul(self, m: int, k: int, n: int, *, grads: int = 2, times: int = 1) -> None:
         """A product of an (m x k) and a (k x n) matrix, ``times`` times.
@@ -92,15 +94,37 @@ class Tally:
         groups: int = 1,
         bias: bool = False,
         data_input: bool = False,
+        in_hw: tuple[int, int] | None = None,
+        keep_output: bool = True,
+        alive: int = 0,
     ) -> None:
-        """An ``nn.Conv2d``: each output element is a dot product over (c_in/groups) x kh x kw."""
+        """An ``nn.Conv2d``: each output element is a dot product over (c_in/groups) x kh x kw.
+
+        The conv keeps its input, which whatever made it counts; ``keep_output``: a norm after it
+        keeps its output (a ReLU or a sum right after it keeps nothing of it: the ReLU saves its
+        own result). ``in_hw``: the input's map (default ``out_hw``: stride 1); ``alive``:
+        elements of other gradients alive during its backward (a residual's other branch's).
+        """
         kh, kw = kernel
         self.params += c_out * (c_in // groups) * kh * kw + (c_out if bias else 0)
         out_elems = out_hw[0] * out_hw[1]
         self.matmul(out_elems, (c_in // groups) * kh * kw, c_out, grads=1 if data_input else 2)
-        self.activations += out_elems * c_out
         self.largest_param = max(self.largest_param, c_out * (c_in // groups) * kh * kw)
-        self.output(out_elems * c_out)
+        in_elems = c_in * math.prod(in_hw or out_hw)
+        # oneDNN's convolution backward (measured with the profiler's memory timeline, CPU):
+        # beside the output's gradient it allocates the input's and reorders a copy of the input
+        # (for the weight gradient) and of the output's gradient: 2 x (input + output) alive,
+        # while the layers before it still keep theirs and those after it have freed theirs
+        self.transient(CONV_BACKWARD_BUFFERS * (in_elems + out_elems * c_out) + alive)
+        if keep_output:
+            self.activations += out_elems * c_out
+        self.largest_output = max(self.largest_output, self.last_linear)
+        self.last_linear = 0
+
+    def transient(self, elements: int) -> None:
+        """``elements`` alive only while the latest layer's backward runs, beside what the layers
+        up to it keep (the layers after it have run their backward and freed theirs)."""
+        self.backward_peak = max(self.backward_peak, self.activations + elements)
 
     def add_params(self, n: int) -> None:
         """Parameters that cost no counted FLOPs (embeddings, norm scales and shifts, biases)."""
@@ -120,18 +144,24 @@ class Tally:
     def keep(self, elements: int) -> None:
         """Activations kept for backward by element-wise layers (norms, activations, dropout)."""
         self.activations += elements
+        self.largest_output = max(self.largest_output, self.last_linear)  # it follows a linear
+        self.last_linear = 0
 
     def result(self) -> Count:
+        # the logits (the last linear's output, nothing after it) are kept by no layer: the
+        # loss's log-softmax keeps its own output, counted with the loss's copies
+        kept = self.activations - self.last_linear
         # while a layer's backward runs, the gradient of its output and that of its input are
         # alive beside everything kept: twice the largest layer output bounds them. The last
         # linear's output is the logits, whose gradients the loss's copies already count
-        # (metrics.LOSS_COPIES)
-        transient = GRADIENT_BUFFERS * self.largest_output
+        # (metrics.LOSS_COPIES). Convolutions (``transient``) are placed exactly: their backward
+        # needs more, but runs when the layers after them have freed what they kept
+        transient = max(GRADIENT_BUFFERS * self.largest_output, self.backward_peak - kept)
         return Count(
             self.params,
             self.forward,
             self.backward,
-            self.activations,
+            kept,
             self.largest_param,
             self.workspace + transient,
         )
@@ -139,6 +169,9 @@ class Tally:
 
 GRADIENT_BUFFERS = 2
 """activation gradients alive at once in backward: a layer's output gradient and its input's"""
+CONV_BACKWARD_BUFFERS = 2
+"""tensors of its input's and of its output's size alive in a oneDNN convolution's backward: the
+two gradients and the reordered copies of the input and of the output's gradient"""
 
 
 def conv_out(size: int, kernel: int, stride: int, padding: int) -> int:

@@ -172,9 +172,9 @@ class AttentionSpec(Spec):
         if self.head == "cls":
             t.linear(1, W, self.classes)
         elif self.tie_embeddings:
-            # the product still runs (and gets both gradients); its weight is the token table
+            # the product still runs (and gets both gradients); its weight is the token table. Its
+            # output, the logits, is kept by no layer (the loss's copies count it)
             t.matmul(L, W, self.vocab)
-            t.keep(L * self.vocab)
         else:
             t.linear(L, W, self.vocab, bias=False)
         return t.result()

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from hpcdl.errors import SpecError
-from hpcdl.workloads.counting import Count, Tally, conv_out
+from hpcdl.workloads.counting import GRADIENT_BUFFERS, Count, Tally, conv_out
+from hpcdl.workloads.precision import precision
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
 
@@ -33,6 +34,9 @@ FLATTEN_SIZE = 7
 """side of the map that the "flatten" head pools to, as torchvision's VGG does"""
 GROUPS = 32
 """GroupNorm groups (fewer when the channels are not a multiple of it)"""
+INDEX_BYTES = 8
+"""bytes of each int64 index a max pool keeps for backward per output element (its input is the
+previous ReLU's output, kept already)"""
 
 
 @dataclass(frozen=True)
@@ -483,21 +487,36 @@ class CNNSpec(Spec):
     def count(self) -> Count:
         plan = self.plan()
         t = Tally()
-        # the image itself is kept by the first conv for its weight gradient
-        t.keep(self.in_channels * self.image_size**2)
+        # the image itself is kept by the first conv for its weight gradient; under autocast it
+        # keeps a 16-bit copy, and the fp32 batch stays beside it
+        image = self.in_channels * self.image_size**2
+        size = precision(self.precision).bytes
+        t.keep(image + (image * 4 // size if size < 4 else 0))
         first = True  # the next conv reads the data: autograd computes no input gradient
         if self.stem != "none":
             kernel, _, _ = self.stem_conv()
-            self._count_conv(t, plan.stem_conv_size, self.in_channels, plan.stem_channels, kernel, data=True)
+            self._count_conv(
+                t,
+                plan.stem_conv_size,
+                self.in_channels,
+                plan.stem_channels,
+                kernel,
+                data=True,
+                size_in=self.image_size,
+            )
             if self.stem == "imagenet":
-                t.keep(plan.stem_channels * plan.stem_size**2)  # max pool output (its indices)
+                self._count_pool(t, plan.stem_channels * plan.stem_size**2, kept=True)
             first = False
-        for stage, size, pool in zip(plan.stages, plan.stage_sizes, plan.stage_pools, strict=True):
+        # the last map goes to a head that keeps it, or only to a global average pool (keeps nothing)
+        head_keeps = bool(self.head_conv) or self.head_pool == "flatten" or self.classifier == "conv"
+        for i, (stage, size, pool) in enumerate(
+            zip(plan.stages, plan.stage_sizes, plan.stage_pools, strict=True)
+        ):
             for b in stage:
                 self._count_block(t, b, data=first)
                 first = False
             if pool:
-                t.keep(stage[-1].c_out * size**2)  # max pool output (its indices)
+                self._count_pool(t, stage[-1].c_out * size**2, kept=head_keeps or i + 1 < len(plan.stages))
         channels = plan.channels
         if self.head_conv:
             self._count_conv(t, plan.stage_sizes[-1], channels, self.head_conv, 1)
@@ -516,8 +535,12 @@ class CNNSpec(Spec):
         groups: int = 1,
         data: bool = False,
         relu: bool = True,
+        size_in: int = 0,
+        alive: int = 0,
     ) -> None:
-        """A conv, its norm and (optionally) its ReLU, whose output is kept for backward."""
+        """A conv, its norm and (optionally) its ReLU. A norm keeps the conv's output; the ReLU
+        keeps its own (the next layer's input). ``size_in``: the input's map side (default
+        ``size``); ``alive``: elements of other gradients alive during their backward."""
         t.conv2d(
             (size, size),
             c_in,
@@ -526,45 +549,68 @@ class CNNSpec(Spec):
             groups=groups,
             bias=self.norm == "none",
             data_input=data,
+            in_hw=(size_in or size, size_in or size),
+            keep_output=self.norm != "none",
+            alive=alive,
         )
+        out = c_out * size * size
         if self.norm != "none":
             t.add_params(2 * c_out)  # scale and shift; BatchNorm's running stats are buffers
+            t.transient(GRADIENT_BUFFERS * out + alive)  # its output's and its input's gradients
         if relu:
-            t.keep(c_out * size * size)
+            t.keep(out)
+            t.transient(GRADIENT_BUFFERS * out + alive)
 
     def _count_block(self, t: Tally, b: BlockPlan, *, data: bool) -> None:
-        k, s = b.kernel, b.size_out
+        k, s, size_in = b.kernel, b.size_out, b.size_in
+        # a residual block's input gradient from its shortcut is alive while its body's backward
+        # runs (the shortcut, made last in forward, runs its backward first)
+        shortcut = b.c_in * size_in * size_in
         if self.block == "inverted":
+            alive = 0 if b.projects else shortcut
             if b.expands:
-                self._count_conv(t, b.size_in, b.c_in, b.hidden, 1, data=data)
-            self._count_conv(t, s, b.hidden, b.hidden, k, groups=b.hidden, data=data and not b.expands)
-            self._count_conv(t, s, b.hidden, b.c_out, 1, relu=False)
-            if not b.projects:
-                t.keep(b.c_out * s * s)  # the residual sum (no ReLU after it)
+                self._count_conv(t, size_in, b.c_in, b.hidden, 1, data=data, alive=alive)
+            dw_data = data and not b.expands
+            self._count_conv(
+                t, s, b.hidden, b.hidden, k, groups=b.hidden, data=dw_data, size_in=size_in, alive=alive
+            )
+            self._count_conv(t, s, b.hidden, b.c_out, 1, relu=False, alive=alive)
+            # the block's output, the next layer's input: the residual sum (no ReLU after it) or
+            # the last norm's output (the last conv's with no norm)
+            t.keep(b.c_out * s * s)
             return
         if self.block == "plain":
-            self._count_conv(t, s, b.c_in, b.c_out, k, data=data)
+            self._count_conv(t, s, b.c_in, b.c_out, k, data=data, size_in=size_in)
             return
         if self.block == "fire":
-            self._count_conv(t, s, b.c_in, b.hidden, 1, data=data)
+            self._count_conv(t, s, b.c_in, b.hidden, 1, data=data, size_in=size_in)
             self._count_conv(t, s, b.hidden, b.c_out - b.spatial, 1)
             self._count_conv(t, s, b.hidden, b.spatial, k)
             t.keep(b.c_out * s * s)  # the concatenation, a tensor of its own that the next layer keeps
             return
         if self.block == "separable":
-            self._count_conv(t, s, b.c_in, b.c_in, k, groups=b.c_in, data=data)
+            self._count_conv(t, s, b.c_in, b.c_in, k, groups=b.c_in, data=data, size_in=size_in)
             self._count_conv(t, s, b.c_in, b.c_out, 1)
             return
         if self.block == "basic":
-            self._count_conv(t, s, b.c_in, b.c_out, k, data=data)
-            self._count_conv(t, s, b.c_out, b.c_out, k, relu=False)
+            self._count_conv(t, s, b.c_in, b.c_out, k, data=data, size_in=size_in, alive=shortcut)
+            self._count_conv(t, s, b.c_out, b.c_out, k, relu=False, alive=shortcut)
         else:
-            self._count_conv(t, b.size_in, b.c_in, b.width, 1, data=data)
-            self._count_conv(t, s, b.width, b.width, k)
-            self._count_conv(t, s, b.width, b.c_out, 1, relu=False)
+            self._count_conv(t, size_in, b.c_in, b.width, 1, data=data, alive=shortcut)
+            self._count_conv(t, s, b.width, b.width, k, size_in=size_in, alive=shortcut)
+            self._count_conv(t, s, b.width, b.c_out, 1, relu=False, alive=shortcut)
         if b.projects:
-            self._count_conv(t, s, b.c_in, b.c_out, 1, data=data, relu=False)
+            self._count_conv(t, s, b.c_in, b.c_out, 1, data=data, relu=False, size_in=size_in)
         t.keep(b.c_out * s * s)  # the ReLU after the residual sum
+        t.transient(GRADIENT_BUFFERS * b.c_out * s * s)
+
+    def _count_pool(self, t: Tally, out: int, *, kept: bool) -> None:
+        """A max pool of ``out`` output elements: its int64 indices (in elements of the spec's
+        precision), and its output when the next layer keeps it (its input is the previous
+        ReLU's output, kept already)."""
+        t.keep(out * INDEX_BYTES // precision(self.precision).bytes)
+        if kept:
+            t.keep(out)
 
     def _count_head(self, t: Tally, channels: int, size: int) -> None:
         if self.classifier == "conv":

@@ -133,10 +133,11 @@ class SpeechSpec(Spec):
     def count(self) -> Count:
         t = Tally()
         t.keep(self.freq_bins * self.frames)  # the spectrogram, kept by the first conv
-        c_in = 1
+        c_in, in_hw = 1, (self.freq_bins, self.frames)
         for i, (f, frames) in enumerate(self.conv_sizes()):
             kernel = CONV_LAYOUT[i][0]
-            t.conv2d((f, frames), c_in, self.conv_channels, kernel, data_input=i == 0)
+            t.conv2d((f, frames), c_in, self.conv_channels, kernel, data_input=i == 0, in_hw=in_hw)
+            in_hw = (f, frames)
             t.add_params(2 * self.conv_channels)  # batch norm scale and shift
             t.keep(self.conv_channels * f * frames)  # the activation's input (batch norm output)
             if i < len(self.conv_sizes()) - 1:  # its output, the next conv's input (the last one's
