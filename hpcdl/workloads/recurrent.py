@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from hpcdl.workloads.counting import Tally
+from hpcdl.workloads.counting import GRADIENT_BUFFERS, Tally
 
 CELLS: dict[str, Callable[..., nn.RNNBase]] = {"lstm": nn.LSTM, "gru": nn.GRU, "vanilla": nn.RNN}
 """cell name -> PyTorch module (vanilla: Elman RNN with tanh)"""
@@ -31,7 +31,14 @@ SAVED_PER_STEP = {"lstm": 8, "gru": 8, "vanilla": 2}
 """elements per step and unit the unfused cell saves for backward: about 7.5 for an LSTM or a
 GRU (gate activations, pre-activations and states) and 1.5 for an Elman RNN (the new state and
 the previous one), measured with ``saved_tensors_hooks`` and rounded up. oneDNN's fused CPU LSTM
-keeps an opaque workspace of about 16 floats per step and unit instead."""
+keeps an opaque workspace instead, of which about as much is resident after the forward pass (the
+rise of the resident set: 6-10 elements per step and unit), the rest only in its backward
+(``FUSED_LSTM_BACKWARD``)."""
+FUSED_LSTM_BACKWARD = 17
+"""elements per step and unit resident while oneDNN's fused CPU LSTM runs one layer's and
+direction's backward: its whole workspace (allocated: 15.6 per step and unit on one direction;
+the resident set rose by 16.5 on a 256-unit layer over 100 steps at batch 32, beside the
+gradients of its input and output), measured with ``VmHWM`` on a CPU with oneDNN"""
 
 
 def recurrent_stack(
@@ -77,3 +84,6 @@ def _layer(t: Tally, cell: str, steps: int, fan_in: int, hidden: int, *, data_in
     t.matmul(1, hidden, width, grads=1)
     t.matmul(1, hidden, width, grads=2, times=steps - 1)
     t.keep(steps * SAVED_PER_STEP[cell] * hidden)
+    if cell == "lstm":  # its backward runs when the layers after it have freed what they keep
+        extra = FUSED_LSTM_BACKWARD - SAVED_PER_STEP[cell]
+        t.transient(steps * (extra * hidden + GRADIENT_BUFFERS * max(hidden, fan_in)))
