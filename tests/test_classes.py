@@ -103,12 +103,13 @@ MEMORY_SPECS = [("mlp", 0, 32), ("cnn", 2, 32), ("rnn", 4, 32), ("attention", 4,
 def test_memory_estimate_against_measured_memory(family: str, seed: int, batch: int) -> None:
     """The estimate behind --fit against a real training step's memory, measured as auto-fit
     measures it (a trial in a child process; benchmarks/bench_memory.py reports the spread over
-    many specs, METRICS.md quotes it): within 0.8-1.25x for a spec of tens of MB or more."""
+    many specs, METRICS.md quotes it): within 0.85-1.2x for a spec of tens of MB or more (these
+    five read 0.92-1.07 at load 3; the margin is for a loaded CI machine's noise)."""
     spec = sample_spec(family, seed, batch_size=batch)
     estimate = spec.memory_estimate(batch, "adamw")
     assert 30 << 20 < estimate < 400 << 20, "a spec above the allocator's noise, and small"
     measured = cpu_trial(spec, "adamw", 1, 2 << 30).peak_bytes
-    assert measured is not None and 0.8 <= measured / estimate <= 1.25, (measured, estimate)
+    assert measured is not None and 0.85 <= measured / estimate <= 1.2, (measured, estimate)
 
 
 def test_classes_are_refused_up_front_when_they_cannot_fit(tmp_path: Path) -> None:
