@@ -203,7 +203,7 @@ def test_a_ceiling_above_the_estimate_raises_the_clock_and_keeps_the_estimate_s_
     assert raised.inputs["clock_hz"] == pytest.approx(206e9 / (2 * 32))  # 3.22 GHz
     assert raised.inputs["estimated_clock_hz"] == 2.6e9 and raised.inputs["estimated_flops"] == estimate.flops
     assert "3.22 GHz (implied by the measured GEMM ceiling of 206.0 GFLOP/s" in raised.source
-    assert "2.60 GHz, 166.4 GFLOP/s" in raised.source
+    assert "2.60 GHz from test, gives 166.4 GFLOP/s" in raised.source
     assert raised_to_ceiling(estimate, 100e9) is estimate  # a ceiling below the estimate proves nothing
     sheet = Peak(1e12, "datasheet: x")
     assert raised_to_ceiling(sheet, 2e12) is sheet  # a datasheet is not an estimate: flagged instead
