@@ -210,6 +210,19 @@ def test_a_ceiling_above_the_estimate_raises_the_clock_and_keeps_the_estimate_s_
     assert any("GEMM ceiling is 200%" in f for f in implausible(0.5, 0.5, 2e12, sheet))
 
 
+def test_ranks_that_share_their_cpus_raise_the_host_s_peak_by_their_summed_ceilings() -> None:
+    # two unbound ranks of one thread each on a 2-core host: each measured about one core's
+    # ceiling; together they beat the host's estimate, which is then raised to their sum and
+    # no longer flagged (each rank's ceiling over both cores would have raised nothing)
+    estimate = cpu_peak("fp32", ZEN4)  # 166.4 GFLOP/s for the host's 2 cores
+    assert estimate is not None
+    shared = [replace(rank(i, "a", [0, 1], estimate), gemm_ceiling_flops=103e9) for i in range(2)]
+    peak = job_peak(torch.device("cpu"), 0.0, shared)
+    assert peak is not None and peak.flops == pytest.approx(206e9)
+    assert peak.inputs["clock_hz"] == pytest.approx(206e9 / (2 * 32))
+    assert not implausible(0.5, 0.5, 206e9, peak)
+
+
 def test_every_precision_hpcdl_runs_has_a_peak_or_no_mfu() -> None:
     assert datasheet_peak("NVIDIA H100 80GB HBM3", "tf32") == Peak(
         494.7e12, "datasheet: NVIDIA H100 datasheet, SXM5"

@@ -82,11 +82,14 @@ def job_peak(device: torch.device, override: float, ranks: Sequence[RankMeasurem
 
 
 def host_peak(r: RankMeasurement, ranks: Sequence[RankMeasurement]) -> Peak:
-    """Rank ``r``'s CPU peak, raised to the clock that the best GEMM ceiling per CPU of its host's
-    ``ranks`` implies where that exceeds the estimate (``peaks.raised_to_ceiling``): the
-    estimate's clock is then demonstrably low."""
+    """Rank ``r``'s CPU peak, raised to the clock that its host's GEMM ceiling implies where
+    that exceeds the estimate (``peaks.raised_to_ceiling``): the estimate's clock is then
+    demonstrably low. The host's ceiling is the sum of its ``ranks``' (each measured with its
+    own threads) over the CPUs they may run on together: ranks that share their CPUs (no
+    binding) each measured a share of them, not all of them."""
     assert r.peak is not None
-    per_cpu = max(x.gemm_ceiling_flops / max(len(x.cpus), 1) for x in ranks)
+    cpus = {c for x in ranks for c in x.cpus}
+    per_cpu = sum(x.gemm_ceiling_flops for x in ranks) / max(len(cpus), 1)
     return raised_to_ceiling(r.peak, per_cpu * max(len(r.cpus), 1))
 
 
