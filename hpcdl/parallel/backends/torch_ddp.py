@@ -4,6 +4,7 @@ process group and its blocking collectives, shared with the FSDP backend."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 from contextlib import AbstractContextManager, nullcontext
@@ -18,6 +19,13 @@ from torch.nn.parallel import DistributedDataParallel
 from hpcdl.parallel.backends import BACKENDS, MakeOptimizer, Traffic, Wrapped, allreduce_traffic
 from hpcdl.parallel.placement import rank_local
 from hpcdl.parallel.world import World
+
+NO_FORWARD_SYNC = (
+    "forward_sync_buffers"
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    else "broadcast_buffers"
+)
+"""DDP's switch for broadcasting buffers before every forward (its name since torch 2.13)"""
 
 
 def _routable_address() -> str | None:
@@ -116,9 +124,12 @@ class TorchBackend(DistGroup):
         names = [n for n, p in model.named_parameters() if id(p) in local]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
         ids = [self.device.index] if self.device.type == "cuda" else None
-        # buffers (batch norm's running statistics) stay each rank's own, as under Horovod: DDP's
-        # default would broadcast them before every forward, a collective no traffic rule counts
-        ddp = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+        # buffers (batch norm's running statistics) stay each rank's own after the broadcast at
+        # construction, as under Horovod: DDP's default would broadcast them before every
+        # forward, a collective no traffic rule counts (torch 2.13 names that
+        # forward_sync_buffers and warns of broadcast_buffers on every rank; older ones, as in
+        # the containers' framework images, know only broadcast_buffers)
+        ddp = DistributedDataParallel(model, device_ids=ids, **{NO_FORWARD_SYNC: False})
         return ddp, make_optimizer(ddp.parameters())
 
     def accumulating(self, model: nn.Module) -> AbstractContextManager[object]:
