@@ -77,9 +77,7 @@ def level(module: str, stages: list[str], below: list[str]) -> int:
 def upward(edges: Iterable[Edge], stages: list[str], below: list[str]) -> list[str]:
     """The imports that go from a module to a later stage than its own."""
     return [
-        f"{a}:{line} imports {b}"
-        for a, b, line in edges
-        if level(b, stages, below) > level(a, stages, below)
+        f"{a}:{line} imports {b}" for a, b, line in edges if level(b, stages, below) > level(a, stages, below)
     ]
 
 

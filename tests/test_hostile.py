@@ -173,7 +173,7 @@ READERS = [
         wrong_field=json.dumps({"schema": "hpcdl.jobs", "points": []}),
     ),
     Reader("point file", _in("pt", "point.json"), _point, wrong_field=json.dumps({"job": 5})),
-    Reader("system file", _in("sy", "system.toml"), _system, toml=True, wrong_field='name = 5\n'),
+    Reader("system file", _in("sy", "system.toml"), _system, toml=True, wrong_field="name = 5\n"),
     Reader(
         "diagnosis",
         _in("dg", "diag.json"),

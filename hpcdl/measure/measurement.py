@@ -20,6 +20,7 @@ class Check:
     passed: bool
     detail: str
 
+
 if TYPE_CHECKING:
     from hpcdl.parallel.pipeline import StageLog
 
