@@ -129,8 +129,8 @@ class TorchBackend(DistGroup):
         # forward, a collective no traffic rule counts (torch 2.13 names that
         # forward_sync_buffers and warns of broadcast_buffers on every rank; older ones, as in
         # the containers' framework images, know only broadcast_buffers)
-        no_sync: dict[str, Any] = {NO_FORWARD_SYNC: False}
-        ddp = DistributedDataParallel(model, device_ids=ids, **no_sync)
+        buffers: dict[str, Any] = {NO_FORWARD_SYNC: False}
+        ddp = DistributedDataParallel(model, device_ids=ids, **buffers)
         return ddp, make_optimizer(ddp.parameters())
 
     def accumulating(self, model: nn.Module) -> AbstractContextManager[object]:
