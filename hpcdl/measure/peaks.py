@@ -279,7 +279,8 @@ def raised_to_ceiling(peak: Peak, ceiling_flops: float) -> Peak:
     source = (
         f"estimate: {cores} cores x {clock / 1e9:.2f} GHz (implied by the measured GEMM ceiling of "
         f"{ceiling_flops / 1e9:.1f} GFLOP/s; the clock read, {said / 1e9:.2f} GHz from "
-        f"{peak.inputs['clock_source']}, gives {peak.flops / 1e9:.1f} GFLOP/s) x {per_cycle} FLOP/cycle ({peak.inputs['flops_per_cycle_source']})"
+        f"{peak.inputs['clock_source']}, gives {peak.flops / 1e9:.1f} GFLOP/s) x {per_cycle} FLOP/cycle "
+        f"({peak.inputs['flops_per_cycle_source']})"
     )
     return Peak(ceiling_flops, source, kind="estimate", inputs=inputs)
 
