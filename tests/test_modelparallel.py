@@ -66,6 +66,15 @@ def test_tensor_parallel_groups_share_the_fabric_and_reduce_after_backward() -> 
     assert step == pytest.approx(work + tp + reduce)
 
 
+def test_bf16_tensor_parallel_reduces_bf16_forward_and_fp32_backward() -> None:
+    # autocast: a product's output is bf16, the layer-norm output's gradient fp32 (tp_traffic)
+    comm = {"allreduce": Comm(alpha_s=ALPHA, beta_bytes_per_s=BETA)}
+    bf16 = model_for({**SPEC, "precision": "bf16"}, 8, GAMMA, comm, backend="torch", overlap="none",
+                     layout=parse_layout("tp=2"))  # fmt: skip
+    tp = 2 * 2 * (2 * ALPHA + 8 * ACT / 2 / BETA) + 2 * 2 * (2 * ALPHA + 8 * ACT / BETA)
+    assert bf16.parallel is not None and bf16.parallel.tp_s(8, 2) == pytest.approx(tp)
+
+
 def test_sequence_parallel_moves_what_allreduce_moves() -> None:
     # a reduce-scatter and an all-gather of S on a ring cost what the allreduce of S costs
     assert layered("tp=2,sp=1").parts(4) == pytest.approx(layered("tp=2").parts(4))

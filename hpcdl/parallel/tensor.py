@@ -72,15 +72,17 @@ def tp_traffic(spec: Spec, tp: int) -> list[Traffic]:
     attention, 2 forward and 2 backward per block, each of batch x seq_len x width elements; an
     MLP, one forward per column/row pair (batch x the row-parallel layer's outputs) and one
     backward per pair whose input is not the data (batch x its inputs). Elements are in the
-    run's compute precision (autocast's products are bf16 or fp16)."""
+    run's compute precision (autocast's products are bf16 or fp16), but for attention's backward
+    ones: they reduce the gradients of layer-norm outputs (and of the residual stream), which
+    autocast keeps in fp32."""
     if tp == 1:
         return []
     width = precision(spec.precision).bytes
     rows = spec.batch_size * spec.accumulation_steps
     if spec.family == "attention":
-        calls = 4 * spec.layers  # type: ignore[attr-defined]
+        calls = 2 * spec.layers  # type: ignore[attr-defined]  # each way
         elements = calls * rows * spec.seq_len * spec.width  # type: ignore[attr-defined]
-        return [Traffic("allreduce", elements * width, calls * spec.accumulation_steps)]
+        return [Traffic("allreduce", elements * (width + 4), 2 * calls * spec.accumulation_steps)]
     sizes = [spec.input_size] + [spec.width] * spec.layers + [spec.output_size]  # type: ignore[attr-defined]
     pairs = len(sizes[:-1]) // 2  # linears: sizes[i] -> sizes[i + 1]
     forward = sum(sizes[2 * p + 2] for p in range(pairs))

@@ -114,7 +114,11 @@ class Activations:
     """What tensor and pipeline parallelism move per sample of a workload."""
 
     bytes_per_sample: int
-    """one block's output for one sample (``s·h`` elements in the compute precision)"""
+    """one block's output for one sample as the pipeline sends it (``s·h`` elements)"""
+    tp_bytes_per_sample: tuple[int, int]
+    """one sample's tensor-parallel allreduce, (forward, backward): forward reduces a product's
+    output, in the compute precision; attention's backward reduces the gradient of a layer
+    norm's output, which autocast keeps in fp32 (``hpcdl.parallel.tensor.tp_traffic``)"""
     blocks: int
     """the layers tensor parallelism shards and the pipeline splits"""
     allreduces_per_block: int
@@ -125,15 +129,20 @@ def activations(spec: Any) -> Activations:
     """The attention family: transformer blocks of ``seq_len × width``; the MLP family: pairs
     of hidden layers (column- then row-parallel) of ``width``."""
     elt = precision(spec.precision).bytes
-    if spec.family == "attention":
+    if spec.family == "attention":  # the residual stream stays fp32 under autocast
+        tokens = spec.seq_len * spec.width
         return Activations(
-            bytes_per_sample=spec.seq_len * spec.width * elt,
+            bytes_per_sample=tokens * 4,
+            tp_bytes_per_sample=(tokens * elt, tokens * 4),
             blocks=spec.layers,
             allreduces_per_block=TP_ALLREDUCES_PER_BLOCK,
         )
     if spec.family == "mlp":
         return Activations(
-            bytes_per_sample=spec.width * elt, blocks=max(spec.layers // 2, 1), allreduces_per_block=1
+            bytes_per_sample=spec.width * elt,
+            tp_bytes_per_sample=(spec.width * elt, spec.width * elt),
+            blocks=max(spec.layers // 2, 1),
+            allreduces_per_block=1,
         )
     raise InputError(
         FIELD, spec.family, "tensor and pipeline parallelism model the attention and mlp families"
@@ -164,13 +173,16 @@ class ModelParallel:
             return 0.0
         level = self.inter if self.crosses_nodes(tp, p) else self.intra
         a = self.activations
-        nbytes = samples * a.bytes_per_sample
-        calls = 2 * a.allreduces_per_block * a.blocks / self.layout.pp
-        if self.layout.sequence_parallel:
-            one = sum(replace(level, collective=c).time(nbytes, tp) for c in ("reduce_scatter", "all_gather"))
-        else:
-            one = replace(level, collective="allreduce").time(nbytes, tp)
-        return calls * one
+        calls = a.allreduces_per_block * a.blocks / self.layout.pp  # each way
+        total = 0.0
+        for per_sample in a.tp_bytes_per_sample:  # forward, then backward
+            nbytes = samples * per_sample
+            if self.layout.sequence_parallel:
+                pair = ("reduce_scatter", "all_gather")
+                total += calls * sum(replace(level, collective=c).time(nbytes, tp) for c in pair)
+            else:
+                total += calls * replace(level, collective="allreduce").time(nbytes, tp)
+        return total
 
     def p2p_s(self, samples: float, p: int) -> float:
         """One micro-batch's sends across one stage boundary: its activations forward, their
