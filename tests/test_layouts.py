@@ -91,6 +91,7 @@ def test_bad_layouts_are_one_line_errors(text: str, ranks: int, field: str, allo
         ({}, "pp=2,microbatches=3", "must divide attention.batch_size=4"),
         ({"family": "cnn"}, "tp=2", "tensor parallelism is built for attention and mlp"),
         ({"family": "mlp", "width": 30}, "tp=4", "must divide mlp.width=30"),
+        ({"experts": 4, "expert_parallel": False}, "ep=4", "set attention.expert_parallel=true"),
     ],
 )
 def test_layouts_the_workload_cannot_take_are_refused(knobs: dict, text: str, allowed: str) -> None:

@@ -190,6 +190,10 @@ def check_layout(layout: Layout, spec: Spec) -> None:
             )
     if layout.ep > 1 and not getattr(spec, "experts", 0):
         raise SpecError(f"{FIELD}.ep", layout.ep, f"1: this {spec.family} workload has no experts")
+    if layout.ep > 1 and not getattr(spec, "expert_parallel", False):
+        # ep only names what the spec's knob does: a layout's ep would otherwise be recorded
+        # while every rank held every expert
+        raise SpecError(f"{FIELD}.ep", layout.ep, f"1, or set {spec.family}.expert_parallel=true")
 
 
 def _check_tp(tp: int, spec: Spec) -> None:
