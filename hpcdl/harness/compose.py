@@ -44,7 +44,9 @@ def run_layout(spec: Spec, cfg: RunConfig, world_size: int) -> Layout:
         raise SpecError("run.backend", cfg.backend, "only with a layout of pp > 1 (e.g. --layout pp=2)")
     if layout.tp > 1 and cfg.backend not in ("auto", "torch", TensorParallel.name):
         raise SpecError(
-            "run.backend", cfg.backend, "auto or torch: tensor parallelism runs on torch.distributed"
+            "run.backend",
+            cfg.backend,
+            f"auto, torch or {TensorParallel.name}: tensor parallelism runs on torch.distributed",
         )
     return layout
 
@@ -58,7 +60,11 @@ def check_pipeline(spec: Spec, cfg: RunConfig, layout: Layout) -> None:
             f"{FIELD}.tp", layout.tp, "1 with pp > 1: tensor and pipeline parallelism together are not built"
         )
     if cfg.backend not in ("auto", "torch", PipelineBackend.name):
-        raise SpecError("run.backend", cfg.backend, "auto or torch: pipelines run on torch.distributed")
+        raise SpecError(
+            "run.backend",
+            cfg.backend,
+            f"auto, torch or {PipelineBackend.name}: pipelines run on torch.distributed",
+        )
     if cfg.data == "hdf5":
         raise SpecError("run.data", cfg.data, "random or learnable with pp > 1 (HDF5 shards are per rank)")
     if cfg.fit_fraction > 0:

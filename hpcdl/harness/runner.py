@@ -194,8 +194,10 @@ def measure_rank(
         model, lambda params: make_optimizer(params, cfg), spec.accumulation_steps
     )
     layered = backend.step_traffic(inner, spec) if isinstance(backend, TensorParallel) else None
-    if layered is not None:  # what a rank moves depends on the shards it holds
-        traffic, grad_bytes = list(layered.values()), backend.traffic(inner)[0].bytes
+    if layered is not None and isinstance(backend, TensorParallel):  # what a rank moves: its shards
+        traffic = list(layered.values())
+        # the shards' gradients are reduced only across data-parallel replicas (dp > 1)
+        grad_bytes = backend.traffic(inner)[0].bytes if backend.layout.dp > 1 else 0
     delay = slow_rank_delay(world.rank)
     trainer = Trainer(
         model,

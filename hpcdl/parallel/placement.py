@@ -112,7 +112,7 @@ def full_parameters(model: nn.Module, backend: Collectives) -> list[tuple[str, t
     """Every parameter of ``model`` whole, by name, on every rank: shards gathered (FSDP's
     DTensors), rank-local parameters gathered along dimension 0 in rank order through the
     backend, replicated ones as they are. Collective: every rank must call it."""
-    from torch.distributed.tensor import DTensor  # only FSDP makes them
+    from torch.distributed.tensor import DTensor  # FSDP's shards and tensor parallelism's
 
     local = rank_local(model)
     out = []
