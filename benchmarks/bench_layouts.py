@@ -3,10 +3,11 @@ part 4) on the emulated cluster: predicted against measured step time of tp=2 x 
 pp=2 x dp=2 at 4 ranks, 2 hosts x 2 ranks (tensor parallelism inside a host, as the layout
 places it; the pipeline's stages on the two hosts). Target: within 15 %.
 
-It needs the runtime's layouts (``hpcdl run --layout``, branches ``tp`` and ``pp``): run it
-after they are merged. The model's side is hpcdl/scaling/modelparallel.py; its inputs are
+The model's side is hpcdl/scaling/modelparallel.py; its inputs are
 those of benchmarks/bench_emulated.py (the two sweeps inside one host and across two, gamma
-from concurrent 1-rank runs of the whole model, interleaved rounds, medians).
+from concurrent runs taken from their phases, interleaved rounds, medians): for the pipeline,
+1-rank runs of the whole model; for tensor parallelism, runs of one tp group on one host (what a
+tp rank computes is measured: on this CPU DTensor's shards are not tp times faster).
 
     .venv/bin/python benchmarks/bench_layouts.py [--rate 200mbit] [--duration 8] [--reps 3] [-o DIR]
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +28,7 @@ from bench_dist import hpcdl  # the CLI in a subprocess, exiting on failure
 from bench_emulated import ALGORITHMS, cluster, levels, measured_parts, on_layout
 from bench_parallel import gamma_base, record
 
+from hpcdl.parallel.launch import mpi_env
 from hpcdl.records.loader import read_record
 from hpcdl.results.text import table
 from hpcdl.scaling.fitting import fitted_hierarchy, model_from_records
@@ -39,12 +42,35 @@ and the pipeline splits (4 blocks, 2 a stage)"""
 LAYOUTS = {"tp=2 x dp=2": "dp=2,tp=2", "pp=2 x dp=2": "dp=2,pp=2,microbatches=4,schedule=1f1b"}
 
 
+def tp_base(out: Path, tp: int, ranks: int, duration: str) -> Path:
+    """``ranks / tp`` runs of one tensor-parallel group at once on this host, one thread a rank
+    (the cores a rank has when ``ranks`` share the machine): the median one's record. A tp rank's
+    computation is measured, not taken as 1/tp of the whole model's (``model_from_records``)."""
+    env = {**mpi_env(), "OMP_NUM_THREADS": "1"}
+    dirs = [out / f"tp-{i}" for i in range(ranks // tp)]
+    group = [*TRANSFORMER, "--np", str(tp), "--backend", "torch", "--layout", f"tp={tp}"]
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "hpcdl", "run", *group, "--duration", duration, "-o", str(d)],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for d in dirs
+    ]  # fmt: skip
+    for p in procs:
+        if p.wait() != 0:
+            sys.exit(f"tensor-parallel calibration failed:\n{p.stderr.read() if p.stderr else ''}")
+    by_rate = sorted(dirs, key=lambda d: record(d)["metrics"]["ai_ops_per_s"])
+    return next(by_rate[len(by_rate) // 2].glob("*.json"))
+
+
 def one_round(out: Path, i: int, duration: str) -> dict[str, tuple[float, float, float]]:
     """(measured step, predicted step, predicted bubble) seconds of each layout, round ``i``."""
     found = {}
     for name, layout in LAYOUTS.items():
         here = out / name.replace(" ", "") / f"round-{i}"
-        base = gamma_base(here, [*TRANSFORMER, "--backend", "torch"], HOSTS * PPN, duration)
+        tp = parse_layout(layout).tp
+        if tp > 1:
+            base = tp_base(here, tp, HOSTS * PPN, duration)
+        else:
+            base = gamma_base(here, [*TRANSFORMER, "--backend", "torch"], HOSTS * PPN, duration)
         hpcdl("run", *TRANSFORMER, "--np", str(HOSTS * PPN), "--backend", "torch", "--layout", layout,
               "--duration", duration, "-o", str(here / "run"), **on_layout(HOSTS, PPN))  # fmt: skip
         got = measured_parts(record(here / "run"))["step_s"]

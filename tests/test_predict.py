@@ -20,6 +20,7 @@ from hpcdl.records.store import load_record
 from hpcdl.scaling.collectives import Hierarchy
 from hpcdl.scaling.fitting import comm_from_record, fit_comm, model_from_records
 from hpcdl.scaling.model import Comm, Model
+from hpcdl.scaling.modelparallel import parse_layout
 from hpcdl.scaling.system import catalogue, catalogue_dir, load_system, parse_system, read_toml
 
 REF = Path(__file__).resolve().parent.parent / "reference_results" / "cpu-epyc-2core-2026-11-22" / "scaling"
@@ -417,3 +418,33 @@ def test_gamma_from_phases_is_the_step_the_phases_compute() -> None:
     assert model_from_records(base, comm, backend="torch").gamma_flops_per_s == base.metrics.ai_ops_per_s
     with pytest.raises(InputError, match="predict.gamma_from"):
         model_from_records(base, comm, gamma_from="guess")
+
+
+def test_a_tensor_parallel_group_calibrates_what_a_tp_rank_computes() -> None:
+    # the phases of a tp=2 record (its tp allreduces inside them) stand for a whole model on
+    # one rank twice as slow: the model's tp rank then computes what the record's rank did
+    from dataclasses import replace
+
+    from hpcdl.records.views import Collective
+
+    one = read_record(REF / "mlp-torch-weak-np1.json").result
+    tp_s = 1e-3
+    tp_ar = Collective(1000, 4, tp_s, 1.0, 1.0, "after training", ranks=2)
+    comms = replace(one.metrics.communication, collectives={"tp.allreduce": tp_ar})
+    base = replace(
+        one,
+        settings=replace(one.settings, world_size=2, layout="dp=1,tp=2,pp=1"),
+        metrics=replace(one.metrics, communication=comms),
+    )
+    comm = Comm(alpha_s=1e-6, beta_bytes_per_s=1e9)
+    m = model_from_records(base, comm, backend="torch", gamma_from="phases", layout=parse_layout("tp=2"))
+    phases = sum(base.metrics.phases_s[k].median for k in ("data", "forward", "backward", "optimizer"))
+    assert m.step_s(1) == pytest.approx(2 * (phases - tp_s))
+    assert m.optimizer_s == pytest.approx(2 * base.metrics.phases_s["optimizer"].median)
+    compute, _, _ = m.parts(2)
+    assert compute == pytest.approx(phases - tp_s)  # one tp rank's own computation, as measured
+    with pytest.raises(InputError, match="predict.gamma_from"):
+        model_from_records(base, comm, backend="torch")  # throughput holds the tp collectives
+    dp = replace(base, settings=replace(base.settings, world_size=4, layout="dp=2,tp=2,pp=1"))
+    with pytest.raises(InputError, match="tensor-parallel group"):
+        model_from_records(dp, comm, backend="torch", gamma_from="phases")

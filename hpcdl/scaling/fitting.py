@@ -16,6 +16,7 @@ import numpy as np
 from hpcdl import metrics
 from hpcdl.errors import HpcdlError, InputError
 from hpcdl.parallel.backends import Traffic
+from hpcdl.parallel.layout import parse_layout
 from hpcdl.records.loader import CommRow, CommSweep
 from hpcdl.records.views import Result
 from hpcdl.scaling.collectives import Comm, Cost, Hierarchy
@@ -155,16 +156,30 @@ def model_from_records(
     forward + backward + optimizer, what a step computes without the stalls a loaded machine
     puts between them), the optimizer's time and backward's share from its phases (it must be a
     1-rank record), γ's standard error from the spread of its step times; α and β given or
-    fitted to a sweep."""
-    if base.world_size != 1:
-        raise InputError("predict.base", base.name, "a 1-rank result record calibrates gamma")
+    fitted to a sweep.
+
+    ``base`` may instead be the record of one tensor-parallel group (``--layout tp=T``, ``T``
+    ranks, no replicas, no pipeline; phases only): what a tp rank computes is then measured, not
+    taken as 1/T of the whole model's work (on a CPU DTensor's sharded step is not T times
+    faster), and stands in the model as a 1-rank whole model ``T`` times as slow: γ = ``F · b``
+    over ``T`` × (its phases less its tensor-parallel collectives, which the model adds back on
+    the intra-node link), the optimizer ``T`` × its own."""
+    tp = tensor_parallel_ranks(base)
+    if base.world_size != tp:
+        raise InputError(
+            "predict.base",
+            base.name,
+            "a 1-rank result record, or one tensor-parallel group's (--layout tp=N), calibrates gamma",
+        )
     if gamma_from not in GAMMA_FROM:
         raise InputError("predict.gamma_from", gamma_from, "allowed: " + ", ".join(GAMMA_FROM))
-    gamma = base.metrics.ai_ops_per_s if gamma_from == "throughput" else phase_gamma(base)
+    if tp > 1 and gamma_from != "phases":
+        raise InputError("predict.gamma_from", gamma_from, "phases, with a tensor-parallel base record")
+    gamma = base.metrics.ai_ops_per_s if gamma_from == "throughput" else phase_gamma(base, tp)
     batch = base.settings.batch_per_rank
     phases = base.metrics.phases_s
     optimizer = phases.get("optimizer")
-    optimizer_s = optimizer.median if optimizer is not None and math.isfinite(optimizer.median) else 0.0
+    optimizer_s = tp * optimizer.median if optimizer is not None and math.isfinite(optimizer.median) else 0.0
     forward, backward = phases.get("forward"), phases.get("backward")
     fraction = BACKWARD_FRACTION
     if forward is not None and backward is not None and forward.median + backward.median > 0:
@@ -189,13 +204,26 @@ GAMMA_FROM = ("throughput", "phases")
 COMPUTE_PHASES = ("data", "forward", "backward", "optimizer")
 
 
-def phase_gamma(base: Result) -> float:
-    """γ of a 1-rank record from its phases: ``F · b / Σ median(phase)`` over ``COMPUTE_PHASES``."""
+def phase_gamma(base: Result, tp: int = 1) -> float:
+    """γ of a 1-rank record from its phases: ``F · b / Σ median(phase)`` over ``COMPUTE_PHASES``;
+    of a tensor-parallel group's record, ``F · b / (tp · (Σ − its tp collectives per step))``."""
     phases = base.metrics.phases_s
     seconds = sum(phases[k].median for k in COMPUTE_PHASES if k in phases and math.isfinite(phases[k].median))
+    if tp > 1:
+        seconds = tp * (seconds - sum(
+            c.seconds_per_step for name, c in base.metrics.communication.collectives.items()
+            if name.startswith("tp.")
+        ))  # fmt: skip
     if not seconds > 0:
         raise InputError("predict.base", base.name, "a record whose phases were timed (gamma from phases)")
     return base.metrics.train_flops_per_sample * base.settings.batch_per_rank / seconds
+
+
+def tensor_parallel_ranks(base: Result) -> int:
+    """``T`` where ``base`` ran one tensor-parallel group of its ``T`` ranks alone (no replicas,
+    no pipeline), else 1."""
+    layout = parse_layout(base.settings.layout or "")
+    return layout.tp if layout.tp > 1 and layout.pp == 1 and layout.dp in (0, 1) else 1
 
 
 def median_rse(stats: Any) -> float:
