@@ -17,7 +17,7 @@ or ``hpcdl.submission.layout`` (the folders of a submission).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from hpcdl.errors import InputError, SpecError
@@ -88,12 +88,6 @@ class Layout:
         if self.pp > 1:
             text += f",schedule={self.schedule},microbatches={self.chunks}"
         return text
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain, JSON-ready dict (for the record); ``microbatches`` resolved."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["microbatches"] = self.chunks
-        return out
 
     def coords(self, rank: int) -> dict[str, int]:
         """``rank``'s coordinate on each mesh dimension (``DIMS``)."""

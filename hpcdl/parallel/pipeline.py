@@ -235,10 +235,6 @@ class StepTimes:
     sent_bytes: int
     sends: int
 
-    @property
-    def bubble(self) -> float:
-        return metrics.pipeline_bubble(self.busy_s, self.span_s)
-
 
 @dataclass(frozen=True)
 class StageLog:

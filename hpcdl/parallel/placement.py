@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from hpcdl.device import synchronize
@@ -124,3 +125,18 @@ def full_parameters(model: nn.Module, backend: Collectives) -> list[tuple[str, t
             t = backend.all_gather(t.contiguous()).reshape(-1, *t.shape[1:])
         out.append((name, t))
     return out
+
+
+def average_across(grads: list[torch.Tensor], group: dist.ProcessGroup) -> None:
+    """Average ``grads`` in place over the ranks of ``group`` in one flat allreduce (data
+    parallelism on a sub-group after backward: tensor parallelism's replicas, a pipeline
+    stage's). Collective: every rank of ``group`` must call it with the same shapes."""
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= dist.get_world_size(group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()

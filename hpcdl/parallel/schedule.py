@@ -14,7 +14,6 @@ from torch import nn
 from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage
 
-from hpcdl import metrics
 from hpcdl.device import synchronize
 from hpcdl.parallel.pipeline import (
     SCHEDULES,
@@ -24,6 +23,7 @@ from hpcdl.parallel.pipeline import (
     shared_parameters,
     stage_modules,
 )
+from hpcdl.parallel.placement import average_across
 from hpcdl.workloads.spec import Spec
 
 
@@ -153,15 +153,4 @@ class Pipeline:
                 dist.all_reduce(p.grad, group=self.ends_group)
         if self.dp_group is None:
             return
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.dp_group)
-        flat /= dist.get_world_size(self.dp_group)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-    @property
-    def theoretical_bubble(self) -> float:
-        return metrics.theoretical_bubble(self.pp, self.microbatches, self.virtual)
+        average_across([p.grad for p in self.parameters() if p.grad is not None], self.dp_group)

@@ -14,6 +14,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 from hpcdl.parallel.backends import BACKENDS, MakeOptimizer, Traffic, Wrapped
 from hpcdl.parallel.backends.torch_ddp import DistGroup
 from hpcdl.parallel.layout import Layout, device_mesh, fit_layout
+from hpcdl.parallel.placement import average_across
 from hpcdl.parallel.tensor import local_tensor, plan, time_collective, tp_traffic
 from hpcdl.parallel.world import World
 
@@ -71,14 +72,7 @@ class TensorParallel(DistGroup):
         if self.layout.dp == 1:
             return
         params = [p for g in optimizer.param_groups for p in g["params"]]
-        grads = [local_tensor(p.grad) for p in params if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.dp_group)
-        flat /= self.layout.dp
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+        average_across([local_tensor(p.grad) for p in params if p.grad is not None], self.dp_group)
 
     def step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
         scaler.step(optimizer)
