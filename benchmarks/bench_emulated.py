@@ -92,18 +92,20 @@ def on_layout(hosts: int, ppn: int) -> dict[str, str]:
     }
 
 
-def sweep(out: Path, backend: str, hosts: int, ppn: int, reps: str = "5") -> Path:
+def sweep(out: Path, backend: str, hosts: int, ppn: int, reps: str = "5", sizes: str = COMM_SIZES) -> Path:
     """An ``hpcdl comm`` sweep of ``backend`` on ``hosts`` x ``ppn`` ranks (kept in ``out``)."""
     path = out / f"comm-{hosts}x{ppn}-{backend}.json"
     if not path.exists():  # kept from an interrupted run into the same -o
-        hpcdl("comm", "--np", str(hosts * ppn), "--backend", backend, "--sizes", COMM_SIZES, "--reps", reps,
+        hpcdl("comm", "--np", str(hosts * ppn), "--backend", backend, "--sizes", sizes, "--reps", reps,
               "-o", str(path), **on_layout(hosts, ppn))  # fmt: skip
     return path
 
 
-def levels(out: Path, backend: str) -> tuple[CommSweep, CommSweep]:
-    """(inside one host, across two hosts): the two sweeps the two-level model is fitted to."""
-    return read_comm(sweep(out, backend, 1, 2)), read_comm(sweep(out, backend, 2, 1))
+def levels(out: Path, backend: str, sizes: str = COMM_SIZES) -> tuple[CommSweep, CommSweep]:
+    """(inside one host, across two hosts): the two sweeps the two-level model is fitted to
+    (``sizes``: they should span the step's messages)."""
+    inside, across = sweep(out, backend, 1, 2, sizes=sizes), sweep(out, backend, 2, 1, sizes=sizes)
+    return read_comm(inside), read_comm(across)
 
 
 def predicted(base: Path, intra: CommSweep, inter: CommSweep, backend: str, hosts: int, ppn: int) -> Model:

@@ -39,6 +39,9 @@ HOSTS, PPN = 2, 2
 TRANSFORMER = ["--workload", "attention", "layers=4", "width=256", "heads=4", "seq_len=64", "batch_size=8"]
 """a dense transformer whose blocks tensor parallelism shards (heads and width divisible by 2)
 and the pipeline splits (4 blocks, 2 a stage)"""
+SIZES = ",".join(str(4096 << (2 * k)) for k in range(7)) + f",{8 << 20}"  # 4 KiB .. 16 MiB
+"""the sweeps' message sizes: they span the step's, up to tensor parallelism's data-parallel
+allreduce of 6.6 MB (a fit below it takes a rate-limited link's burst for its bandwidth)"""
 LAYOUTS = {"tp=2 x dp=2": "dp=2,tp=2", "pp=2 x dp=2": "dp=2,pp=2,microbatches=4,schedule=1f1b"}
 
 
@@ -74,7 +77,7 @@ def one_round(out: Path, i: int, duration: str) -> dict[str, tuple[float, float,
         hpcdl("run", *TRANSFORMER, "--np", str(HOSTS * PPN), "--backend", "torch", "--layout", layout,
               "--duration", duration, "-o", str(here / "run"), **on_layout(HOSTS, PPN))  # fmt: skip
         got = measured_parts(record(here / "run"))["step_s"]
-        intra, inter = levels(out, "torch")
+        intra, inter = levels(out, "torch", SIZES)
         costs = fitted_hierarchy(intra, inter, PPN, ALGORITHMS["torch"])
         model = model_from_records(
             read_record(base).result, costs, backend="torch", layout=parse_layout(layout), gamma_from="phases"
