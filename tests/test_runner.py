@@ -85,6 +85,22 @@ def test_spec_larger_than_memory_is_refused_before_running() -> None:
         hpcdl.run(spec, RunConfig(steps=1), output_dir=None)
 
 
+def test_a_rank_of_a_split_model_needs_its_shard_of_the_weights() -> None:
+    from hpcdl.harness.runner import rank_need
+    from hpcdl.parallel.layout import Layout
+    from hpcdl.parallel.tensor import rank_count
+
+    spec = hpcdl.spec_from_dict({**SMALL, "width": 4096, "layers": 4, "batch_size": 2})
+    whole = rank_need(spec, "adamw", Layout())
+    per_sample = spec.memory_per_sample() * 2
+    weights = whole - per_sample  # weights, gradients, AdamW state: 16 bytes a parameter, + temporaries
+    tp = rank_need(spec, "adamw", Layout(tp=2))
+    assert tp - per_sample == pytest.approx(
+        weights * rank_count(spec, 2).params / spec.count().params, rel=0.05
+    )
+    assert rank_need(spec, "adamw", Layout(pp=2)) - per_sample == pytest.approx(weights / 2, rel=0.05)
+
+
 def test_hand_edited_record_fails_its_digest(tmp_path: Path) -> None:
     res = hpcdl.run(
         hpcdl.spec_from_dict(SMALL), RunConfig(steps=2, min_duration_s=0), output_dir=tmp_path, name="r"

@@ -4,6 +4,7 @@ every rank of an MPI job with gradients reduced through a backend (the same code
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import sys
@@ -50,7 +51,9 @@ from hpcdl.parallel.backends import (
 from hpcdl.parallel.backends.tensor import TensorParallel
 from hpcdl.parallel.commbench import backend_time
 from hpcdl.parallel.launch import not_stopped
+from hpcdl.parallel.layout import Layout
 from hpcdl.parallel.placement import full_parameters, spread
+from hpcdl.parallel.tensor import rank_count
 from hpcdl.parallel.world import World, init_world, others_wait
 from hpcdl.records.build import build_record
 from hpcdl.records.store import check_name, check_output, seal, write_pair
@@ -100,7 +103,7 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
     world = world or World()
     device = rank_device(cfg, world)
     resolve_backend_name(cfg.backend, world.size)
-    run_layout(spec, cfg, world.size)
+    layout = run_layout(spec, cfg, world.size)
     if cfg.data == "hdf5":
         h5data.has_shards(spec, cfg.data_dir)  # refuses a file, damaged or foreign shards
     moe.check_ranks(spec, world.size)
@@ -108,8 +111,7 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
     if cfg.fit_fraction > 0:
         estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, have)  # refuses what cannot fit
         return device
-    count = spec.count()
-    need = metrics.memory_estimate(count.params, spec.memory_per_sample(), spec.batch_size, cfg.optimizer)
+    need = rank_need(spec, cfg.optimizer, layout)
     if need > have:
         raise SpecError(
             f"{spec.family}.batch_size",
@@ -118,6 +120,16 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
             f"available to a rank on {device}; lower batch_size or the model's size",
         )
     return device
+
+
+def rank_need(spec: Spec, optimizer: str, layout: Layout) -> int:
+    """Estimated bytes one rank of ``layout`` needs: its shard of the weights (tp: its exact
+    count; pp: its stages', taken as an even split) and, conservatively, a whole sample's
+    activations (a model that fits only when split is not refused)."""
+    params = rank_count(spec, layout.tp).params if layout.tp > 1 else spec.count().params
+    return metrics.memory_estimate(
+        math.ceil(params / layout.pp), spec.memory_per_sample(), spec.batch_size, optimizer
+    )
 
 
 def distinct_gpus(device: torch.device, world: World) -> None:
