@@ -102,6 +102,15 @@ def test_layouts_the_workload_cannot_take_are_refused(knobs: dict, text: str, al
     assert allowed in e.value.allowed, str(e.value)
 
 
+def test_a_tensor_backend_that_cannot_start_leaves_no_process_group() -> None:
+    from hpcdl.parallel.backends.tensor import TensorParallel
+    from hpcdl.parallel.world import World
+
+    with pytest.raises(InputError, match="must divide the 1 ranks"):
+        TensorParallel(World(), torch.device("cpu"), Layout(tp=2))
+    assert not dist.is_initialized()  # its group made, then destroyed: the next run can start
+
+
 def test_tp_across_nodes_is_told() -> None:
     two_per_node = [0, 0, 1, 1, 2, 2, 3, 3]
     assert not tp_crosses_nodes(fit_layout(parse_layout("tp=2"), 8), two_per_node)

@@ -40,11 +40,15 @@ class TensorParallel(DistGroup):
 
     def __init__(self, world: World, device: torch.device, layout: Layout | None = None) -> None:
         super().__init__(world, device)
-        self.layout = fit_layout(layout or Layout(), world.size)
-        self.rank = world.rank
-        self.mesh = device_mesh(self.layout, device.type)
-        self.tp_group = self.mesh["tp"].get_group()
-        self.dp_group = self.mesh["dp"].get_group()
+        try:
+            self.layout = fit_layout(layout or Layout(), world.size)
+            self.rank = world.rank
+            self.mesh = device_mesh(self.layout, device.type)
+            self.tp_group = self.mesh["tp"].get_group()
+            self.dp_group = self.mesh["dp"].get_group()
+        except BaseException:  # the run's finally never sees a backend it was not handed
+            self.close()
+            raise
 
     @property
     def data_shard(self) -> tuple[int, int]:
