@@ -7,7 +7,10 @@ layouts"): what a layout ``dp × tp × pp`` adds to a data-parallel step.
   the column-parallel ones), among the ``tp`` ranks of a group, on the intra-node link. With
   sequence parallelism each allreduce becomes a reduce-scatter and an all-gather of the same
   ``b·s·h`` (the same bytes on a ring, in two calls). An MLP's pair of hidden layers is one
-  column- and one row-parallel projection: one allreduce of ``b·h`` each way.
+  column- and one row-parallel projection: one allreduce of ``b·h`` each way (none backward
+  for the first pair, whose input is the data). The calls and their bytes are the runtime's
+  own count (``hpcdl.parallel.tensor.tp_traffic``): one place for what a run records and the
+  model prices.
 - **Pipeline parallelism**: every micro-batch of ``b/m`` samples crosses each stage boundary
   once forward (its activations ``b/m·s·h``) and once backward (their gradients), as one
   point-to-point send: ``α + S/β`` on the link between the stages; the schedule (GPipe or
@@ -16,8 +19,10 @@ layouts"): what a layout ``dp × tp × pp`` adds to a data-parallel step.
 - **Data parallelism** on top: each rank reduces the gradients of the ``1/(tp·pp)`` of the
   parameters it holds over the ``dp`` ranks of its data-parallel group.
 
-The layout's text is parsed here with a minimal reader; ``hpcdl.parallel.layout`` (the runtime's
-layout, with its checks against the world and the model) replaces it where it exists.
+The layout's text is parsed here with a reader of its own (``predict`` takes layouts that no
+run fits, e.g. at rank counts the layout's product does not divide, and no interleaved
+schedule, which the model does not price); ``hpcdl.parallel.layout`` is the runtime's, with its
+checks against the world and the model.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 
 from hpcdl import metrics
 from hpcdl.errors import InputError
+from hpcdl.parallel.tensor import tp_traffic
 from hpcdl.scaling.collectives import Comm, Cost, Hierarchy
 from hpcdl.workloads.precision import precision
 
@@ -35,9 +41,6 @@ FIELD = "predict.layout"
 SCHEDULES = ("1f1b", "gpipe")
 """both have the same bubble, (pp − 1)/(m + pp − 1) of the pipeline's slots (1F1B holds fewer
 micro-batches' activations, which the model does not count)"""
-TP_ALLREDUCES_PER_BLOCK = 2
-"""forward allreduces of a transformer block under Megatron's tensor parallelism (attention's
-output projection, the MLP's second projection); backward has as many"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,37 +118,30 @@ class Activations:
 
     bytes_per_sample: int
     """one block's output for one sample as the pipeline sends it (``s·h`` elements)"""
-    tp_bytes_per_sample: tuple[int, int]
-    """one sample's tensor-parallel allreduce, (forward, backward): forward reduces a product's
-    output, in the compute precision; attention's backward reduces the gradient of a layer
-    norm's output, which autocast keeps in fp32 (``hpcdl.parallel.tensor.tp_traffic``)"""
-    blocks: int
-    """the layers tensor parallelism shards and the pipeline splits"""
-    allreduces_per_block: int
-    """tensor-parallel allreduces per block in forward (backward has as many)"""
+    layers: int
+    """the layers the pipeline splits into stages"""
+    tp_calls: int
+    """tensor-parallel allreduces of one micro-batch, forward and backward
+    (``hpcdl.parallel.tensor.tp_traffic``, what a run records)"""
+    tp_bytes_per_sample: int
+    """their bytes for one sample, summed over the calls"""
 
 
 def activations(spec: Any) -> Activations:
-    """The attention family: transformer blocks of ``seq_len × width``; the MLP family: pairs
-    of hidden layers (column- then row-parallel) of ``width``."""
-    elt = precision(spec.precision).bytes
-    if spec.family == "attention":  # the residual stream stays fp32 under autocast
-        tokens = spec.seq_len * spec.width
-        return Activations(
-            bytes_per_sample=tokens * 4,
-            tp_bytes_per_sample=(tokens * elt, tokens * 4),
-            blocks=spec.layers,
-            allreduces_per_block=TP_ALLREDUCES_PER_BLOCK,
+    """The attention family: transformer blocks of ``seq_len × width``, whose residual stream
+    stays fp32 under autocast; the MLP family: hidden layers of ``width``. Tensor parallelism's
+    allreduces are the runtime's own count (``tp_traffic``) of one sample."""
+    if spec.family not in ("attention", "mlp"):
+        raise InputError(
+            FIELD, spec.family, "tensor and pipeline parallelism model the attention and mlp families"
         )
-    if spec.family == "mlp":
-        return Activations(
-            bytes_per_sample=spec.width * elt,
-            tp_bytes_per_sample=(spec.width * elt, spec.width * elt),
-            blocks=max(spec.layers // 2, 1),
-            allreduces_per_block=1,
-        )
-    raise InputError(
-        FIELD, spec.family, "tensor and pipeline parallelism model the attention and mlp families"
+    (tp,) = tp_traffic(spec.replace(batch_size=1, accumulation_steps=1), 2)  # the same at any tp > 1
+    if spec.family == "attention":
+        boundary = spec.seq_len * spec.width * 4
+    else:
+        boundary = spec.width * precision(spec.precision).bytes
+    return Activations(
+        bytes_per_sample=boundary, layers=spec.layers, tp_calls=tp.calls, tp_bytes_per_sample=tp.bytes
     )
 
 
@@ -173,16 +169,12 @@ class ModelParallel:
             return 0.0
         level = self.inter if self.crosses_nodes(tp, p) else self.intra
         a = self.activations
-        calls = a.allreduces_per_block * a.blocks / self.layout.pp  # each way
-        total = 0.0
-        for per_sample in a.tp_bytes_per_sample:  # forward, then backward
-            nbytes = samples * per_sample
-            if self.layout.sequence_parallel:
-                pair = ("reduce_scatter", "all_gather")
-                total += calls * sum(replace(level, collective=c).time(nbytes, tp) for c in pair)
-            else:
-                total += calls * replace(level, collective="allreduce").time(nbytes, tp)
-        return total
+        calls = a.tp_calls / self.layout.pp  # a stage runs its layers' share
+        nbytes = samples * a.tp_bytes_per_sample / a.tp_calls  # one call's, on average
+        if self.layout.sequence_parallel:
+            pair = ("reduce_scatter", "all_gather")
+            return calls * sum(replace(level, collective=c).time(nbytes, tp) for c in pair)
+        return calls * replace(level, collective="allreduce").time(nbytes, tp)
 
     def p2p_s(self, samples: float, p: int) -> float:
         """One micro-batch's sends across one stage boundary: its activations forward, their
@@ -217,12 +209,12 @@ def levels(comms: Mapping[str, Cost]) -> tuple[Comm, Comm, int]:
 
 
 def check(layout: Layout, spec: Any) -> None:
-    """tp divides the heads and the width; pp no more than the blocks."""
+    """tp divides the heads and the width; pp no more than the layers (as a run refuses)."""
     a = activations(spec)
     if layout.tp > 1 and (spec.width % layout.tp or (spec.family == "attention" and spec.heads % layout.tp)):
         raise InputError(f"{FIELD}.tp", layout.tp, "must divide the width (and the heads)")
-    if layout.pp > a.blocks:
-        raise InputError(f"{FIELD}.pp", layout.pp, f"at most the {a.blocks} blocks")
+    if layout.pp > a.layers:
+        raise InputError(f"{FIELD}.pp", layout.pp, f"at most the {a.layers} layers")
 
 
 def replicas(layout: Layout, p: int) -> int | None:
