@@ -275,9 +275,15 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3, help="interleaved rounds of every point (default 3)")
     ap.add_argument("--layouts", default="2x2,4x1", help="HOSTSxRANKS of 4 ranks each (default 2x2,4x1)")
     ap.add_argument("--only", default="collectives,steps", help="sections (default collectives,steps)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="a comma list of the workloads' names")
     ap.add_argument("--kept", action="store_true", help="measure nothing: tabulate the points kept in -o")
     ap.add_argument("-o", "--output", help="keep the records here and reuse them (default: a temporary dir)")
     args = ap.parse_args()
+    chosen = args.workloads.split(",")
+    if unknown := set(chosen) - set(WORKLOADS):
+        sys.exit(f"--workloads: unknown {sorted(unknown)}; allowed: {', '.join(WORKLOADS)}")
+    for name in set(WORKLOADS) - set(chosen):  # this process's run only
+        del WORKLOADS[name]
     out = Path(args.output or tempfile.mkdtemp(prefix="hpcdl-emulated-"))
     layouts = [(int(h), int(r)) for h, r in (lay.split("x") for lay in args.layouts.split(","))]
     was_running = cluster("status").returncode == 0

@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +227,21 @@ def test_tree_latency_grows_with_log_p_and_the_cheapest_algorithm_is_taken() -> 
     )
 
 
+def test_a_node_s_ranks_all_to_all_at_most_the_fabric_and_each_at_its_own_rate() -> None:
+    # 2 nodes of 2 ranks; one rank's all-to-all across nodes reaches 6 GB/s (a library that
+    # sends and receives in turn), the node's fabric 10 GB/s: together its 2 ranks move 10, not 6
+    one_rank = Comm(alpha_s=0.0, beta_bytes_per_s=6e9, collective="all_to_all")
+    fast_in = Comm(alpha_s=0.0, beta_bytes_per_s=1e15, collective="all_to_all")
+    capped = Hierarchy(intra=fast_in, inter=one_rank, ranks_per_node=2, collective="all_to_all",
+                       fabric_bytes_per_s=10e9)  # fmt: skip
+    leaving = 2 * 1e9 * 2 / 4  # each of the node's 2 ranks sends half its 1 GB to the other node
+    assert capped.time(1e9, 4) == pytest.approx(leaving / 10e9, rel=1e-4)
+    uncapped = replace(capped, fabric_bytes_per_s=0.0)  # inter taken as the node's own rate
+    assert uncapped.time(1e9, 4) == pytest.approx(leaving / 6e9, rel=1e-4)
+    alone = replace(capped, ranks_per_node=1)  # one rank a node: its own rate, below the fabric
+    assert alone.time(1e9, 4) == pytest.approx(1e9 * 3 / 4 / 6e9, rel=1e-4)
+
+
 def test_bucketed_overlap_hides_all_but_the_last_bucket() -> None:
     """Four buckets, backward long enough to reduce the first three behind it: the last
     bucket's reduction is what remains, between the bounds none and full."""
@@ -423,8 +439,6 @@ def test_gamma_from_phases_is_the_step_the_phases_compute() -> None:
 def test_a_tensor_parallel_group_calibrates_what_a_tp_rank_computes() -> None:
     # the phases of a tp=2 record (its tp allreduces inside them) stand for a whole model on
     # one rank twice as slow: the model's tp rank then computes what the record's rank did
-    from dataclasses import replace
-
     from hpcdl.records.views import Collective
 
     one = read_record(REF / "mlp-torch-weak-np1.json").result

@@ -17,7 +17,11 @@ run (METRICS.md, "Scaling model"):
   inside the node.
 
 All-gather and reduce-scatter run as rings; an all-to-all sends ``S·(p−r)/p`` of each
-rank's bytes out of its node, ``r`` ranks sharing the node's fabric.
+rank's bytes out of its node, ``r`` ranks sharing the node's fabric. Where ``inter`` was fitted
+to one rank a node (a sweep across two nodes) it is what one rank's all-to-all achieves, which
+can be below the fabric (gloo's sends and receives in turn); ``fabric_bytes_per_s`` then gives
+the fabric (the allreduce's fit), and the node's ranks together move at
+``min(fabric, r · β_inter)``.
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ class Hierarchy:
     collective: str = "allreduce"
     algorithms: tuple[str, ...] = ("ring", "tree", "hierarchical")
     """the allreduce algorithms the library has (NCCL before 2.4: ring only)"""
+    fabric_bytes_per_s: float = 0.0
+    """all-to-all only: the node's fabric where ``inter`` is one rank's rate, not the node's
+    (0: ``inter`` is the node's)"""
 
     def candidates(self, nbytes: float, p: int, messages: int = 1) -> dict[str, float]:
         """Seconds of each algorithm a library could run at ``p`` ranks."""
@@ -84,8 +91,9 @@ class Hierarchy:
         slowest = min(b_in, b_node)
         factor = metrics.bus_factor(self.collective, p)
         if self.collective == "all_to_all":  # pairwise: what leaves the node shares its fabric
+            node = min(self.fabric_bytes_per_s, r * b_node) if self.fabric_bytes_per_s > 0 else b_node
             inside = nbytes * (r - 1) / p / b_in
-            outside = r * nbytes * (p - r) / p / b_node
+            outside = r * nbytes * (p - r) / p / node
             return {"pairwise": messages * (p - 1) * max(a_in, a_out) + max(inside, outside)}
         ring = messages * p * factor * max(a_in, a_out) + factor * nbytes / slowest
         if self.collective != "allreduce":

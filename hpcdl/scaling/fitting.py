@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -126,18 +127,24 @@ def hierarchy_comms(
     algorithms: tuple[str, ...] | None = None,
 ) -> dict[str, Cost]:
     """Two levels fitted to two sweeps: ``intra`` taken inside one node, ``inter`` across two
-    nodes (one rank on each: its β is the node's fabric, its α the latency across it)."""
-    chosen = {"algorithms": algorithms} if algorithms else {}
-    return {
-        t.collective: Hierarchy(
-            intra=fit_comm(intra.rows, intra.ranks, t.collective, t.bytes / t.calls),
-            inter=fit_comm(inter.rows, inter.ranks, t.collective, t.bytes / t.calls),
+    nodes (one rank on each: its β is the node's fabric, its α the latency across it). An
+    all-to-all's β across is one rank's, which may be below the fabric (gloo's at one rank a
+    node sends and receives in turn): the allreduce's fit at the same size gives the fabric."""
+    out: dict[str, Cost] = {}
+    for t in traffic:
+        size = t.bytes / t.calls
+        fabric = 0.0
+        if t.collective == "all_to_all" and any(r.collective == "allreduce" for r in inter.rows):
+            fabric = fit_comm(inter.rows, inter.ranks, "allreduce", size).beta_bytes_per_s
+        cost = Hierarchy(
+            intra=fit_comm(intra.rows, intra.ranks, t.collective, size),
+            inter=fit_comm(inter.rows, inter.ranks, t.collective, size),
             ranks_per_node=ranks_per_node,
             collective=t.collective,
-            **chosen,
+            fabric_bytes_per_s=fabric,
         )
-        for t in traffic
-    }
+        out[t.collective] = replace(cost, algorithms=algorithms) if algorithms else cost
+    return out
 
 
 def model_from_records(
