@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -28,7 +27,6 @@ from bench_dist import hpcdl  # the CLI in a subprocess, exiting on failure
 from bench_emulated import ALGORITHMS, cluster, levels, measured_parts, on_layout
 from bench_parallel import gamma_base, record
 
-from hpcdl.parallel.launch import mpi_env
 from hpcdl.records.loader import read_record
 from hpcdl.results.text import table
 from hpcdl.scaling.fitting import fitted_hierarchy, model_from_records
@@ -45,33 +43,15 @@ allreduce of 6.6 MB (a fit below it takes a rate-limited link's burst for its ba
 LAYOUTS = {"tp=2 x dp=2": "dp=2,tp=2", "pp=2 x dp=2": "dp=2,pp=2,microbatches=4,schedule=1f1b"}
 
 
-def tp_base(out: Path, tp: int, ranks: int, duration: str) -> Path:
-    """``ranks / tp`` runs of one tensor-parallel group at once on this host, one thread a rank
-    (the cores a rank has when ``ranks`` share the machine): the median one's record. A tp rank's
-    computation is measured, not taken as 1/tp of the whole model's (``model_from_records``)."""
-    env = {**mpi_env(), "OMP_NUM_THREADS": "1"}
-    dirs = [out / f"tp-{i}" for i in range(ranks // tp)]
-    group = [*TRANSFORMER, "--np", str(tp), "--backend", "torch", "--layout", f"tp={tp}"]
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "hpcdl", "run", *group, "--duration", duration, "-o", str(d)],
-                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        for d in dirs
-    ]  # fmt: skip
-    for p in procs:
-        if p.wait() != 0:
-            sys.exit(f"tensor-parallel calibration failed:\n{p.stderr.read() if p.stderr else ''}")
-    by_rate = sorted(dirs, key=lambda d: record(d)["metrics"]["ai_ops_per_s"])
-    return next(by_rate[len(by_rate) // 2].glob("*.json"))
-
-
 def one_round(out: Path, i: int, duration: str) -> dict[str, tuple[float, float, float]]:
     """(measured step, predicted step, predicted bubble) seconds of each layout, round ``i``."""
     found = {}
     for name, layout in LAYOUTS.items():
         here = out / name.replace(" ", "") / f"round-{i}"
         tp = parse_layout(layout).tp
-        if tp > 1:
-            base = tp_base(here, tp, HOSTS * PPN, duration)
+        if tp > 1:  # runs of one tp group: what a tp rank computes, measured (model_from_records)
+            group = [*TRANSFORMER, "--np", str(tp), "--backend", "torch", "--layout", f"tp={tp}"]
+            base = gamma_base(here, group, HOSTS * PPN // tp, duration)
         else:
             base = gamma_base(here, [*TRANSFORMER, "--backend", "torch"], HOSTS * PPN, duration)
         hpcdl("run", *TRANSFORMER, "--np", str(HOSTS * PPN), "--backend", "torch", "--layout", layout,

@@ -107,8 +107,9 @@ def bandwidth_rows(reps: int) -> list[list[str]]:
 
 
 def gamma_base(out: Path, args: list[str], ranks: int, duration: str) -> Path:
-    """``ranks`` 1-rank runs at once, one thread each: the median one's record (gamma as a rank
-    has it when ``ranks`` ranks share this machine)."""
+    """``ranks`` runs of ``args`` at once, one thread a rank (1-rank runs unless ``args`` say
+    ``--np``): the median one's record (gamma as a rank has it when that many share this
+    machine)."""
     env = {**mpi_env(), "OMP_NUM_THREADS": "1"}
     dirs = [out / f"gamma-{i}" for i in range(ranks)]
     procs = [
