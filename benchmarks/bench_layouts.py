@@ -40,7 +40,11 @@ and the pipeline splits (4 blocks, 2 a stage)"""
 SIZES = ",".join(str(4096 << (2 * k)) for k in range(7)) + f",{8 << 20}"  # 4 KiB .. 16 MiB
 """the sweeps' message sizes: they span the step's, up to tensor parallelism's data-parallel
 allreduce of 6.6 MB (a fit below it takes a rate-limited link's burst for its bandwidth)"""
-LAYOUTS = {"tp=2 x dp=2": "dp=2,tp=2", "pp=2 x dp=2": "dp=2,pp=2,microbatches=4,schedule=1f1b"}
+LAYOUTS = {
+    "tp=2 x dp=2": "dp=2,tp=2",
+    "pp=2 x dp=2": "dp=2,pp=2,microbatches=4,schedule=1f1b",
+    "tp=2 x pp=2": "tp=2,pp=2,microbatches=4,schedule=1f1b",
+}
 
 
 def one_round(out: Path, i: int, duration: str) -> dict[str, tuple[float, float, float]]:

@@ -19,6 +19,7 @@ from hpcdl.errors import SpecError
 from hpcdl.parallel import layout as layouts
 from hpcdl.parallel.launch import mpi_env, mpirun_path
 from hpcdl.parallel.pipeline import SCHEDULES, check, shared_parameters, stage_layers, stage_modules
+from hpcdl.parallel.tensor import stage_tp_traffic
 from hpcdl.records.audit import audit
 from hpcdl.records.loader import read_record
 from hpcdl.records.store import read_steps
@@ -128,7 +129,7 @@ def test_class_l_pipelines_are_runnable() -> None:
         ("pp=2,schedule=zigzag", "run.layout.schedule='zigzag' is invalid"),
         ("pp=2,microbatches=3", "run.layout.microbatches=3 is invalid: must divide mlp.batch_size=8"),
         ("pp=2,schedule=1f1b,microbatches=1", "run.layout.microbatches=1 is invalid: >= pp=2"),
-        ("pp=2,tp=2", "run.layout.tp=2 is invalid: 1 with pp > 1"),
+        ("pp=2,tp=2", "run.layout.tp=2 is invalid: 1 with pp > 1 for mlp: tp x pp is built for attention"),
         ("dp=4", "run.backend='pipeline' is invalid: only with a layout of pp > 1"),
     ],
 )
@@ -146,8 +147,10 @@ SCRIPT = """
 import json, sys, torch
 from hpcdl.measure.data import make_batch
 from hpcdl.parallel.backends.torch_ddp import DistGroup
+from hpcdl.parallel.layout import Layout, device_mesh, fit_layout
 from hpcdl.parallel.pipeline import pipeline_loss
 from hpcdl.parallel.schedule import Pipeline
+from hpcdl.parallel.tensor import local_tensor
 from hpcdl.parallel.world import init_world
 from hpcdl.workloads.registry import spec_from_dict
 
@@ -155,12 +158,16 @@ torch.set_num_threads(1)
 world = init_world()
 device = torch.device("cpu")
 group = DistGroup(world, device)
+tp = int(sys.argv[3])
+layout = fit_layout(Layout(tp=tp, pp=2), world.size)
+mesh = device_mesh(layout, "cpu")
 out = []
 for knobs in json.loads(sys.argv[1]):
     for schedule in ("gpipe", "1f1b", "interleaved"):
         spec = spec_from_dict(knobs)
-        pipe = Pipeline(spec, spec.build(), pp=world.size, pp_rank=world.rank, schedule=schedule,
-                        microbatches=4, device=device)
+        pipe = Pipeline(spec, spec.build(), pp=2, pp_rank=layout.coords(world.rank)["pp"], schedule=schedule,
+                        microbatches=4, device=device, group=mesh.get_group("pp"),
+                        tp_mesh=mesh["tp"] if tp > 1 else None)
         opt = torch.optim.AdamW(pipe.parameters(), lr=1e-2)
         ref = spec.build()  # one process: the whole batch at once
         ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
@@ -177,8 +184,9 @@ for knobs in json.loads(sys.argv[1]):
             ref_opt.zero_grad()
             losses.append(None if loss is None else float(loss))
             ref_losses.append(float(ref_loss))
+        held = sum(local_tensor(p).numel() for p in pipe.parameters())
         out.append({"family": spec.family, "tied": len(pipe.shared), "schedule": schedule,
-                    "losses": losses, "ref": ref_losses,
+                    "losses": losses, "ref": ref_losses, "held": held, "params": spec.count().params,
                     "sent": times.sent_bytes, "busy": times.busy_s, "span": times.span_s})
 group.close()
 # a file per rank: two ranks' long lines on one forwarded stdout can interleave
@@ -188,35 +196,43 @@ with open(f"{sys.argv[2]}/rank{world.rank}.json", "w") as f:
 
 
 @pytest.mark.mpi
-def test_every_schedule_trains_as_one_process_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tp", [1, 2])
+def test_every_schedule_trains_as_one_process_does(tp: int, tmp_path: Path) -> None:
     """pp=2 with GPipe, 1F1B and interleaved 1F1B (two stages per rank), attention (also with a
-    tied head, its table's gradients summed between the ends) and MLP:
-    three AdamW steps give one process's losses (the whole batch at once against four
-    micro-batches: rounding apart), and each boundary carries each micro-batch's activations
-    forward and their gradients back (``metrics.pipeline_p2p_bytes``)."""
+    tied head, its table's gradients summed between the ends) and MLP; and tp=2 x pp=2 on 4
+    ranks, each stage's blocks split Megatron-style: three AdamW steps give one process's
+    losses (the whole batch at once against four micro-batches: rounding apart), and each
+    boundary carries each micro-batch's activations forward and their gradients back
+    (``metrics.pipeline_p2p_bytes``), once per rank of a tensor-parallel group."""
     script = tmp_path / "pipeline_ranks.py"
     script.write_text(SCRIPT)
-    specs = json.dumps([ATTENTION, MLP, TIED])
-    cmd = [mpirun_path(), "-np", "2", "--oversubscribe", sys.executable, str(script), specs, str(tmp_path)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=mpi_env())
+    specs = [ATTENTION, MLP, TIED] if tp == 1 else [ATTENTION, TIED]  # tp x pp: attention's
+    cmd = [mpirun_path(), "-np", str(2 * tp), "--oversubscribe", sys.executable, str(script)]
+    args = [*cmd, json.dumps(specs), str(tmp_path), str(tp)]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=180, env=mpi_env())
     assert p.returncode == 0, p.stderr[-3000:]
     results = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("rank*.json"))]
     ranks = {r["rank"]: r["runs"] for r in results}
-    assert sorted(ranks) == [0, 1]
-    assert [r["tied"] for r in ranks[1]] == [0] * 6 + [1] * 3  # the tied head's table: both ends
-    for first, last in zip(ranks[0], ranks[1], strict=True):
-        assert first["losses"] == [None] * 3  # only the last stage computes the loss
-        which = (last["family"], last["tied"], last["schedule"])
-        assert last["losses"] == pytest.approx(last["ref"], rel=1e-5), which
-        assert last["losses"][-1] < last["losses"][0]
-        knobs = ATTENTION if last["family"] == "attention" else MLP  # TIED: ATTENTION's sizes
-        per_sample = knobs["seq_len"] * knobs["width"] if "seq_len" in knobs else knobs["width"]
-        activation = knobs["batch_size"] // 4 * per_sample * 4  # fp32
-        boundaries = 3 if last["schedule"] == "interleaved" else 1  # 4 stages on 2 ranks, or 2
-        sent = first["sent"] + last["sent"]
-        assert sent == boundaries * metrics.pipeline_p2p_bytes(activation, 4), last["schedule"]
-        for r in (first, last):
-            assert 0 < r["busy"] < r["span"]
+    assert sorted(ranks) == list(range(2 * tp))
+    tied = [r["tied"] for r in ranks[tp]]
+    assert tied == [0] * 3 * (len(specs) - 1) + [1] * 3  # the tied head's table: both ends
+    for shard in range(tp):  # rank shard holds stage 0, rank tp + shard stage 1 (tp innermost)
+        for first, last in zip(ranks[shard], ranks[tp + shard], strict=True):
+            assert first["losses"] == [None] * 3  # only the last stage computes the loss
+            which = (last["family"], last["tied"], last["schedule"], tp)
+            assert last["losses"] == pytest.approx(last["ref"], rel=1e-5), which
+            assert last["losses"][-1] < last["losses"][0]
+            knobs = ATTENTION if last["family"] == "attention" else MLP  # TIED: ATTENTION's sizes
+            per_sample = knobs["seq_len"] * knobs["width"] if "seq_len" in knobs else knobs["width"]
+            activation = knobs["batch_size"] // 4 * per_sample * 4  # fp32
+            boundaries = 3 if last["schedule"] == "interleaved" else 1  # 4 stages on 2 ranks, or 2
+            sent = first["sent"] + last["sent"]
+            assert sent == boundaries * metrics.pipeline_p2p_bytes(activation, 4), last["schedule"]
+            for r in (first, last):
+                assert 0 < r["busy"] < r["span"]
+    if tp > 1:  # each rank holds its shards: a stage's share of the model, less than the whole
+        for a, b in zip(ranks[0], ranks[tp], strict=True):
+            assert a["held"] + b["held"] < a["params"]
 
 
 @pytest.mark.mpi
@@ -253,20 +269,29 @@ def test_a_pipeline_run_records_its_schedule_and_bubble(schedule: str, tmp_path:
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_data_parallel_pipelines_step_as_one_process(tmp_path: Path) -> None:
-    """dp=2 x pp=2 on 4 ranks: two pipelines, each stage's gradients averaged across them; the
-    run checks itself against one process and its replicas stay identical."""
-    layout = "dp=2,pp=2,schedule=1f1b,microbatches=2"
-    p = hpcdl("run", *CLI_MLP, *RUN, "--np", "4", "--layout", layout, "-o", str(tmp_path))
+def test_data_tensor_and_pipeline_parallelism_step_as_one_process(tmp_path: Path) -> None:
+    """dp=2 x tp=2 x pp=2 on 8 ranks, a tied head: two pipelines of two stages, each stage's
+    blocks split across a tensor-parallel pair, each stage's gradients averaged across the
+    pipelines; the run checks itself against one process, its replicas stay identical, and the
+    record names every dimension's traffic."""
+    layout = "dp=2,tp=2,pp=2,schedule=1f1b,microbatches=2"
+    cli = ["--workload", "attention", *(f"{k}={v}" for k, v in TIED.items() if k != "family")]
+    p = hpcdl("run", *cli, *RUN, "--np", "8", "--layout", layout, "-o", str(tmp_path))
     assert p.returncode == 0, p.stderr[-3000:]
     (path,) = tmp_path.glob("*.json")
     record = read_record(path)
     assert audit(record).problems == ()
     r = record.result
     assert r.validity.passed, r.validity.failed
-    assert r.settings.global_batch == 2 * 8
+    assert r.validity.check("one_step_equivalence") and r.validity.check("parameters_identical")
+    assert r.settings.global_batch == 2 * 8 and r.settings.layout == layout
     pipe = r.metrics.pipeline
-    assert pipe is not None and [x.pp_rank for x in pipe.per_rank] == [0, 0, 1, 1]  # (pp, dp, tp) order
-    assert r.metrics.communication.grad_bytes_per_step == 4 * pipe.per_rank[0].params
+    assert pipe is not None and [x.pp_rank for x in pipe.per_rank] == [0] * 4 + [1] * 4  # (pp, dp, tp)
+    comm = r.metrics.communication
+    assert comm.grad_bytes_per_step == 4 * pipe.per_rank[0].params
     assert r.metrics.phases_s["allreduce"].median > 0
-    assert "pp bubble" in p.stdout and "dp allreduce" in p.stdout  # the run's layout line
+    tp = comm.collectives["tp.allreduce"]  # 2 blocks a stage, 2 + 2 allreduces each, per micro-batch
+    (expected,) = stage_tp_traffic(spec_from_dict(TIED), 2, 2, 2)
+    assert (tp.ranks, tp.calls_per_step, tp.bytes_per_step) == (2, 2 * 4 * 2, expected.bytes)
+    assert tp.seconds_per_step > 0
+    assert all(word in p.stdout for word in ("tp.allreduce", "pp bubble", "dp allreduce"))  # layout line

@@ -42,7 +42,8 @@ def run_layout(spec: Spec, cfg: RunConfig, world_size: int) -> Layout:
         check_pipeline(spec, cfg, layout)
     elif cfg.backend == PipelineBackend.name:
         raise SpecError("run.backend", cfg.backend, "only with a layout of pp > 1 (e.g. --layout pp=2)")
-    if layout.tp > 1 and cfg.backend not in ("auto", "torch", TensorParallel.name):
+    carriers = ("auto", "torch", TensorParallel.name, *([PipelineBackend.name] if layout.pp > 1 else []))
+    if layout.tp > 1 and cfg.backend not in carriers:
         raise SpecError(
             "run.backend",
             cfg.backend,
@@ -55,9 +56,9 @@ def check_pipeline(spec: Spec, cfg: RunConfig, layout: Layout) -> None:
     """What a pipeline cannot take: the model and batch (``pipeline.check``), and the run's
     settings that assume every rank holds the whole model or its own data."""
     pipeline.check(spec, layout.pp, layout.schedule, layout.chunks)
-    if layout.tp > 1:
+    if layout.tp > 1 and spec.family != "attention":
         raise SpecError(
-            f"{FIELD}.tp", layout.tp, "1 with pp > 1: tensor and pipeline parallelism together are not built"
+            f"{FIELD}.tp", layout.tp, f"1 with pp > 1 for {spec.family}: tp x pp is built for attention"
         )
     if cfg.backend not in ("auto", "torch", PipelineBackend.name):
         raise SpecError(
@@ -76,12 +77,12 @@ def check_pipeline(spec: Spec, cfg: RunConfig, layout: Layout) -> None:
 
 
 def run_backend(name: str, layout: Layout, world: World, device: torch.device) -> tuple[str, Backend]:
-    """The backend of a run: tensor parallelism's for a layout with tp > 1, the pipeline's process
-    group for pp > 1, else ``name``'s."""
+    """The backend of a run: the pipeline's process group for pp > 1 (with or without tp),
+    tensor parallelism's for tp > 1 alone, else ``name``'s."""
+    if layout.pp > 1:  # a pipeline's stages apply tensor parallelism themselves (tp x pp)
+        return PipelineBackend.name, PipelineBackend(world, device)
     if layout.tp > 1:
         return TensorParallel.name, TensorParallel(world, device, layout)
-    if layout.pp > 1:
-        return PipelineBackend.name, PipelineBackend(world, device)
     return name, make_backend(name, world, device)
 
 

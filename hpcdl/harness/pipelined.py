@@ -16,8 +16,9 @@ import hashlib
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -34,11 +35,16 @@ from hpcdl.measure.peaks import theoretical_peak
 from hpcdl.measure.schedstat import Descheduled, together
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.watchdog import Watchdog
+from hpcdl.parallel.backends import Traffic
 from hpcdl.parallel.layout import Layout, device_mesh
-from hpcdl.parallel.pipeline import StageLog, StepTimes, pipeline_loss
+from hpcdl.parallel.pipeline import StageLog, StageModule, StepTimes, pipeline_loss
 from hpcdl.parallel.schedule import Pipeline
+from hpcdl.parallel.tensor import local_tensor, stage_tp_traffic, time_collective, whole
 from hpcdl.parallel.world import World
 from hpcdl.workloads.spec import Spec
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 PIPELINE_PHASES = ("data", "schedule", "allreduce", "optimizer")
 """the phases of a pipeline step (see the module's docstring)"""
@@ -106,17 +112,31 @@ class PipelineTrainer(Trainer):
             sent_bytes=timed[-1].sent_bytes,
             sends=timed[-1].sends,
             dp_grad_bytes=dp_grad_bytes,
-            params=sum(p.numel() for p in self.pipeline.parameters()),
+            params=sum(local_tensor(p).numel() for p in self.pipeline.parameters()),
         )
 
 
-def _groups(layout: Layout, device: torch.device) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None]:
+@dataclass(frozen=True)
+class Groups:
+    """A rank's groups in the layout's mesh: its pipeline's, its stage's data-parallel replicas'
+    (dp > 1) and its tensor-parallel group's (tp > 1, as the mesh DTensor shards over)."""
+
+    pp: dist.ProcessGroup
+    dp: dist.ProcessGroup | None
+    tp: DeviceMesh | None
+
+
+def _groups(layout: Layout, device: torch.device) -> Groups:
     mesh = device_mesh(layout, device.type)
-    return mesh.get_group("pp"), (mesh.get_group("dp") if layout.dp > 1 else None)
+    return Groups(
+        mesh.get_group("pp"),
+        mesh.get_group("dp") if layout.dp > 1 else None,
+        mesh["tp"] if layout.tp > 1 else None,
+    )
 
 
 def pipeline_equivalence(
-    spec: Spec, layout: Layout, world: World, device: torch.device, groups: tuple[Any, Any]
+    spec: Spec, layout: Layout, world: World, device: torch.device, groups: Groups
 ) -> Check:
     """One SGD step of the whole layout (every pipeline on its own shard) against one process
     stepping on the global batch from the same weights: each rank's stage parameters must
@@ -136,14 +156,17 @@ def pipeline_equivalence(
         schedule=layout.schedule,
         microbatches=m,
         device=device,
-        group=groups[0],
-        dp_group=groups[1],
+        group=groups.pp,
+        dp_group=groups.dp,
+        tp_mesh=groups.tp,
     )
     pipe.step(*shards[layout.coords(world.rank)["dp"]])
     pipe.reduce_gradients()
     torch.optim.SGD(pipe.parameters(), lr=0.1).step()
     mine = {id(p) for p in pipe.parameters()}
-    stepped = {n: p.detach() for n, p in model.named_parameters() if id(p) in mine}
+    # a tensor-parallel shard is gathered whole (its group's ranks hold the same stage: the
+    # same parameters in the same order)
+    stepped = {n: whole(p.detach()) for n, p in model.named_parameters() if id(p) in mine}
 
     ref = small.build().to(device).eval()
     micro = [(x, y) for xs, ys in shards for x, y in zip(xs.chunk(m), ys.chunk(m), strict=True)]
@@ -166,14 +189,14 @@ def pipeline_equivalence(
 
 def pipeline_digest(model: nn.Module, pipe: Pipeline, layout: Layout, world: World) -> str:
     """The digest of the whole model as this rank's data-parallel replica holds it: every
-    stage's parameter digest, in stage order (``records.build`` then finds every replica
-    identical, or not)."""
+    stage's (every tensor-parallel shard's) parameter digest, in stage (and shard) order
+    (``records.build`` then finds every replica identical, or not)."""
     mine = {id(p) for p in pipe.parameters()}
-    own = parameter_digest([(n, p) for n, p in model.named_parameters() if id(p) in mine])
+    own = parameter_digest([(n, local_tensor(p)) for n, p in model.named_parameters() if id(p) in mine])
     everyone = world.allgather((layout.coords(world.rank), own))
     replica = layout.coords(world.rank)["dp"]
-    ordered = sorted((c["pp"], d) for c, d in everyone if c["dp"] == replica)
-    return hashlib.sha256("".join(d for _, d in ordered).encode()).hexdigest()
+    ordered = sorted((c["pp"], c["tp"], d) for c, d in everyone if c["dp"] == replica)
+    return hashlib.sha256("".join(d for *_, d in ordered).encode()).hexdigest()
 
 
 def measure_pipeline_rank(
@@ -205,18 +228,19 @@ def measure_pipeline_rank(
         schedule=layout.schedule,
         microbatches=layout.chunks,
         device=device,
-        group=groups[0],
-        dp_group=groups[1],
+        group=groups.pp,
+        dp_group=groups.dp,
+        tp_mesh=groups.tp,
     )
     pipe.release_others(model)
     own = pipe.parameters()
-    grad_bytes = sum(p.numel() * p.element_size() for p in own) if layout.dp > 1 else 0
+    grad_bytes = sum(local_tensor(p).numel() * p.element_size() for p in own) if layout.dp > 1 else 0
     # the first and the last stage of a pipeline draw the same batches: one stream per replica
     source = device_pool(
         spec, device, cfg.pool_batches, learnable=cfg.data == "learnable", stream=coords["dp"]
     )
     trainer = PipelineTrainer(
-        pipe, make_optimizer(own, cfg), source, device, spec.precision, cfg.phase_sync, groups[0]
+        pipe, make_optimizer(own, cfg), source, device, spec.precision, cfg.phase_sync, groups.pp
     )
     trainer.before_window = before_window
     reset_peak_memory(device)
@@ -237,6 +261,13 @@ def measure_pipeline_rank(
             agree=world.all_true,
         )
     mem_bytes, mem_kind = peak_memory(device)
+    # tensor parallelism's allreduces in every block, timed after training on the tp group
+    blocks = sum(len(m.blocks) for m in pipe.modules if isinstance(m, StageModule))
+    traffic = stage_tp_traffic(spec, blocks, layout.tp, layout.chunks)
+    tp = [Traffic(f"tp.{t.collective}", t.bytes, t.calls) for t in traffic]
+    collective_s = {}
+    if groups.tp is not None:
+        collective_s = {t.collective: time_collective(t, groups.tp.get_group(), device) for t in tp}
     return RankMeasurement(
         rank=world.rank,
         host=world.hostname,
@@ -249,6 +280,8 @@ def measure_pipeline_rank(
         peak=theoretical_peak(device, device_name(device), spec.precision),
         gemm_ceiling_flops=ceiling,
         grad_bytes=grad_bytes,
+        traffic=tp,
+        collective_s=collective_s,
         peak_memory_bytes=mem_bytes,
         peak_memory_kind=mem_kind,
         threads=torch.get_num_threads(),

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage
+from torch.distributed.tensor.parallel import parallelize_module
 
 from hpcdl.device import synchronize
 from hpcdl.parallel.pipeline import (
@@ -24,7 +25,11 @@ from hpcdl.parallel.pipeline import (
     stage_modules,
 )
 from hpcdl.parallel.placement import average_across
+from hpcdl.parallel.tensor import local_tensor, plan
 from hpcdl.workloads.spec import Spec
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 class TimedStage(PipelineStage):
@@ -65,7 +70,11 @@ class TimedStage(PipelineStage):
 class Pipeline:
     """This rank's stages of a pipeline over ``pp`` ranks (its place ``pp_rank`` among them,
     communicating over ``group``) and the schedule that steps them. With ``dp_group`` each
-    stage is also data-parallel over that group (:meth:`reduce_gradients`)."""
+    stage is also data-parallel over that group (:meth:`reduce_gradients`); with ``tp_mesh``
+    each stage's blocks are also split across that mesh's ranks (Megatron's plan,
+    ``hpcdl.parallel.tensor``): a stage boundary then carries whole activations, which each
+    rank of a tensor-parallel group sends to the rank of the same tp coordinate in the next
+    stage (torchtitan's way)."""
 
     def __init__(
         self,
@@ -79,6 +88,7 @@ class Pipeline:
         device: torch.device,
         group: dist.ProcessGroup | None = None,
         dp_group: dist.ProcessGroup | None = None,
+        tp_mesh: DeviceMesh | None = None,
     ) -> None:
         check(spec, pp, schedule, microbatches)
         kind = SCHEDULES[schedule]
@@ -87,6 +97,10 @@ class Pipeline:
         all_modules = stage_modules(spec, model, chunks)
         self.indices = [pp_rank + k * pp for k in range(kind.virtual)]
         self.modules: list[nn.Module] = [all_modules[i].to(device) for i in self.indices]
+        if tp_mesh is not None and tp_mesh.size() > 1:
+            # a stage's blocks are named as the model's (blocks.i.qkv, ...): the model's plan
+            for m in self.modules:
+                parallelize_module(m, tp_mesh, plan(m))
         self.dp_group = dp_group if dp_group is not None and dist.get_world_size(dp_group) > 1 else None
         held = {id(p) for p in self.parameters()}
         self.shared = [p for p in shared_parameters(spec, model) if id(p) in held]
@@ -153,4 +167,4 @@ class Pipeline:
                 dist.all_reduce(p.grad, group=self.ends_group)
         if self.dp_group is None:
             return
-        average_across([p.grad for p in self.parameters() if p.grad is not None], self.dp_group)
+        average_across([local_tensor(p.grad) for p in self.parameters() if p.grad is not None], self.dp_group)

@@ -47,6 +47,12 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """``t`` whole: a DTensor gathered from its group's shards (collective over its mesh), or
+    ``t`` itself."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def plan(model: nn.Module) -> dict[str, ParallelStyle]:
     """Which submodule of ``model`` (an attention ``Transformer`` or an MLP ``Sequential``) is
     split how: column-parallel then row-parallel, pair by pair."""
@@ -89,6 +95,16 @@ def tp_traffic(spec: Spec, tp: int) -> list[Traffic]:
     backward = sum(sizes[2 * p] for p in range(1, pairs))  # the first pair's input is the data
     calls = pairs + max(pairs - 1, 0)
     return [Traffic("allreduce", rows * (forward + backward) * width, calls * spec.accumulation_steps)]
+
+
+def stage_tp_traffic(spec: Spec, blocks: int, tp: int, microbatches: int) -> list[Traffic]:
+    """The tensor-parallel allreduces of one pipeline step on a rank whose stages hold
+    ``blocks`` of an attention model's blocks: those of a model of ``blocks`` blocks over the
+    whole batch (:func:`tp_traffic`), each of the ``microbatches`` making its own calls."""
+    return [
+        Traffic(t.collective, t.bytes, t.calls * microbatches)
+        for t in tp_traffic(spec.replace(layers=blocks), tp)
+    ]
 
 
 def time_collective(traffic: Traffic, group: dist.ProcessGroup, device: torch.device) -> float:

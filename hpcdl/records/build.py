@@ -215,7 +215,8 @@ def collectives_of(ranks: Sequence[RankMeasurement], layout: Layout) -> dict[str
     call of its bytes per step, and the in-step ones (the experts' all-to-all), timed as they
     ran; each the slowest rank's median. Under a layout that splits the model, a collective
     named ``DIM.KIND`` (``tp.allreduce``) runs among the ranks of one ``DIM`` group, the others
-    among the dp replicas; each says how many ranks it ran among."""
+    among the dp replicas; each says how many ranks it ran among. The bytes and calls are rank
+    0's: a pipeline's first stage holds the most blocks (``pipeline.stage_layers``)."""
     n, out = len(ranks), {}
     for t in ranks[0].traffic:
         seconds = max(r.collective_s[t.collective] for r in ranks)
@@ -258,7 +259,10 @@ def communication(
     if ranks[0].pipeline is not None:  # its point-to-point traffic is in the pipeline block
         exposed = phases["allreduce"].median if grad_bytes else None  # the dp replicas' alone
         return Communication(
-            grad_bytes_per_step=grad_bytes, exposed_s=exposed, exposed_method=rules.exposed_method
+            grad_bytes_per_step=grad_bytes,
+            exposed_s=exposed,
+            exposed_method=rules.exposed_method,
+            collectives=collectives_of(ranks, layout),  # tp x pp: the stages' tp allreduces
         )
     exposed = rules.exposed_s(
         phases["backward"].median,
@@ -328,8 +332,9 @@ def target_of(cfg: RunConfig, logs: Sequence[StepLog], samples: int) -> Target |
 
 
 def rank_counts(spec: Spec, layout: Layout) -> dict[str, int]:
-    """One rank's share of the work under tensor parallelism (``Counts.rank_*``), else none."""
-    if layout.tp == 1:
+    """One rank's share of the work under tensor parallelism alone (``Counts.rank_*``), else
+    none (a pipeline's ranks: the parameters each holds are its pipeline block's ``per_rank``)."""
+    if layout.tp == 1 or layout.pp > 1:
         return {}
     mine = rank_count(spec, layout.tp)
     return {
