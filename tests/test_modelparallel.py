@@ -96,6 +96,22 @@ def test_pipeline_step_and_bubble_by_hand() -> None:
     assert Layout(pp=4).bubble() == pytest.approx(3 / 11)  # m = 2 x pp by default
 
 
+def test_tensor_parallel_pipelines_send_a_copy_per_tp_rank() -> None:
+    # 2 nodes of 2 ranks, tp=2 inside each, the 2 stages on the 2 nodes: each tp rank sends its
+    # own copy of the activations across, the 2 of them through the node's one fabric
+    intra, inter = Comm(alpha_s=ALPHA, beta_bytes_per_s=10 * BETA), Comm(alpha_s=ALPHA, beta_bytes_per_s=BETA)
+    comm = {"allreduce": Hierarchy(intra=intra, inter=inter, ranks_per_node=2)}
+    m = model_for(SPEC, 8, GAMMA, comm, backend="torch", layout=parse_layout("tp=2,pp=2,microbatches=4"))
+    assert m.parallel is not None
+    assert m.parallel.p2p_s(2, 4) == pytest.approx(2 * (ALPHA + 2 * ACT * 2 / BETA))
+    tp = 4 * (2 * ALPHA + 2 * ACT / (10 * BETA))  # a stage's one block: 2 + 2 allreduces, inside a node
+    assert m.parallel.tp_s(2, 4) == pytest.approx(tp)
+    _, _, step = m.parts(4)
+    f, _ = flops_and_grads(m)
+    slot = f * 8 / GAMMA / 4 / 4 + tp + m.parallel.p2p_s(2, 4)  # a quarter of the work a micro-batch
+    assert step == pytest.approx((4 + 2 - 1) * slot)  # one replica: no data-parallel term
+
+
 def test_layout_fits_only_its_rank_counts() -> None:
     m = layered("dp=2,tp=2")
     assert m.predictable(4) and not m.predictable(2) and not m.predictable(8)

@@ -178,12 +178,16 @@ class ModelParallel:
 
     def p2p_s(self, samples: float, p: int) -> float:
         """One micro-batch's sends across one stage boundary: its activations forward, their
-        gradients backward, ``α + S/β`` each."""
+        gradients backward, ``α + S/β`` each. Every rank of a tensor-parallel group sends its
+        own copy (``hpcdl.parallel.schedule``): across nodes the ``min(tp, r)`` of them on a
+        node share its fabric, ``β / min(tp, r)`` each."""
         if self.layout.pp == 1:
             return 0.0
-        level = self.inter if self.crosses_nodes(p, p) else self.intra
+        crossing = self.crosses_nodes(p, p)
+        level = self.inter if crossing else self.intra
+        sharing = min(self.layout.tp, self.ranks_per_node) if crossing else 1
         nbytes = samples * self.activations.bytes_per_sample
-        return 2 * (level.alpha_s + nbytes / level.beta_bytes_per_s)
+        return 2 * (level.alpha_s + nbytes * sharing / level.beta_bytes_per_s)
 
     def dp_cost(self, cost: Cost) -> Cost:
         """A data-parallel collective's cost among the ``dp`` ranks of one group: the group's
