@@ -23,6 +23,8 @@ from hpcdl.parallel.tensor import stage_tp_traffic
 from hpcdl.records.audit import audit
 from hpcdl.records.loader import read_record
 from hpcdl.records.store import read_steps
+from hpcdl.results.report.plots import by_dimension
+from hpcdl.results.report.write import write_report
 from hpcdl.workloads import recipes
 from hpcdl.workloads.registry import spec_from_dict
 
@@ -295,3 +297,10 @@ def test_data_tensor_and_pipeline_parallelism_step_as_one_process(tmp_path: Path
     assert (tp.ranks, tp.calls_per_step, tp.bytes_per_step) == (2, 2 * 4 * 2, expected.bytes)
     assert tp.seconds_per_step > 0
     assert all(word in p.stdout for word in ("tp.allreduce", "pp bubble", "dp allreduce"))  # layout line
+    # the report's figure of where the step goes per dimension
+    parts = by_dimension(r)
+    assert parts["tp collectives"] == tp.seconds_per_step and parts["dp allreduce"] == comm.exposed_s
+    assert parts["pp bubble"] == pytest.approx(pipe.bubble_measured * r.metrics.phases_s["schedule"].median)
+    assert 0 < parts["computation and the rest"] < r.metrics.step_time_s.median
+    write_report([tmp_path], tmp_path / "report", say=lambda _: None)
+    assert (tmp_path / "report" / "layouts.png").stat().st_size > 0

@@ -167,14 +167,14 @@ def scaling(
     return _save(fig, path)
 
 
-def phases(path: Path, rows: Sequence[tuple[str, Mapping[str, float]]]) -> Path:
-    """Median seconds of each step phase per record (``rows``: label, phase -> seconds), stacked
-    horizontal bars: in milliseconds (left) and as a share of the bar (right), since step times
-    of different workloads differ by orders of magnitude."""
+def phases(
+    path: Path, rows: Sequence[tuple[str, Mapping[str, float]]], parts: Sequence[str] = PHASES
+) -> Path:
+    """Median seconds of each step phase (or other ``parts`` of a step) per record (``rows``:
+    label, part -> seconds), stacked horizontal bars: in milliseconds (left) and as a share of
+    the bar (right), since step times of different workloads differ by orders of magnitude."""
     labels = [plain(label) for label, _ in rows]
-    ms = np.array([[max(0.0, ph.get(p, 0.0)) * 1e3 for p in PHASES] for _, ph in rows]).reshape(
-        -1, len(PHASES)
-    )
+    ms = np.array([[max(0.0, ph.get(p, 0.0)) * 1e3 for p in parts] for _, ph in rows]).reshape(-1, len(parts))
     totals = ms.sum(axis=1, keepdims=True)
     shares = np.divide(ms, totals, out=np.zeros_like(ms), where=totals > 0)
     fig = Figure(figsize=(11, 1.6 + 0.3 * len(rows)), layout="constrained")
@@ -182,17 +182,17 @@ def phases(path: Path, rows: Sequence[tuple[str, Mapping[str, float]]]) -> Path:
     y = np.arange(len(rows))
     for ax, values in ((ax_t, ms), (ax_f, shares)):
         left = np.zeros(len(rows))
-        for i, phase in enumerate(PHASES):
+        for i, phase in enumerate(parts):
             ax.barh(y, values[:, i], left=left, color=f"C{i}", label=phase if ax is ax_t else None)
             left += values[:, i]
         ax.grid(True, axis="x", alpha=0.3)
     ax_t.set_yticks(y, labels, fontsize=8)
     ax_t.invert_yaxis()
     ax_t.set_xlabel("median time per step (ms)")
-    ax_f.set_xlabel("share of the summed phase medians")
+    ax_f.set_xlabel("share of the summed medians")
     ax_f.xaxis.set_major_formatter(PercentFormatter(1.0))
     ax_f.set_xlim(0, 1)
-    fig.legend(loc="outside upper center", ncols=len(PHASES), fontsize=9)
+    fig.legend(loc="outside upper center", ncols=len(parts), fontsize=9)
     return _save(fig, path)
 
 

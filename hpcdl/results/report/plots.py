@@ -13,7 +13,7 @@ from pathlib import Path
 from hpcdl.measure import caps
 from hpcdl.records.audit import Audit
 from hpcdl.records.loader import SweepSummary
-from hpcdl.records.views import Stats, compute_times, finite
+from hpcdl.records.views import Result, Stats, compute_times, finite
 from hpcdl.results.report import figures
 from hpcdl.results.report.data import label
 from hpcdl.results.report.sweeps import Sweep, measured_points, plottable
@@ -85,6 +85,39 @@ def phase_plots(records: Sequence[Audit]) -> list[Plot]:
         "per record, in ms and as a share of their sum"
     )
     return [Plot("phases.png", caption, partial(figures.phases, rows=rows))]
+
+
+DIMENSIONS = ("computation and the rest", "tp collectives", "pp bubble", "dp allreduce")
+"""where a layout run's step goes (:func:`by_dimension`)"""
+
+
+def by_dimension(result: Result) -> dict[str, float]:
+    """Median seconds of a layout run's step by parallel dimension: tensor parallelism's
+    collectives (each timed after training on its group: their cost, not their place in the
+    step), the pipeline's bubble (its measured share of the ``schedule`` phase), the data-parallel
+    replicas' allreduce after backward or the schedule, and what is left of the median step."""
+    m = result.metrics
+    tp = sum(c.seconds_per_step for name, c in m.communication.collectives.items() if name.startswith("tp."))
+    bubble = m.pipeline.bubble_measured * _median_s(m.phases_s.get("schedule")) if m.pipeline else 0.0
+    dp = m.communication.exposed_s or 0.0
+    rest = max(0.0, m.step_time_s.median - tp - bubble - dp)
+    return dict(zip(DIMENSIONS, (rest, tp, bubble, dp), strict=True))
+
+
+def layout_plots(records: Sequence[Audit]) -> list[Plot]:
+    rows = [
+        (f"{label(a)} {layout.split(',schedule')[0]}", by_dimension(a.result))
+        for a in records
+        if (layout := a.result.settings.layout)
+    ]
+    if not rows:
+        return []
+    caption = (
+        "Where the step of each record with a parallel layout goes, per dimension: tensor parallelism's "
+        "collectives (timed after training on their groups), the pipeline's measured bubble, the "
+        "data-parallel allreduce, and the rest of the median step (computation, point-to-point sends)"
+    )
+    return [Plot("layouts.png", caption, partial(figures.phases, rows=rows, parts=DIMENSIONS))]
 
 
 def _median_s(stats: Stats | None) -> float:

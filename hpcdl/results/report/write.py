@@ -13,6 +13,7 @@ from hpcdl.results.report.page import Section, page
 from hpcdl.results.report.plots import (
     Predictor,
     cap_plots,
+    layout_plots,
     per_rank_plots,
     phase_plots,
     power_plots,
@@ -50,6 +51,7 @@ def write_report(
         ),
         ("Step phases", phase_plots(data.records), "no record with phase times"),
         ("Per-rank throughput", per_rank_plots(data.records), "no multi-rank record"),
+        ("Parallel layouts", layout_plots(data.records), "no record with a layout (--layout tp=N or pp=N)"),
         ("Power", power_plots(data.records), NO_POWER),
         ("Power and clock caps", cap_plots(data.records), "no cap sweep (hpcdl sweep --power-limit)"),
         ("Memory", memory_plots(data.records), "no record with a peak memory figure"),
