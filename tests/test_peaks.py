@@ -27,8 +27,9 @@ from hpcdl.measure.peaks import (
     raised_to_ceiling,
     theoretical_peak,
 )
-from hpcdl.records.build import energy_of, implausible, job_peak
+from hpcdl.records.build import energy_of
 from hpcdl.records.loader import read_record
+from hpcdl.records.peak import implausible, job_peak
 from hpcdl.results.text import notes_once
 from hpcdl.workloads.registry import spec_from_dict
 

@@ -20,20 +20,16 @@ from hpcdl.measure.environment import environment
 from hpcdl.measure.fit import Fit
 from hpcdl.measure.loop import StepLog
 from hpcdl.measure.measurement import RankMeasurement
-from hpcdl.measure.peaks import Peak, raised_to_ceiling
 from hpcdl.parallel.backends import BACKENDS, Backend
-from hpcdl.parallel.layout import Layout, fit_layout, parse_layout, tp_crosses_nodes
-from hpcdl.parallel.tensor import rank_count
+from hpcdl.parallel.layout import fit_layout, parse_layout, tp_crosses_nodes
 from hpcdl.records import schema, validity
+from hpcdl.records.parallel import communication, pipeline_of, rank_counts
+from hpcdl.records.peak import implausible, job_peak, unknown_peak_reason
 from hpcdl.records.views import (
     Check,
-    Collective,
-    Communication,
     Counts,
     Energy,
     Metrics,
-    PipelineFigures,
-    PipelineRank,
     RankRow,
     Settings,
     Stats,
@@ -50,49 +46,6 @@ def stats(values: Sequence[float]) -> Stats:
     return Stats(s["median"], s["p10"], s["p90"], s["mean"], s["min"], s["max"], int(s["n"]))
 
 
-def job_peak(device: torch.device, override: float, ranks: Sequence[RankMeasurement]) -> Peak | None:
-    """The theoretical peak FLOP/s of the hardware the whole job ran on (MFU's denominator).
-
-    GPUs: each device the ranks drive, counted once (told apart by UUID: with
-    CUDA_VISIBLE_DEVICES set per rank, every rank's device is ``cuda:0``). CPUs: each host's
-    cores the ranks may run on (the union of their affinities), at the peak per core of that
-    host's estimate. The user's figure is per device (per GPU, or per node on CPUs). None where
-    any part has no known peak: a partial sum would overstate MFU.
-    """
-    gpu = device.type == "cuda"
-    units = {(r.host, (r.device_uuid or r.device_index) if gpu else None): r for r in ranks}
-    per = "GPU" if gpu else "node"
-    if override > 0:
-        source = f"user: {override:.4g} FLOP/s per {per} x {len(units)}"
-        return Peak(override * len(units), source, kind="user")
-    total, first = 0.0, None
-    for (host, _), r in units.items():
-        if r.peak is None:
-            return None
-        peak, share = r.peak, 1.0
-        if not gpu:  # this host's cores of every rank, against the one rank's
-            cpus = {c for x in ranks if x.host == host for c in x.cpus}
-            share = len(cpus) / max(len(r.cpus), 1)
-            peak = host_peak(r, [x for x in ranks if x.host == host])
-        total += peak.flops * share
-        first = first or peak
-    assert first is not None
-    times = f" x {len(units)} {per}s" if len(units) > 1 else ""
-    return Peak(total, first.source + times, kind=first.kind, inputs=first.inputs)
-
-
-def host_peak(r: RankMeasurement, ranks: Sequence[RankMeasurement]) -> Peak:
-    """Rank ``r``'s CPU peak, raised to the clock that its host's GEMM ceiling implies where
-    that exceeds the estimate (``peaks.raised_to_ceiling``): the estimate's clock is then
-    demonstrably low. The host's ceiling is the sum of its ``ranks``' (each measured with its
-    own threads) over the CPUs they may run on together: ranks that share their CPUs (no
-    binding) each measured a share of them, not all of them."""
-    assert r.peak is not None
-    cpus = {c for x in ranks for c in x.cpus}
-    per_cpu = sum(x.gemm_ceiling_flops for x in ranks) / max(len(cpus), 1)
-    return raised_to_ceiling(r.peak, per_cpu * max(len(r.cpus), 1))
-
-
 def memory_split(spec: Spec, cfg: RunConfig, ranks: Sequence[RankMeasurement]) -> dict[str, Any]:
     """Where a rank's memory goes: the estimate's parts at the batch that ran, and what the
     device measured (its peak: on a CPU the process's resident set, which also holds the
@@ -105,42 +58,6 @@ def memory_split(spec: Spec, cfg: RunConfig, ranks: Sequence[RankMeasurement]) -
             "kind": ranks[0].peak_memory_kind,
         },
     }
-
-
-def unknown_peak_reason(device: torch.device, name: str) -> str:
-    if device.type == "cuda":
-        return f"unknown: no datasheet peak for {name!r} in hpcdl; give --peak-flops"
-    return "unknown: the CPU's clock could not be read; give --peak-flops"
-
-
-def implausible(mfu: float, fraction: float, ceiling: float, peak: Peak | None) -> list[str]:
-    """Figures that cannot be true, each with its likely cause: they are flagged, never shown
-    plain (METRICS.md, "Peaks and MFU")."""
-    flags = []
-    low_inputs = "the peak figure is too low for this device"
-    if peak is not None and peak.kind == "estimate":
-        low_inputs = (
-            "the peak is the measured GEMM ceiling (the estimate was below it), which this "
-            "workload's kernels outrun"
-            if "estimated_flops" in peak.inputs
-            else f"the estimated peak's inputs are low (clock from {peak.inputs.get('clock_source')})"
-        )
-    if mfu > 1:
-        flags.append(
-            f"MFU {mfu:.1%} > 100%: {low_inputs}, or kernels do fewer FLOPs than counted "
-            "(Winograd or FFT convolutions, fused or skipped work)"
-        )
-    if peak is not None and ceiling > peak.flops:
-        flags.append(
-            f"the measured GEMM ceiling is {ceiling / peak.flops:.0%} of the theoretical peak: {low_inputs}"
-        )
-    if fraction > 1:
-        flags.append(
-            f"the achieved rate is {fraction:.0%} of the measured GEMM ceiling: the ceiling was "
-            "measured under load, or this workload's kernels (oneDNN convolutions, fused ops) run "
-            "faster than the probe's matrix products or do fewer FLOPs than counted"
-        )
-    return flags
 
 
 def compute_only(r: RankMeasurement, rules: type[Backend]) -> float | None:
@@ -210,78 +127,6 @@ def checks_of(cfg: RunConfig, ranks: Sequence[RankMeasurement]) -> list[Check]:
     return checks
 
 
-def collectives_of(ranks: Sequence[RankMeasurement], layout: Layout) -> dict[str, Collective]:
-    """Every collective of a step: the backend's, each timed after training as one blocking
-    call of its bytes per step, and the in-step ones (the experts' all-to-all), timed as they
-    ran; each the slowest rank's median. Under a layout that splits the model, a collective
-    named ``DIM.KIND`` (``tp.allreduce``) runs among the ranks of one ``DIM`` group, the others
-    among the dp replicas; each says how many ranks it ran among. The bytes and calls are rank
-    0's: a pipeline's first stage holds the most blocks (``pipeline.stage_layers``)."""
-    n, out = len(ranks), {}
-    for t in ranks[0].traffic:
-        seconds = max(r.collective_s[t.collective] for r in ranks)
-        dim, _, kind = t.collective.rpartition(".")
-        if layout.model_parallel:
-            group = getattr(layout, dim or "dp")
-            timing = f"after training, its calls of one step among the {group} ranks of a {dim or 'dp'} group"
-            out[t.collective] = collective(kind, t.bytes, t.calls, seconds, group, timing, group)
-            continue
-        out[t.collective] = collective(
-            t.collective, t.bytes, t.calls, seconds, n, "one blocking call after training"
-        )
-    log = ranks[0].log
-    if log.in_step_calls:
-        per_step = [metrics.summarize(r.log.in_step_per_step())["median"] for r in ranks]
-        out["all_to_all"] = collective(
-            "all_to_all", log.in_step_bytes, log.in_step_calls, max(per_step), n, "in the step, as it ran"
-        )
-    return out
-
-
-def collective(
-    name: str, nbytes: int, calls: int, seconds: float, ranks: int, timing: str, group: int | None = None
-) -> Collective:
-    algbw = metrics.algbw(nbytes, seconds)
-    return Collective(nbytes, calls, seconds, algbw, metrics.busbw(algbw, ranks, name), timing, group)
-
-
-def communication(
-    backend: str, ranks: Sequence[RankMeasurement], phases: dict[str, Stats], layout: Layout
-) -> Communication:
-    """Communication figures: every collective of a step (the slowest rank sets the pace), the
-    allreduce of data parallelism also in the fields it always had, and the communication left
-    exposed, by the backend's own rule."""
-    grad_bytes = ranks[0].grad_bytes
-    if len(ranks) == 1:
-        return Communication(grad_bytes_per_step=grad_bytes)
-    local = [t for r in ranks for t in r.local_backward_s]
-    rules = BACKENDS.get(backend)
-    if ranks[0].pipeline is not None:  # its point-to-point traffic is in the pipeline block
-        exposed = phases["allreduce"].median if grad_bytes else None  # the dp replicas' alone
-        return Communication(
-            grad_bytes_per_step=grad_bytes,
-            exposed_s=exposed,
-            exposed_method=rules.exposed_method,
-            collectives=collectives_of(ranks, layout),  # tp x pp: the stages' tp allreduces
-        )
-    exposed = rules.exposed_s(
-        phases["backward"].median,
-        metrics.summarize(local)["median"] if local else None,
-        phases["allreduce"].median,
-    )
-    collectives = collectives_of(ranks, layout)
-    allreduce = collectives.get("allreduce")
-    return Communication(
-        grad_bytes_per_step=grad_bytes,
-        allreduce_s=allreduce.seconds_per_step if allreduce else None,
-        algbw_bytes_per_s=allreduce.algbw_bytes_per_s if allreduce else None,
-        busbw_bytes_per_s=allreduce.busbw_bytes_per_s if allreduce else None,
-        exposed_s=exposed,
-        exposed_method=rules.exposed_method,
-        collectives=collectives,
-    )
-
-
 def energy_of(ranks: Sequence[RankMeasurement], train_flops: int, samples: int, window_s: float) -> Energy:
     """Energy of the whole job: each GPU once, and each node's CPU packages once (RAPL is per
     node, so only local rank 0's reading counts). Ranks on MIG devices of one GPU all read the
@@ -328,55 +173,6 @@ def target_of(cfg: RunConfig, logs: Sequence[StepLog], samples: int) -> Target |
         reached=reached,
         time_to_target_s=max(g.window_s for g in logs) if reached else None,
         samples_to_target=samples if reached else None,
-    )
-
-
-def rank_counts(spec: Spec, layout: Layout) -> dict[str, int]:
-    """One rank's share of the work under tensor parallelism alone (``Counts.rank_*``), else
-    none (a pipeline's ranks: the parameters each holds are its pipeline block's ``per_rank``)."""
-    if layout.tp == 1 or layout.pp > 1:
-        return {}
-    mine = rank_count(spec, layout.tp)
-    return {
-        "rank_params": mine.params,
-        "rank_forward_flops_per_sample": mine.forward_flops,
-        "rank_train_flops_per_sample": mine.train_flops,
-    }
-
-
-def pipeline_of(spec: Spec, ranks: Sequence[RankMeasurement], layout: Layout) -> PipelineFigures | None:
-    """The pipeline block: the schedule, the bubble measured beside the theoretical one, and
-    the point-to-point bytes of a step (one pipeline's: all ranks' over the dp replicas)."""
-    if ranks[0].pipeline is None:
-        return None
-    rows = []
-    for r in ranks:
-        s = r.pipeline
-        assert s is not None
-        rows.append(
-            PipelineRank(
-                rank=r.rank,
-                pp_rank=s.pp_rank,
-                stages=s.stages,
-                params=s.params,
-                busy_s=metrics.summarize(s.busy_s)["median"],
-                span_s=metrics.summarize(s.span_s)["median"],
-                bubble=s.bubble,
-                sent_bytes_per_step=s.sent_bytes,
-            )
-        )
-    virtual = len(rows[0].stages)
-    return PipelineFigures(
-        schedule=layout.schedule,
-        stages=layout.pp,
-        stages_per_rank=virtual,
-        microbatches=layout.chunks,
-        microbatch_size=spec.batch_size // layout.chunks,
-        bubble_theoretical=metrics.theoretical_bubble(layout.pp, layout.chunks, virtual),
-        bubble_measured=float(np.mean([row.bubble for row in rows])),
-        p2p_bytes_per_step=sum(row.sent_bytes_per_step for row in rows) // layout.dp,
-        p2p_sends_per_step=sum(r.pipeline.sends for r in ranks if r.pipeline) // layout.dp,
-        per_rank=rows,
     )
 
 
