@@ -15,7 +15,7 @@ from torch import nn
 
 from hpcdl.parallel.backends.fsdp import FsdpBackend, units
 from hpcdl.parallel.launch import mpi_env
-from hpcdl.scaling.model import step_traffic
+from hpcdl.scaling.traffic import step_traffic
 from hpcdl.workloads.registry import FAMILIES, spec_from_dict
 
 MLP = ["--workload", "mlp", "layers=3", "width=64", "input_size=32", "output_size=10", "batch_size=8"]

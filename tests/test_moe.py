@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hpcdl.parallel.launch import mpi_env
-from hpcdl.scaling.model import step_traffic
+from hpcdl.scaling.traffic import step_traffic
 from hpcdl.workloads import moe
 from hpcdl.workloads.crosscheck import counted_flops, saved_activation_elements
 from hpcdl.workloads.families.attention import AttentionSpec

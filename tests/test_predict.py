@@ -165,7 +165,7 @@ def test_the_optimizer_updates_what_a_rank_holds() -> None:
 
 
 def test_sharded_fraction_of_each_scheme() -> None:
-    from hpcdl.scaling.model import sharded_fraction
+    from hpcdl.scaling.traffic import sharded_fraction
     from hpcdl.workloads.registry import spec_from_dict
 
     dense = spec_from_dict({"family": "attention", "layers": 2, "width": 32, "heads": 2})

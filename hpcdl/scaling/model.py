@@ -25,17 +25,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
-from torch import nn
-
 from hpcdl import metrics
 from hpcdl.errors import HpcdlError, InputError
 from hpcdl.parallel.backends import BACKENDS, COLLECTIVES, SINGLE, Traffic
-from hpcdl.parallel.placement import rank_local, spread
 from hpcdl.records.loader import SweepSummary
 from hpcdl.scaling.collectives import Comm, Cost, Hierarchy
 from hpcdl.scaling.modelparallel import Layout, ModelParallel, activations, check, levels, replicas
 from hpcdl.scaling.table import scaling_table
+from hpcdl.scaling.traffic import sharded_fraction, step_traffic
 from hpcdl.workloads import moe
 from hpcdl.workloads.registry import spec_from_dict
 
@@ -329,38 +326,6 @@ def bucket_tail(
     for ready, seconds in buckets:
         end = max(end, ready) + seconds
     return max(0.0, end - backward_s) if buckets else 0.0
-
-
-def placed_model(spec: Any, ranks: int) -> nn.Module:
-    """The spec's model on the meta device (no memory), its experts placed as at ``ranks`` ranks."""
-    with torch.device("meta"):
-        model = spec.build()
-    spread(model, 0, ranks, None, torch.device("meta"))
-    return model
-
-
-def sharded_fraction(spec: Any, backend: str, ranks: int) -> float:
-    """Of the spec's parameters, the fraction each of ``ranks`` ranks holds only 1/ranks of."""
-    if BACKENDS.get(backend).shards_state:
-        return 1.0
-    model = placed_model(spec, ranks)
-    local = rank_local(model)
-    held = sum(p.numel() for p in model.parameters() if id(p) in local)
-    return held * ranks / spec.count().params
-
-
-def step_traffic(spec: Any, backend: str, ranks: int, batch_per_rank: int) -> list[Traffic]:
-    """What one training step of ``spec`` moves per rank at ``ranks`` ranks: the backend's rule
-    on the spec's model (built on the meta device, its experts placed as at ``ranks``) and the
-    experts' all-to-alls of ``batch_per_rank`` sequences -- what a run records."""
-    model = placed_model(spec, ranks)
-    traffic = BACKENDS.get(backend).traffic(model)
-    layers = sum(isinstance(m, moe.MoE) and m.ranks > 1 for m in model.modules())
-    if layers:
-        calls = moe.ALL_TO_ALLS_PER_LAYER * layers
-        nbytes = calls * moe.dispatch_bytes(spec, batch_per_rank, spec.precision)
-        traffic.append(Traffic("all_to_all", nbytes, calls))
-    return traffic
 
 
 def model_for(
