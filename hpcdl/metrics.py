@@ -186,7 +186,9 @@ def bus_factor(collective: str, ranks: int) -> float:
     """busbw / algbw of a collective at ``ranks`` ranks (nccl-tests' PERFORMANCE.md): 2(n-1)/n
     for an allreduce (a reduce-scatter then an all-gather of the buffer), (n-1)/n for an
     all-gather, a reduce-scatter and an all-to-all (each rank sends or receives all but its own
-    1/n of the size once)."""
+    1/n of the size once); 1 for a point-to-point send (every byte crosses the one link)."""
+    if collective == "send":
+        return 1.0
     return BUS_FACTOR_STEPS[collective] * (ranks - 1) / ranks if ranks > 0 else 0.0
 
 

@@ -262,6 +262,9 @@ def test_a_pipeline_run_records_its_schedule_and_bubble(schedule: str, tmp_path:
     assert all(0 < x.bubble < 1 for x in pipe.per_rank)
     assert pipe.bubble_measured == pytest.approx(sum(x.bubble for x in pipe.per_rank) / 2)
     assert pipe.p2p_bytes_per_step == metrics.pipeline_p2p_bytes(2 * 32 * 4, 4)  # 2 samples x 32 wide
+    sends = r.metrics.communication.collectives["pp.send"]  # a rank's sends, timed after training
+    assert (sends.ranks, sends.calls_per_step, sends.bytes_per_step) == (2, 4, 4 * 2 * 32 * 4)
+    assert sends.seconds_per_step > 0 and sends.busbw_bytes_per_s == sends.algbw_bytes_per_s
     assert sum(x.params for x in pipe.per_rank) == r.counts.params
     (single,) = (tmp_path / "one").glob("*.json")
     ours = read_steps(path.parent / json.loads(path.read_text())["steps_file"])["loss"]
@@ -296,6 +299,8 @@ def test_data_tensor_and_pipeline_parallelism_step_as_one_process(tmp_path: Path
     (expected,) = stage_tp_traffic(spec_from_dict(TIED), 2, 2, 2)
     assert (tp.ranks, tp.calls_per_step, tp.bytes_per_step) == (2, 2 * 4 * 2, expected.bytes)
     assert tp.seconds_per_step > 0
+    sends = comm.collectives["pp.send"]  # 2 micro-batches of 4 sequences of 8 x 32 fp32, one way
+    assert (sends.ranks, sends.calls_per_step, sends.bytes_per_step) == (2, 2, 2 * 4 * 8 * 32 * 4)
     assert all(word in p.stdout for word in ("tp.allreduce", "pp bubble", "dp allreduce"))  # layout line
     # the report's figure of where the step goes per dimension
     parts = by_dimension(r)

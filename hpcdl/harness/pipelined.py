@@ -261,13 +261,18 @@ def measure_pipeline_rank(
             agree=world.all_true,
         )
     mem_bytes, mem_kind = peak_memory(device)
-    # tensor parallelism's allreduces in every block, timed after training on the tp group
+    # the stages' sends, and tensor parallelism's allreduces in every block, timed after training
+    # on their groups (the record's per-dimension collectives)
+    last = trainer.times[-1]
+    sends = Traffic("pp.send", last.sent_bytes, last.sends)
+    traffic = [sends]
+    collective_s = {sends.collective: pipe.time_sends(last.sent_bytes // max(last.sends, 1))}
     blocks = sum(len(m.blocks) for m in pipe.modules if isinstance(m, StageModule))
-    traffic = stage_tp_traffic(spec, blocks, layout.tp, layout.chunks)
-    tp = [Traffic(f"tp.{t.collective}", t.bytes, t.calls) for t in traffic]
-    collective_s = {}
-    if groups.tp is not None:
-        collective_s = {t.collective: time_collective(t, groups.tp.get_group(), device) for t in tp}
+    for t in stage_tp_traffic(spec, blocks, layout.tp, layout.chunks):
+        tp = Traffic(f"tp.{t.collective}", t.bytes, t.calls)
+        assert groups.tp is not None  # tp traffic only with tp > 1
+        collective_s[tp.collective] = time_collective(tp, groups.tp.get_group(), device)
+        traffic.append(tp)
     return RankMeasurement(
         rank=world.rank,
         host=world.hostname,
@@ -280,7 +285,7 @@ def measure_pipeline_rank(
         peak=theoretical_peak(device, device_name(device), spec.precision),
         gemm_ceiling_flops=ceiling,
         grad_bytes=grad_bytes,
-        traffic=tp,
+        traffic=traffic,
         collective_s=collective_s,
         peak_memory_bytes=mem_bytes,
         peak_memory_kind=mem_kind,

@@ -4,6 +4,7 @@ backward action timed and every send counted."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,7 +26,7 @@ from hpcdl.parallel.pipeline import (
     stage_modules,
 )
 from hpcdl.parallel.placement import average_across
-from hpcdl.parallel.tensor import local_tensor, plan
+from hpcdl.parallel.tensor import TIMING_REPEATS, local_tensor, plan
 from hpcdl.workloads.spec import Spec
 
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ class Pipeline:
         kind = SCHEDULES[schedule]
         chunks = pp * kind.virtual
         self.microbatches, self.pp, self.virtual = microbatches, pp, kind.virtual
+        self.group = group
         all_modules = stage_modules(spec, model, chunks)
         self.indices = [pp_rank + k * pp for k in range(kind.virtual)]
         self.modules: list[nn.Module] = [all_modules[i].to(device) for i in self.indices]
@@ -168,3 +170,35 @@ class Pipeline:
         if self.dp_group is None:
             return
         average_across([local_tensor(p.grad) for p in self.parameters() if p.grad is not None], self.dp_group)
+
+    def time_sends(self, message_bytes: int, repeats: int = TIMING_REPEATS) -> float:
+        """Median seconds per step this rank spends in its stages' point-to-point traffic, timed
+        after training (collective over the pipeline's group): every stage boundary in turn,
+        its ``microbatches`` messages of ``message_bytes`` sent forward one by one, then as
+        many back (the activations and their gradients), blocking sends between the boundary's
+        two ranks; after one untimed round."""
+        group = self.group or dist.group.WORLD
+        ranks = dist.get_process_group_ranks(group)
+        me, device = self.indices[0], self.stages[0].device
+        buf = torch.zeros(max(1, message_bytes // 4), dtype=torch.float32, device=device)
+        times = []
+        for i in range(repeats + 1):
+            dist.barrier(group=group)
+            spent = 0.0
+            for boundary in range(self.pp * self.virtual - 1):
+                src, dst = boundary % self.pp, (boundary + 1) % self.pp
+                if me not in (src, dst):
+                    continue
+                peer = ranks[dst if me == src else src]
+                t0 = time.perf_counter()
+                for sending in (me == src, me != src):  # activations forward, gradients back
+                    for _ in range(self.microbatches):
+                        if sending:
+                            dist.send(buf, peer, group=group)
+                        else:
+                            dist.recv(buf, peer, group=group)
+                synchronize(device)
+                spent += time.perf_counter() - t0
+            if i:
+                times.append(spent)
+        return statistics.median(times)

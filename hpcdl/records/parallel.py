@@ -20,13 +20,16 @@ from hpcdl.workloads.spec import Spec
 def collectives_of(ranks: Sequence[RankMeasurement], layout: Layout) -> dict[str, Collective]:
     """Every collective of a step: the backend's, each timed after training as one blocking
     call of its bytes per step, and the in-step ones (the experts' all-to-all), timed as they
-    ran; each the slowest rank's median. Under a layout that splits the model, a collective
-    named ``DIM.KIND`` (``tp.allreduce``) runs among the ranks of one ``DIM`` group, the others
-    among the dp replicas; each says how many ranks it ran among. The bytes and calls are rank
-    0's: a pipeline's first stage holds the most blocks (``pipeline.stage_layers``)."""
+    ran; each the slowest rank's bytes, calls and median time (a pipeline's ranks move
+    different amounts: a middle stage sends both ways, the first stage holds the most blocks).
+    Under a layout that splits the model, a collective named ``DIM.KIND`` (``tp.allreduce``,
+    ``pp.send``) runs among the ranks of one ``DIM`` group, the others among the dp replicas;
+    each says how many ranks it ran among."""
     n, out = len(ranks), {}
-    for t in ranks[0].traffic:
-        seconds = max(r.collective_s[t.collective] for r in ranks)
+    for name in (t.collective for t in ranks[0].traffic):
+        slowest = max(ranks, key=lambda r: r.collective_s[name])
+        seconds = slowest.collective_s[name]
+        t = next(x for x in slowest.traffic if x.collective == name)
         dim, _, kind = t.collective.rpartition(".")
         if layout.model_parallel:
             group = getattr(layout, dim or "dp")
