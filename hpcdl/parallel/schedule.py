@@ -174,6 +174,7 @@ class Pipeline:
     def time_sends(self, message_bytes: int, repeats: int = TIMING_REPEATS) -> float:
         """Median seconds per step this rank spends in its stages' point-to-point traffic, timed
         after training (collective over the pipeline's group): every stage boundary in turn,
+        after a barrier (a rank's time is its own boundaries', not its wait for the others),
         its ``microbatches`` messages of ``message_bytes`` sent forward one by one, then as
         many back (the activations and their gradients), blocking sends between the boundary's
         two ranks; after one untimed round."""
@@ -183,9 +184,9 @@ class Pipeline:
         buf = torch.zeros(max(1, message_bytes // 4), dtype=torch.float32, device=device)
         times = []
         for i in range(repeats + 1):
-            dist.barrier(group=group)
             spent = 0.0
             for boundary in range(self.pp * self.virtual - 1):
+                dist.barrier(group=group)
                 src, dst = boundary % self.pp, (boundary + 1) % self.pp
                 if me not in (src, dst):
                     continue
