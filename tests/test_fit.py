@@ -4,6 +4,9 @@ peak, is stopped by its parent past the limit, and reports a failure that is not
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -38,6 +41,33 @@ def test_the_search_lands_within_the_window_below_the_target_from_either_side(st
     assert peak is not None and (1 - WINDOW) * target <= peak <= target, trials
     assert len(calls) <= 5 and calls[0] == max(1, start // 4)  # two trials, then the line's batch
     assert fixed == pytest.approx(100 * MB, rel=0.05) and slope == pytest.approx(MB, rel=0.05)
+
+
+def test_the_search_lands_in_the_window_through_trial_noise() -> None:
+    """Each batch's peak off the line by up to 3 %, adjacent batches unrelated (a CPU trial's
+    heap: an RNN's batches 175..178 measured 0.948, 0.917, 0.944 and 1.03 of its target): over
+    200 seeded noise patterns and three starts the search lands in the window nearly always
+    (aiming at the window's top with a slope from the two largest trials: 97.8 %)."""
+
+    def noisy(seed: int) -> Callable[[int], Trial]:
+        noise: dict[int, float] = {}
+        rng = random.Random(seed)
+
+        def measure(batch: int) -> Trial:
+            off = noise.setdefault(batch, rng.uniform(-0.03, 0.03))
+            return Trial(batch, int((50 * MB + 1 * MB * batch) * (1 + off)))
+
+        return measure
+
+    landed = 0
+    for seed in range(200):
+        measure = noisy(seed)
+        for start in (50, 200, 800):
+            target = 250 * MB
+            batch, trials, _, _ = search(measure, start, target, 2 * target, 1 * MB)
+            peak = next(t.peak_bytes for t in trials if t.batch == batch)
+            landed += peak is not None and (1 - WINDOW) * target <= peak <= target
+    assert landed >= 0.99 * 600
 
 
 def test_a_batch_the_line_puts_past_the_limit_is_refused_before_it_runs() -> None:

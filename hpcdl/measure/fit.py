@@ -28,6 +28,8 @@ from hpcdl.workloads.spec import Spec
 
 WINDOW = 0.05
 """a trial whose peak is within this fraction below the target ends the search"""
+SPAN = 0.1
+"""the line's two trials are at least this fraction of the larger batch apart"""
 MAX_TRIALS = 8
 """trials per rank at most; the best batch within the target found so far is then taken"""
 MAX_GROWTH = 8
@@ -77,7 +79,7 @@ class Fit:
     measured_peak_bytes: int | None
     """the peak this rank's trial at ``batch`` measured (None: another rank's search chose it)"""
     fixed_bytes: float | None = None
-    """the peak's fixed part, from the last two trials' line"""
+    """the peak's fixed part, from the search's last line (``search``)"""
     per_sample_bytes: float | None = None
     """the peak's slope per sample, from the same line"""
     trials: list[dict[str, int | None]] = field(default_factory=list)
@@ -109,29 +111,31 @@ def search(
 ) -> tuple[int, list[Trial], float | None, float | None]:
     """The largest batch whose measured peak is within ``target``, found with few ``measure``
     calls: trials at a quarter and half of ``start``, then the batch where the line through the
-    two largest measured trials (fixed part + slope x batch) meets the target, kept between the
-    largest batch within the target (``lo``) and the smallest above it (``hi``), until a trial
-    lands in the window below the target or the two meet. A batch the line puts above ``limit``
-    is refused without running. ``fallback_slope`` stands in for a slope that noise made zero or
-    negative. Returns (batch, trials, fixed part, slope); batch 0 when even batch 1 is above the
-    target."""
+    largest measured trial and the largest one at least ``SPAN`` below it in batch (fixed part +
+    slope x batch) meets the middle of the window below the target, kept between the largest
+    batch within the target (``lo``) and the smallest above it (``hi``), until a trial lands in
+    the window or the two meet. Aiming at the window's middle and reading the slope from trials
+    apart leave room for a trial's own noise (a few % between adjacent batches on a CPU). A
+    batch the line puts above ``limit`` is refused without running. ``fallback_slope`` stands
+    in for a slope that noise made zero or negative. Returns (batch, trials, fixed part, slope);
+    batch 0 when even batch 1 is above the target."""
     trials: list[Trial] = []
     fixed: float | None = None
     slope: float | None = None
     lo, hi = 0, 2**31
     first = max(1, start // 4)
     queue = [first, max(first + 1, start // 2)]
+    aim = (1 - WINDOW / 2) * target
     while len(trials) < MAX_TRIALS and hi - lo > 1:
-        measured = sorted((t for t in trials if t.peak_bytes is not None), key=lambda t: t.batch)[-2:]
-        if len(measured) == 2:
-            (b0, p0), (b1, p1) = ((t.batch, t.peak_bytes or 0) for t in measured)
+        if pair := _line_points([t for t in trials if t.peak_bytes is not None]):
+            (b0, p0), (b1, p1) = pair
             slope = (p1 - p0) / (b1 - b0)
             slope = slope if slope > 0 else fallback_slope
             fixed = p1 - slope * b1
         if queue:
             batch = queue.pop(0)
         elif fixed is not None and slope is not None:
-            batch = math.floor((target - fixed) / slope)
+            batch = math.floor((aim - fixed) / slope)
         else:  # no line yet: double up from the last batch within the target, or halve down
             batch = 2 * lo if lo else max(1, min(t.batch for t in trials) // 4)
         batch = min(max(batch, lo + 1), hi - 1, MAX_GROWTH * lo if lo else hi - 1)
@@ -153,6 +157,20 @@ def search(
             hi = batch
             queue = [q for q in queue if q < batch]
     return lo, trials, fixed, slope
+
+
+def _line_points(measured: list[Trial]) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """(batch, peak) of the largest measured trial and of the largest one at least ``SPAN``
+    below it in batch (adjacent batches' peaks differ by their noise more than by their slope),
+    or None."""
+    if not measured:
+        return None
+    top = max(measured, key=lambda t: t.batch)
+    below = [t for t in measured if t.batch <= (1 - SPAN) * top.batch]
+    if not below:
+        return None
+    low = max(below, key=lambda t: t.batch)
+    return (low.batch, low.peak_bytes or 0), (top.batch, top.peak_bytes or 0)
 
 
 def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) -> tuple[Spec, Fit]:
