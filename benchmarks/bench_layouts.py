@@ -1,15 +1,13 @@
 """On-demand benchmark of the scaling model's tensor- and pipeline-parallel terms (issue 22,
-part 4) on the emulated cluster: predicted against measured step time of tp=2 x dp=2,
-pp=2 x dp=2 and tp=2 x pp=2 at 4 ranks, 2 hosts x 2 ranks (tensor parallelism inside a host, as
-the layout places it; the pipeline's stages on the two hosts). Target: within 15 % (the first
-two: issue 22).
+part 4) on the emulated cluster: predicted against measured step time of tp=2 x dp=2 and
+pp=2 x dp=2 at 4 ranks, 2 hosts x 2 ranks (tensor parallelism inside a host, as the layout
+places it; the pipeline's stages on the two hosts). Target: within 15 %.
 
 The model's side is hpcdl/scaling/modelparallel.py; its inputs are
 those of benchmarks/bench_emulated.py (the two sweeps inside one host and across two, gamma
-from concurrent runs taken from their phases, interleaved rounds, medians): 1-rank runs of the
-whole model, or, with tensor parallelism, runs of one tp group on one host (what a tp rank
-computes is measured: on this CPU DTensor's shards are not tp times faster); with a pipeline,
-at the micro-batch size its stages compute.
+from concurrent runs taken from their phases, interleaved rounds, medians): for the pipeline,
+1-rank runs of the whole model; for tensor parallelism, runs of one tp group on one host (what a
+tp rank computes is measured: on this CPU DTensor's shards are not tp times faster).
 
     .venv/bin/python benchmarks/bench_layouts.py [--rate 200mbit] [--duration 8] [--reps 3] [-o DIR]
 
@@ -36,10 +34,7 @@ from hpcdl.scaling.model import relative_error
 from hpcdl.scaling.modelparallel import parse_layout
 
 HOSTS, PPN = 2, 2
-BATCH = 8
-"""one replica's batch per step"""
-KNOBS = ["--workload", "attention", "layers=4", "width=256", "heads=4", "seq_len=64"]
-TRANSFORMER = [*KNOBS, f"batch_size={BATCH}"]
+TRANSFORMER = ["--workload", "attention", "layers=4", "width=256", "heads=4", "seq_len=64", "batch_size=8"]
 """a dense transformer whose blocks tensor parallelism shards (heads and width divisible by 2)
 and the pipeline splits (4 blocks, 2 a stage)"""
 SIZES = ",".join(str(4096 << (2 * k)) for k in range(7)) + f",{8 << 20}"  # 4 KiB .. 16 MiB
@@ -57,23 +52,20 @@ def one_round(out: Path, i: int, duration: str) -> dict[str, tuple[float, float,
     found = {}
     for name, layout in LAYOUTS.items():
         here = out / name.replace(" ", "") / f"round-{i}"
-        tp, chunks = parse_layout(layout).tp, parse_layout(layout).chunks
-        # calibrated as the ranks compute: a pipeline's stages run micro-batches of BATCH/chunks
-        calibration = [*KNOBS, f"batch_size={BATCH // chunks}"]
+        tp = parse_layout(layout).tp
         if tp > 1:  # runs of one tp group: what a tp rank computes, measured (model_from_records)
-            group = [*calibration, "--np", str(tp), "--backend", "torch", "--layout", f"tp={tp}"]
+            group = [*TRANSFORMER, "--np", str(tp), "--backend", "torch", "--layout", f"tp={tp}"]
             base = gamma_base(here, group, HOSTS * PPN // tp, duration)
         else:
-            base = gamma_base(here, [*calibration, "--backend", "torch"], HOSTS * PPN, duration)
+            base = gamma_base(here, [*TRANSFORMER, "--backend", "torch"], HOSTS * PPN, duration)
         hpcdl("run", *TRANSFORMER, "--np", str(HOSTS * PPN), "--backend", "torch", "--layout", layout,
               "--duration", duration, "-o", str(here / "run"), **on_layout(HOSTS, PPN))  # fmt: skip
         got = measured_parts(record(here / "run"))["step_s"]
         intra, inter = levels(out, "torch", SIZES)
         costs = fitted_hierarchy(intra, inter, PPN, ALGORITHMS["torch"])
         model = model_from_records(
-            read_record(base).result, costs, backend="torch", layout=parse_layout(layout),
-            gamma_from="phases", batch=BATCH,
-        )  # fmt: skip
+            read_record(base).result, costs, backend="torch", layout=parse_layout(layout), gamma_from="phases"
+        )
         point = model.point(HOSTS * PPN)
         found[name] = (got, point["step_s"], point.get("bubble_s", 0.0))
         print(f"round {i} {name}: measured {got * 1e3:.1f} ms, predicted {point['step_s'] * 1e3:.1f} ms",

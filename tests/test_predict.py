@@ -434,11 +434,6 @@ def test_gamma_from_phases_is_the_step_the_phases_compute() -> None:
     assert model_from_records(base, comm, backend="torch").gamma_flops_per_s == base.metrics.ai_ops_per_s
     with pytest.raises(InputError, match="predict.gamma_from"):
         model_from_records(base, comm, gamma_from="guess")
-    # another batch than the record's: its computation scales, its optimizer's time does not
-    b = base.settings.batch_per_rank
-    optimizer = base.metrics.phases_s["optimizer"].median
-    big = model_from_records(base, comm, backend="torch", gamma_from="phases", batch=4 * b)
-    assert big.step_s(1) == pytest.approx(4 * (phases - optimizer) + optimizer)
 
 
 def test_a_tensor_parallel_group_calibrates_what_a_tp_rank_computes() -> None:

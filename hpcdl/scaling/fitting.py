@@ -157,7 +157,6 @@ def model_from_records(
     accumulation_steps: int | None = None,
     layout: Layout | None = None,
     gamma_from: str = "throughput",
-    batch: int | None = None,
 ) -> Model:
     """The model of ``base``'s workload on ``base``'s system: γ from its AI-ops/s (``gamma_from
     "throughput"``) or from the medians of its phases (``"phases"``: ``F · b`` over data +
@@ -171,12 +170,7 @@ def model_from_records(
     taken as 1/T of the whole model's work (on a CPU DTensor's sharded step is not T times
     faster), and stands in the model as a 1-rank whole model ``T`` times as slow: γ = ``F · b``
     over ``T`` × (its phases less its tensor-parallel collectives, which the model adds back on
-    the intra-node link), the optimizer ``T`` × its own.
-
-    ``batch``: the batch per replica and step to predict where it differs from the base
-    record's (a pipeline's stages compute micro-batches: a record at the micro-batch size has
-    the rate they run at). Its computation per sample is the record's, and so is its
-    optimizer's time per step: γ is rescaled so that ``F · batch / γ`` holds both."""
+    the intra-node link), the optimizer ``T`` × its own."""
     tp = tensor_parallel_ranks(base)
     if base.world_size != tp:
         raise InputError(
@@ -189,15 +183,10 @@ def model_from_records(
     if tp > 1 and gamma_from != "phases":
         raise InputError("predict.gamma_from", gamma_from, "phases, with a tensor-parallel base record")
     gamma = base.metrics.ai_ops_per_s if gamma_from == "throughput" else phase_gamma(base, tp)
+    batch = base.settings.batch_per_rank
     phases = base.metrics.phases_s
     optimizer = phases.get("optimizer")
     optimizer_s = tp * optimizer.median if optimizer is not None and math.isfinite(optimizer.median) else 0.0
-    measured = base.settings.batch_per_rank
-    if batch and batch != measured:  # the step's computation scales with the batch, its optimizer not
-        flops = base.metrics.train_flops_per_sample
-        computing = max(flops * measured / gamma - optimizer_s, 0.0) * batch / measured
-        gamma = flops * batch / (computing + optimizer_s)
-    batch = batch or measured
     forward, backward = phases.get("forward"), phases.get("backward")
     fraction = BACKWARD_FRACTION
     if forward is not None and backward is not None and forward.median + backward.median > 0:
