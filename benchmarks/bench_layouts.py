@@ -1,7 +1,8 @@
 """On-demand benchmark of the scaling model's tensor- and pipeline-parallel terms (issue 22,
-part 4) on the emulated cluster: predicted against measured step time of tp=2 x dp=2 and
-pp=2 x dp=2 at 4 ranks, 2 hosts x 2 ranks (tensor parallelism inside a host, as the layout
-places it; the pipeline's stages on the two hosts). Target: within 15 %.
+part 4) on the emulated cluster: predicted against measured step time of tp=2 x dp=2,
+pp=2 x dp=2 and tp=2 x pp=2 at 4 ranks, 2 hosts x 2 ranks (tensor parallelism inside a host, as
+the layout places it; the pipeline's stages on the two hosts). Target: within 15 % (the first
+two: issue 22).
 
 The model's side is hpcdl/scaling/modelparallel.py; its inputs are
 those of benchmarks/bench_emulated.py (the two sweeps inside one host and across two, gamma
