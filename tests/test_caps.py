@@ -21,6 +21,7 @@ from test_telemetry import FakeNvml, write_domain
 from hpcdl.errors import HpcdlError, InputError
 from hpcdl.measure import caps
 from hpcdl.measure import journal as caps_journal
+from hpcdl.measure.limits import SYSFS_ENV, cpu_limits, gpu_limits
 from hpcdl.parallel.launch import Terminated, stop_signals_raise
 from hpcdl.records.loader import read_record
 from hpcdl.results.report import figures, write_report
@@ -58,7 +59,7 @@ def scaling_max_mhz(root: Path) -> set[int]:
 @pytest.fixture
 def sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = fake_sysfs(tmp_path / "sys")
-    monkeypatch.setenv(caps.SYSFS_ENV, str(root))
+    monkeypatch.setenv(SYSFS_ENV, str(root))
     monkeypatch.setenv(caps_journal.JOURNAL_ENV, str(tmp_path / "caps-journal.json"))
     return root
 
@@ -131,7 +132,7 @@ def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_cpu_clock_cap_is_set_and_restored(sysfs: Path) -> None:
-    limits = caps.cpu_limits("clock", CPUS)
+    limits = cpu_limits("clock", CPUS)
     caps.check("clock", [1500, 2000], limits)
     before = snapshot(sysfs)
     with caps.capped("clock", 1500, limits) as applied:
@@ -143,7 +144,7 @@ def test_cpu_clock_cap_is_set_and_restored(sysfs: Path) -> None:
 
 
 def test_rapl_power_cap_is_set_and_restored_after_an_exception(sysfs: Path) -> None:
-    limits = caps.cpu_limits("power", CPUS)
+    limits = cpu_limits("power", CPUS)
     assert [lim.name for lim in limits] == [
         "intel-rapl:0 package power limit",
         "intel-rapl:1 package power limit",
@@ -171,19 +172,19 @@ def test_bad_caps_are_refused_and_nothing_changes(
 ) -> None:
     before = snapshot(sysfs)
     with pytest.raises(InputError, match=why) as e:
-        caps.check(kind, values, caps.cpu_limits(kind, CPUS))
+        caps.check(kind, values, cpu_limits(kind, CPUS))
     assert "\n" not in str(e.value) and f"{kind}-limit=" in str(e.value)
     assert snapshot(sysfs) == before and not caps_journal.journal_path().exists()
 
 
 def test_missing_or_disabled_interfaces_are_refused(sysfs: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no cpufreq interface"):
-        caps.cpu_limits("clock", CPUS, tmp_path / "empty")
+        cpu_limits("clock", CPUS, tmp_path / "empty")
     with pytest.raises(InputError, match="no RAPL package domains"):
-        caps.cpu_limits("power", CPUS, tmp_path / "empty")
+        cpu_limits("power", CPUS, tmp_path / "empty")
     (sysfs / "class/powercap/intel-rapl:1/enabled").write_text("0\n")
     with pytest.raises(InputError, match="disabled on intel-rapl:1"):
-        caps.cpu_limits("power", CPUS)
+        cpu_limits("power", CPUS)
 
 
 @pytest.fixture
@@ -196,7 +197,7 @@ def read_only_sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     try:
         fake_sysfs(where)
         subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
-        monkeypatch.setenv(caps.SYSFS_ENV, str(where))
+        monkeypatch.setenv(SYSFS_ENV, str(where))
         monkeypatch.setenv(caps_journal.JOURNAL_ENV, str(tmp_path / "journal.json"))
         yield where
     finally:
@@ -206,7 +207,7 @@ def read_only_sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
 def test_a_limit_that_cannot_be_written_is_refused_before_anything_changes(read_only_sysfs: Path) -> None:
     before = snapshot(read_only_sysfs)
     with pytest.raises(InputError, match="cannot be changed: .*Read-only file system"):
-        caps.check("clock", [1500], caps.cpu_limits("clock", CPUS))
+        caps.check("clock", [1500], cpu_limits("clock", CPUS))
     assert snapshot(read_only_sysfs) == before and not caps_journal.journal_path().exists()
 
 
@@ -215,7 +216,7 @@ def test_a_limit_that_cannot_be_written_is_refused_before_anything_changes(read_
 
 def test_gpu_power_cap_through_nvml(journal: Path) -> None:
     nv = CapNvml()
-    limits = caps.gpu_limits("power", nv, [1, 0, 1])
+    limits = gpu_limits("power", nv, [1, 0, 1])
     assert [lim.name for lim in limits] == ["GPU 0 power limit", "GPU 1 power limit"]
     caps.check("power", [300, 450], limits)
     assert nv.limit_mw == {0: 700_000, 1: 700_000}  # the probe wrote what they held
@@ -229,7 +230,7 @@ def test_gpu_power_cap_through_nvml(journal: Path) -> None:
 
 def test_gpu_clock_cap_locks_from_the_lowest_clock_and_resets(journal: Path) -> None:
     nv = CapNvml()
-    limits = caps.gpu_limits("clock", nv, [0])
+    limits = gpu_limits("clock", nv, [0])
     caps.check("clock", [1200], limits)
     with caps.capped("clock", 1200, limits) as applied:
         assert nv.locked[0] == (345, 1200) and applied[0].applied is None  # NVML cannot read it back
@@ -242,13 +243,13 @@ def test_nvml_without_privileges_is_refused_before_anything_changes(journal: Pat
     nv = CapNvml(permitted=False)
     for kind in ("power", "clock"):
         with pytest.raises(InputError, match="needs privileges to change .*Insufficient Permissions"):
-            caps.check(kind, [400], caps.gpu_limits(kind, nv, [0]))
+            caps.check(kind, [400], gpu_limits(kind, nv, [0]))
     assert nv.limit_mw == {0: 700_000, 1: 700_000} and nv.locked[0] is None and not journal.exists()
 
 
 def test_a_cap_the_device_ignores_is_an_error_not_a_silent_no_op(journal: Path) -> None:
     nv = CapNvml(obeys=False)
-    limits = caps.gpu_limits("power", nv, [0])
+    limits = gpu_limits("power", nv, [0])
     caps.check("power", [300], limits)
     with pytest.raises(InputError, match="holds 700 W after it was set: the device refused"):
         with caps.capped("power", 300, limits):
@@ -259,7 +260,7 @@ def test_a_cap_the_device_ignores_is_an_error_not_a_silent_no_op(journal: Path) 
 def test_sigterm_inside_the_cap_restores_it(journal: Path) -> None:
     """A real SIGTERM to this process while capped: Terminated unwinds through the restore."""
     nv = CapNvml()
-    limits = caps.gpu_limits("power", nv, [0, 1])
+    limits = gpu_limits("power", nv, [0, 1])
     with pytest.raises(Terminated), stop_signals_raise(), caps.capped("power", 250, limits):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # the handler raises at the next bytecode, long before this ends
@@ -268,7 +269,7 @@ def test_sigterm_inside_the_cap_restores_it(journal: Path) -> None:
 
 def test_a_failed_restore_keeps_the_journal_and_names_the_limit(journal: Path) -> None:
     nv = CapNvml()
-    limits = caps.gpu_limits("power", nv, [0])
+    limits = gpu_limits("power", nv, [0])
     with pytest.raises(HpcdlError, match="could not restore GPU 0 power limit"):
         with caps.capped("power", 250, limits):
             nv.permitted = False  # e.g. the driver was reloaded under us
@@ -280,7 +281,8 @@ def test_a_failed_restore_keeps_the_journal_and_names_the_limit(journal: Path) -
 HOLDER = """
 import sys, time
 from hpcdl.measure import caps
-limits = caps.cpu_limits("clock", [int(c) for c in sys.argv[1].split(",")])
+from hpcdl.measure.limits import cpu_limits
+limits = cpu_limits("clock", [int(c) for c in sys.argv[1].split(",")])
 with caps.capped("clock", 1200, limits):
     print("capped", flush=True)
     time.sleep(60)
@@ -300,12 +302,12 @@ def test_a_killed_holder_s_journal_is_restored_by_the_next_sweep(sysfs: Path) ->
     try:
         assert scaling_max_mhz(sysfs) == {1200}
         with pytest.raises(InputError, match=f"process {p.pid} holds caps on this host"):
-            caps.check("clock", [1500], caps.cpu_limits("clock", CPUS))  # a live holder is a lock
+            caps.check("clock", [1500], cpu_limits("clock", CPUS))  # a live holder is a lock
     finally:
         p.kill()
         p.wait()
     assert scaling_max_mhz(sysfs) == {1200} and caps_journal.journal_path().exists()  # SIGKILL: no finally
-    caps.check("clock", [1500], caps.cpu_limits("clock", CPUS))
+    caps.check("clock", [1500], cpu_limits("clock", CPUS))
     assert snapshot(sysfs) == before and not caps_journal.journal_path().exists()
 
 
@@ -413,10 +415,10 @@ def test_a_journal_that_is_a_link_or_in_a_folder_others_can_write_is_refused(
         assert snapshot(sysfs) == before and victim.read_text().startswith('{"pid"')
         if journal.parent != private:  # a sweep writes no journal there either
             with pytest.raises(InputError, match=why):
-                with caps.capped("clock", 1500, caps.cpu_limits("clock", CPUS)):
+                with caps.capped("clock", 1500, cpu_limits("clock", CPUS)):
                     pytest.fail("no cap without a private journal")
     monkeypatch.setenv(caps_journal.JOURNAL_ENV, str(private / "caps.json"))
-    with caps.capped("clock", 1500, caps.cpu_limits("clock", CPUS)):  # replaces the link, not its target
+    with caps.capped("clock", 1500, cpu_limits("clock", CPUS)):  # replaces the link, not its target
         assert not (private / "caps.json").is_symlink()
     assert snapshot(sysfs) == before and victim.read_text().startswith('{"pid"')
 
@@ -505,7 +507,7 @@ def test_cap_sweep_needs_steps_and_a_cappable_device(tmp_path: Path) -> None:
     for steps in ([], ["--steps", "0"]):  # 0 would be a timed window: different work per cap
         p = cli("sweep", *TINY, "--np", "1", *steps, "--clock-limit", "1500", "-o", str(tmp_path / "o"))
         assert p.returncode == 2 and "give --steps N >= 1" in p.stderr, p.stderr
-    env = {**os.environ, caps.SYSFS_ENV: str(tmp_path / "nothing")}
+    env = {**os.environ, SYSFS_ENV: str(tmp_path / "nothing")}
     p = subprocess.run(
         sweep(tmp_path / "o", "--np", "1", "--steps", "3", "--power-limit", "100"),
         capture_output=True,

@@ -22,6 +22,7 @@ from test_caps import fake_sysfs
 
 from hpcdl.errors import HpcdlError
 from hpcdl.measure import caps, journal
+from hpcdl.measure.limits import SYSFS_ENV
 from hpcdl.reader import MAX_DOCUMENT_BYTES
 
 
@@ -294,7 +295,7 @@ def test_commands_refuse_hostile_documents_in_one_line(
     deep.parent.mkdir(mode=0o700)
     deep.write_text("[" * 100_000 + "]" * 100_000)
     monkeypatch.setenv(journal.JOURNAL_ENV, str(deep))
-    monkeypatch.setenv(caps.SYSFS_ENV, str(fake_sysfs(tmp_path / "sys")))
+    monkeypatch.setenv(SYSFS_ENV, str(fake_sysfs(tmp_path / "sys")))
     sweep = ["sweep", "--workload", "mlp", "--np", "1", "--steps", "2", "--clock-limit", "1500"]
     for argv, why in [
         (["fit", str(zero)], "a character device, not a regular file"),

@@ -13,7 +13,7 @@ from hpcdl.cli.run_options import add_run_options, run_config
 from hpcdl.errors import InputError
 from hpcdl.harness import capacity
 from hpcdl.harness.runner import preflight
-from hpcdl.measure import caps
+from hpcdl.measure.limits import nvml
 from hpcdl.parallel.launch import mpirun_command, supervise
 from hpcdl.parallel.world import World, under_mpi
 from hpcdl.records.store import check_name, check_output
@@ -38,7 +38,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         return 0 if summary["passed"] else 1
     # the launcher: refuse what cannot run before any rank starts
     preflight(spec, cfg, World(size=layout.ranks_per_instance, local_size=layout.ranks))
-    gpus = capacity.gpu_inventory(caps.nvml()) if capacity.on_gpus(cfg.device) else None
+    gpus = capacity.gpu_inventory(nvml()) if capacity.on_gpus(cfg.device) else None
     cores = sorted(os.sched_getaffinity(0))
     capacity.place_node(layout, range(layout.ranks), socket.gethostname(), cores, gpus)
     check_name(f"{args.name}-capacity")

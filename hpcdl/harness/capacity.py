@@ -33,8 +33,8 @@ import torch
 from hpcdl import metrics
 from hpcdl.errors import HpcdlError, InputError
 from hpcdl.harness.runner import RunResult, run
-from hpcdl.measure import caps
 from hpcdl.measure.config import RunConfig
+from hpcdl.measure.limits import nvml
 from hpcdl.parallel.launch import not_stopped
 from hpcdl.parallel.world import World, end_all_ranks, init_world, world_of
 from hpcdl.records import schema
@@ -176,7 +176,7 @@ def mig_note(gpus: Sequence[Gpu] | None, per_device: int) -> str:
 def place(world: World, layout: Layout, cuda: bool) -> tuple[Placement, str]:
     """This rank's placement, agreed over the whole job, and applied: cores and threads, or the
     one device CUDA may see (before anything initialises CUDA in this process)."""
-    gpus = gpu_inventory(caps.nvml()) if cuda else None
+    gpus = gpu_inventory(nvml()) if cuda else None
     mine = (world.hostname, world.rank, sorted(os.sched_getaffinity(0)))
     everyone = world.allgather(mine)
     on_node = [(rank, cpus) for host, rank, cpus in everyone if host == world.hostname]

@@ -25,6 +25,7 @@ from hpcdl.parallel.layout import fit_layout, parse_layout, tp_crosses_nodes
 from hpcdl.records import schema, validity
 from hpcdl.records.parallel import communication, pipeline_of, rank_counts
 from hpcdl.records.peak import implausible, job_peak, unknown_peak_reason
+from hpcdl.records.typed import to_json
 from hpcdl.records.views import (
     Check,
     Counts,
@@ -36,7 +37,6 @@ from hpcdl.records.views import (
     Straggler,
     Target,
     compute_times,
-    to_json,
 )
 from hpcdl.workloads.spec import Spec
 

@@ -23,7 +23,8 @@ from hpcdl.reader import MAX_DEPTH as MAX_DEPTH  # re-exported: the bounds and t
 from hpcdl.reader import Unreadable as Unreadable
 from hpcdl.reader import open_regular as open_regular
 from hpcdl.records import schema
-from hpcdl.records.views import MalformedRecord, Result, parse, read_result
+from hpcdl.records.typed import MalformedRecord, parse
+from hpcdl.records.views import Result, read_result
 
 T = TypeVar("T")
 

@@ -22,6 +22,7 @@ import torch
 from hpcdl import metrics
 from hpcdl.errors import InputError
 from hpcdl.measure import caps
+from hpcdl.measure.limits import Limit, cpu_limits, gpu_limits, nvml
 from hpcdl.measure.telemetry.nvml import nvml_handle
 from hpcdl.parallel.launch import STOPPED, Terminated, stop_signals_raise
 from hpcdl.records import schema
@@ -31,18 +32,18 @@ from hpcdl.scaling.sweep import run_point, valid_record
 from hpcdl.workloads.spec import Spec
 
 
-def limits_for(kind: str, device: torch.device, np: int) -> list[caps.Limit]:
+def limits_for(kind: str, device: torch.device, np: int) -> list[Limit]:
     """The limits a run of ``np`` ranks here depends on: the GPUs its ranks drive (rank i on GPU
     i), or this CPU's packages (power) and the CPUs it may run on (clock)."""
     if device.type != "cuda":
-        return caps.cpu_limits(kind, sorted(os.sched_getaffinity(0)))
+        return cpu_limits(kind, sorted(os.sched_getaffinity(0)))
     if np > torch.cuda.device_count():
         raise InputError(
             "np", np, f"{torch.cuda.device_count()} GPU(s) visible here: at most one rank per GPU"
         )
-    lib = caps.nvml()
+    lib = nvml()
     indices = [lib.nvmlDeviceGetIndex(nvml_handle(lib, torch.device("cuda", i))[0]) for i in range(np)]
-    return caps.gpu_limits(kind, lib, indices)
+    return gpu_limits(kind, lib, indices)
 
 
 def point_name(prefix: str, kind: str, value: float, np: int) -> str:
@@ -80,7 +81,7 @@ def cap_sweep(
     np: int,
     out: Path,
     run_args: Sequence[str],
-    limits: Sequence[caps.Limit],
+    limits: Sequence[Limit],
     *,
     prefix: str = "sweep",
     redo: bool = False,
@@ -126,7 +127,7 @@ def capped_point(
     name: str,
     out: Path,
     run_args: Sequence[str],
-    limits: Sequence[caps.Limit],
+    limits: Sequence[Limit],
     timeout_s: float | None,
     say: Callable[[str], None],
 ) -> int:

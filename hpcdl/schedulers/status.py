@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from hpcdl.records.store import load_record
-from hpcdl.records.views import MalformedRecord, Result, read_result
+from hpcdl.records.typed import MalformedRecord
+from hpcdl.records.views import Result, read_result
 from hpcdl.scaling.sweep import valid_point
 from hpcdl.schedulers.protocol import SCHEDULERS, JobState
 from hpcdl.schedulers.state import Entry, entries
