@@ -37,7 +37,7 @@ from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.watchdog import Watchdog
 from hpcdl.parallel.backends import Traffic
 from hpcdl.parallel.layout import Layout, device_mesh
-from hpcdl.parallel.pipeline import StageLog, StageModule, StepTimes, pipeline_loss
+from hpcdl.parallel.pipeline import StageLog, StepTimes, pipeline_loss
 from hpcdl.parallel.schedule import Pipeline
 from hpcdl.parallel.tensor import local_tensor, stage_tp_traffic, time_collective, whole
 from hpcdl.parallel.world import World
@@ -267,7 +267,7 @@ def measure_pipeline_rank(
     sends = Traffic("pp.send", last.sent_bytes, last.sends)
     traffic = [sends]
     collective_s = {sends.collective: pipe.time_sends(last.sent_bytes // max(last.sends, 1))}
-    blocks = sum(len(m.blocks) for m in pipe.modules if isinstance(m, StageModule))
+    blocks = sum(len(m.blocks) for m in pipe.modules)
     for t in stage_tp_traffic(spec, blocks, layout.tp, layout.chunks):
         tp = Traffic(f"tp.{t.collective}", t.bytes, t.calls)
         assert groups.tp is not None  # tp traffic only with tp > 1

@@ -19,6 +19,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 from hpcdl.device import synchronize
 from hpcdl.parallel.pipeline import (
     SCHEDULES,
+    StageModule,
     StepTimes,
     check,
     pipeline_loss,
@@ -98,7 +99,7 @@ class Pipeline:
         self.group = group
         all_modules = stage_modules(spec, model, chunks)
         self.indices = [pp_rank + k * pp for k in range(kind.virtual)]
-        self.modules: list[nn.Module] = [all_modules[i].to(device) for i in self.indices]
+        self.modules: list[StageModule] = [all_modules[i].to(device) for i in self.indices]
         if tp_mesh is not None and tp_mesh.size() > 1:
             # a stage's blocks are named as the model's (blocks.i.qkv, ...): the model's plan
             for m in self.modules:
