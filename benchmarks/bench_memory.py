@@ -56,6 +56,8 @@ def fit_error(family: str, target: int) -> tuple[int, int, int, float]:
         float(per_sample),
     )
     peak = next(t.peak_bytes for t in trials if t.batch == batch)
+    seen = [f"{t.batch}: {t.peak_bytes / target:.3f}" if t.peak_bytes else f"{t.batch}: over" for t in trials]
+    print(f"  {family}: trials (batch: peak / target) {', '.join(seen)}", flush=True)
     return int(start), batch, len(trials), (peak or 0) / target
 
 
