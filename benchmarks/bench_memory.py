@@ -5,7 +5,8 @@ measured in a fresh process (the rise of the peak resident set;
 the measured peak of the batch ``measure.fit.search`` chose lands (real trials, child processes).
 
 Prints, per family and precision, the ratio measured / estimate (min, median, max) over the specs
-whose estimate exceeds 30 MB (below that the allocator's granularity dominates), for METRICS.md.
+whose tensors are estimated above 30 MB (below that what the libraries hold dominates), for
+METRICS.md.
 
     .venv/bin/python benchmarks/bench_memory.py [--seeds 4] [--batch 32] [--fit-mb 300]
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from hpcdl.measure.fit import search
+from hpcdl.measure.fit import estimated_batch, search
 from hpcdl.measure.trial import cpu_trial
 from hpcdl.results.text import si, table
 from hpcdl.workloads.registry import FAMILIES
@@ -28,8 +29,10 @@ def ratios(family: str, precision: str, seeds: int, batch: int) -> list[float]:
     out = []
     for seed in range(seeds * 4):  # draw until enough specs are large enough to measure
         spec = sample_spec(family, seed, batch_size=batch, precision=precision)
-        estimate = spec.memory_estimate(batch, "adamw")
-        if estimate < MIN_BYTES or estimate > 2 << 30:
+        parts = spec.memory_parts(batch, "adamw")
+        estimate = sum(parts.values())
+        tensors = estimate - parts["libraries"]  # the libraries' allowance does not decide the sample
+        if tensors < MIN_BYTES or tensors > 2 << 30:
             continue
         measured = cpu_trial(spec, "adamw", 1, 4 * estimate + (1 << 30)).peak_bytes
         out.append((measured or 0) / estimate)
@@ -47,7 +50,7 @@ def fit_error(family: str, target: int) -> tuple[int, int, int, float]:
     sampled spec of ``family`` to ``target`` bytes of model memory, fp32."""
     spec = sample_spec(family, 0, batch_size=1)
     per_sample = spec.memory_per_sample()
-    start = max(1, (target - spec.memory_estimate(0, "adamw")) // max(per_sample, 1))
+    start = estimated_batch(spec, "adamw", 1.0, target)
     batch, trials, _, _ = search(
         lambda b: cpu_trial(spec.replace(batch_size=b), "adamw", 1, 4 * target + (512 << 20)),
         int(start),
@@ -81,7 +84,8 @@ def main() -> None:
                     + [f"{x:.2f}" for x in (min(r), statistics.median(r), max(r))]
                 )
     print(
-        f"measured / estimated memory of a training step, batch {a.batch}, estimates >= {si(MIN_BYTES, 'B')}"
+        f"measured / estimated memory of a training step, batch {a.batch}, tensors estimated >= "
+        f"{si(MIN_BYTES, 'B')}"
     )
     print(table(["family", "precision", "specs", "min", "median", "max"], rows), flush=True)
     if a.fit_mb:

@@ -70,6 +70,12 @@ ADAMW_TEMPORARIES = 2
 """fp32 temporaries of one parameter's size that AdamW's per-tensor step allocates (the square
 root of the second moment and its bias-corrected quotient): PyTorch's CPU default, one tensor at
 a time; SGD's momentum updates in place"""
+CPU_LIBRARY_BYTES = {False: 8 << 20, True: 14 << 20}
+"""bytes a CPU training step adds outside PyTorch's allocator, without and with autocast: MKL's
+GEMM buffers, oneDNN's kernels built for the step's shapes (bf16's most), glibc's heap among the
+tensors under its mmap threshold. The median of what 65 sampled specs of every family measured
+above their tensors (2–28 MB at 2 threads; ``benchmarks/bench_memory.py``, METRICS.md); a
+GPU's libraries live outside the allocator's peak that auto-fit measures there"""
 AUTOCAST_COPY_BYTES = 2
 """bytes per parameter of the 16-bit weight copies autocast makes and its products keep for
 backward (bf16/fp16)"""
@@ -91,23 +97,48 @@ def memory_parts(
     largest_param: int = 0,
     autocast: bool = False,
     sample_workspace_bytes: int = 0,
+    backward: Sequence[tuple[int, int, int, int]] = (),
+    device_type: str = "cpu",
 ) -> dict[str, int]:
-    """Where a training step's memory goes (Deep500's split): ``weights`` (fp32, plus
+    """Where a training step's memory goes at its peak (Deep500's split): ``weights`` (fp32, plus
     autocast's 16-bit copies), ``gradients`` (fp32), ``optimizer_state`` (AdamW's two moments,
-    SGD's momentum), ``activations`` (kept for backward and the loss's copies of the logits,
-    ``sample_bytes - sample_workspace_bytes`` per sample), ``workspace`` (activation gradients
-    and backend workspaces per sample, and the optimizer step's temporaries). Nothing is added
-    for the allocator: on a CPU auto-fit's trials fix glibc's mmap threshold
+    SGD's momentum), ``activations`` (kept for backward, and the loss's copies of the logits),
+    ``workspace`` (activation gradients and backend workspaces, or the optimizer step's
+    temporaries) and, on a CPU, ``libraries`` (``CPU_LIBRARY_BYTES``).
+
+    The peak is the largest of the step's moments. In backward, each of ``backward``'s
+    moments, as (activation bytes per sample, workspace bytes per sample, parameters with a
+    gradient, parameters whose autocast copy is saved): backward runs from the last layer to
+    the first, so while a layer's runs only the layers after it have gradients and only those
+    up to it keep activations and copies. Empty: one moment with everything
+    (``sample_bytes``, of which ``sample_workspace_bytes`` workspace). At the optimizer step
+    every gradient exists and AdamW's per-tensor temporaries, but no activation and no copy.
+    Nothing is added for the allocator: on a CPU auto-fit's trials fix glibc's mmap threshold
     (``hpcdl.device.pin_mmap_threshold``), so their resident set holds the live tensors."""
-    adamw = optimizer == "adamw"
-    parts = {
-        "weights": params * (4 + (AUTOCAST_COPY_BYTES if autocast else 0)),
+    state = params * (8 if optimizer == "adamw" else 4)
+    libraries = CPU_LIBRARY_BYTES[autocast] if device_type == "cpu" else 0
+    moments = [
+        {
+            "weights": params * 4 + (AUTOCAST_COPY_BYTES * copies if autocast else 0),
+            "gradients": grads * 4,
+            "optimizer_state": state,
+            "activations": kept * batch,
+            "workspace": workspace * batch,
+            "libraries": libraries,
+        }
+        for kept, workspace, grads, copies in (
+            backward or [(sample_bytes - sample_workspace_bytes, sample_workspace_bytes, params, params)]
+        )
+    ]
+    step = {
+        "weights": params * 4,
         "gradients": params * 4,
-        "optimizer_state": params * (8 if adamw else 4),
-        "activations": (sample_bytes - sample_workspace_bytes) * batch,
-        "workspace": sample_workspace_bytes * batch + (ADAMW_TEMPORARIES * 4 * largest_param if adamw else 0),
+        "optimizer_state": state,
+        "activations": 0,
+        "workspace": ADAMW_TEMPORARIES * 4 * largest_param if optimizer == "adamw" else 0,
+        "libraries": libraries,
     }
-    return parts
+    return max([*moments, step], key=lambda parts: sum(parts.values()))
 
 
 def memory_estimate(
@@ -118,13 +149,19 @@ def memory_estimate(
     *,
     largest_param: int = 0,
     autocast: bool = False,
+    device_type: str = "cpu",
 ) -> int:
-    """Bytes a training step needs: the sum of ``memory_parts`` (weights, gradients,
-    optimizer state, ``batch`` samples of ``sample_memory``, the optimizer's temporaries).
-    ``batch`` is the micro-batch: gradient accumulation runs its micro-batches one after the
-    other, each freeing its activations in its backward, so it adds no memory."""
+    """Bytes a training step needs: the sum of ``memory_parts`` at its peak. ``batch`` is the
+    micro-batch: gradient accumulation runs its micro-batches one after the other, each freeing
+    its activations in its backward, so it adds no memory."""
     parts = memory_parts(
-        params, sample_bytes, batch, optimizer, largest_param=largest_param, autocast=autocast
+        params,
+        sample_bytes,
+        batch,
+        optimizer,
+        largest_param=largest_param,
+        autocast=autocast,
+        device_type=device_type,
     )
     return sum(parts.values())
 

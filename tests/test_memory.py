@@ -16,24 +16,48 @@ MLP = {"family": "mlp", "layers": 2, "width": 64, "input_size": 32, "output_size
 def test_the_parts_add_up_and_each_follows_its_term() -> None:
     spec = spec_from_dict(MLP)
     c = spec.count()
-    adamw = spec.memory_parts(4, "adamw")
-    assert set(adamw) == {"weights", "gradients", "optimizer_state", "activations", "workspace"}
-    assert adamw["weights"] == adamw["gradients"] == 4 * c.params and adamw["optimizer_state"] == 8 * c.params
+    mib = 1 << 20
+    # one sample: the optimizer step is the peak (every gradient, AdamW's temporaries, no activation)
+    step = spec.memory_parts(1, "adamw")
+    assert set(step) == {"weights", "gradients", "optimizer_state", "activations", "workspace", "libraries"}
+    assert step["weights"] == step["gradients"] == 4 * c.params and step["optimizer_state"] == 8 * c.params
     assert c.largest_param == 64 * 64  # the largest weight, not the sum of them
-    assert adamw["workspace"] == 4 * c.workspace_bytes("fp32") + 2 * 4 * c.largest_param
-    assert sum(adamw.values()) == spec.memory_estimate(4, "adamw")
-    assert spec.memory_parts(8, "adamw")["activations"] == 2 * adamw["activations"]
-    sgd = spec.memory_parts(4, "sgd")
-    assert sgd["optimizer_state"] == 4 * c.params and sgd["workspace"] == 4 * c.workspace_bytes("fp32")
-    # in bf16 autocast keeps 16-bit copies of the weights; activations and workspace halve
-    bf16 = spec.replace(precision="bf16").memory_parts(4, "adamw")
-    assert bf16["weights"] == 6 * c.params
-    assert bf16["activations"] < adamw["activations"] and bf16["workspace"] < adamw["workspace"]
+    assert step["activations"] == 0 and step["workspace"] == 2 * 4 * c.largest_param
+    assert step["libraries"] == metrics.CPU_LIBRARY_BYTES[False] == 8 * mib
+    assert spec.memory_parts(1, "adamw", "cuda")["libraries"] == 0
+    # many samples: backward is the peak; as it begins only the head's gradient exists
+    big = spec.memory_parts(4096, "adamw")
+    assert big["gradients"] == 4 * (64 * 10 + 10) and big["optimizer_state"] == 8 * c.params
+    assert spec.memory_parts(8192, "adamw")["activations"] == 2 * big["activations"]
+    assert sum(big.values()) == spec.memory_estimate(4096, "adamw") > sum(step.values())
+    assert big["activations"] + big["workspace"] == 4096 * spec.memory_per_sample()
+    sgd = spec.memory_parts(1, "sgd")
+    assert sgd["optimizer_state"] == 4 * c.params and sgd["workspace"] == 0
+    # in bf16 autocast's 16-bit copies of the weights are saved for backward (gone by the step)
+    bf16 = spec.replace(precision="bf16")
+    assert bf16.memory_parts(4096, "adamw")["weights"] == 6 * c.params
+    assert bf16.memory_parts(1, "adamw")["weights"] == 4 * c.params
+    assert bf16.memory_parts(4096, "adamw")["activations"] < big["activations"]
+    assert bf16.memory_parts(1, "adamw")["libraries"] == 14 * mib
     # the logits' gradient is the loss's (LOSS_COPIES): the workspace counts hidden layers only
     assert c.workspace_elements == 2 * 64
     assert spec.memory_per_sample() == metrics.sample_memory(
         c.activation_bytes("fp32"), 10, c.workspace_bytes("fp32")
     )
+
+
+def test_backward_moments_follow_the_layers_order() -> None:
+    """Backward runs from the last layer to the first: where a layer's backward needs the most,
+    the layers after it have their gradients and those up to it their activations."""
+    spec = spec_from_dict({"family": "cnn", "image_size": 32, "stages": 2, "base_width": 8, "classes": 10})
+    points = spec.count().backward_points
+    first, placed = points[0], points[1:]
+    assert placed, "every convolution's backward is a moment of its own"
+    assert first.grads < spec.count().params and first.copies == spec.count().params
+    grads = [p.grads for p in placed]
+    assert grads == sorted(grads, reverse=True), "the earlier the layer, the more gradients exist"
+    kept = [p.kept for p in placed]
+    assert kept == sorted(kept), "the later the layer, the more activations are kept"
 
 
 def test_generate_prints_where_the_memory_goes() -> None:

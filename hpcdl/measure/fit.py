@@ -88,14 +88,16 @@ class Fit:
     """how a trial's peak was measured"""
 
 
-def estimated_batch(spec: Spec, optimizer: str, fraction: float, capacity: int) -> int:
+def estimated_batch(
+    spec: Spec, optimizer: str, fraction: float, capacity: int, device_type: str = "cpu"
+) -> int:
     """The largest batch whose estimated memory is within ``fraction`` of ``capacity``; a
-    one-line error when even one sample does not fit."""
-    fixed = spec.memory_estimate(0, optimizer)
-    per_sample = spec.memory_estimate(1, optimizer) - fixed
-    room = fraction * capacity - fixed
-    if room < per_sample:
-        need = spec.memory_estimate(1, optimizer)
+    one-line error when even one sample does not fit. The estimate is the larger of a fixed
+    optimizer step and a backward that grows with the batch (``metrics.memory_parts``), so
+    the batch follows the backward's line."""
+    target = fraction * capacity
+    need = spec.memory_estimate(1, optimizer, device_type)
+    if need > target:
         raise SpecError(
             f"{spec.family}.batch_size",
             "fit",
@@ -103,7 +105,10 @@ def estimated_batch(spec: Spec, optimizer: str, fraction: float, capacity: int) 
             f"{capacity / 2**30:.2f} GiB of a rank; this workload needs a larger device (or more ranks "
             "sharding it)",
         )
-    return max(1, math.floor(room / max(per_sample, 1)))
+    per_sample = max(spec.memory_per_sample(), 1)
+    far = 1 << 40  # a batch where backward is the peak: its line's intercept
+    fixed = spec.memory_estimate(far, optimizer, device_type) - far * per_sample
+    return max(1, math.floor((target - fixed) / per_sample))
 
 
 def search(
@@ -179,7 +184,7 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
     trial fails otherwise."""
     capacity = min(world.allgather(rank_memory(device, world)))
     target = cfg.fit_fraction * capacity
-    start = estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, capacity)
+    start = estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, capacity, device.type)
     gpu = device.type == "cuda"
     # a CPU trial is stopped when its process passes the rank's whole share of the host; it
     # trains with the threads the run will (the run sets them only after the trials)
@@ -208,7 +213,7 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
             "rank; this workload needs a larger device (or more ranks sharding it)",
         )
     fitted = spec.replace(batch_size=batch)
-    estimate = fitted.memory_estimate(batch, cfg.optimizer)
+    estimate = fitted.memory_estimate(batch, cfg.optimizer, device.type)
     peak = next((t.peak_bytes for t in trials if t.batch == batch), None)
     return fitted, Fit(
         fraction=cfg.fit_fraction,

@@ -46,11 +46,13 @@ def stats(values: Sequence[float]) -> Stats:
     return Stats(s["median"], s["p10"], s["p90"], s["mean"], s["min"], s["max"], int(s["n"]))
 
 
-def memory_split(spec: Spec, cfg: RunConfig, ranks: Sequence[RankMeasurement]) -> dict[str, Any]:
+def memory_split(
+    spec: Spec, cfg: RunConfig, device: torch.device, ranks: Sequence[RankMeasurement]
+) -> dict[str, Any]:
     """Where a rank's memory goes: the estimate's parts at the batch that ran, and what the
     device measured (its peak: on a CPU the process's resident set, which also holds the
     interpreter and libraries, so its parts cannot be told apart there)."""
-    estimated = spec.memory_parts(spec.batch_size, cfg.optimizer)
+    estimated = spec.memory_parts(spec.batch_size, cfg.optimizer, device.type)
     return {
         "estimated": {**estimated, "total": sum(estimated.values())},
         "measured": {
@@ -257,7 +259,7 @@ def build_record(
         io=ranks[0].io,
         energy=energy_of(ranks, count.train_flops, distinct, window),
         fit=dataclasses.asdict(fit) if fit else None,
-        memory=memory_split(spec, cfg, ranks),
+        memory=memory_split(spec, cfg, device, ranks),
         target=target_of(cfg, logs, distinct),
         window_start_unix=min(g.start_unix for g in logs),
         window_end_unix=max(g.start_unix + g.window_s for g in logs),

@@ -77,8 +77,9 @@ class Counts:
     train_flops_per_sample: int
     activation_bytes_per_sample: int
     memory_bytes_per_sample: int | None = None
-    """``Spec.memory_per_sample``: activations and the loss's copies of the logits (records
-    before 2026-11 leave it out; their activations stand in)"""
+    """``Spec.memory_per_sample``: activations, workspace and the loss's copies of the logits
+    where a sample needs the most (records before 2026-11 leave it out; their activations stand
+    in)"""
     rank_params: int | None = None
     """parameters one rank holds under tensor parallelism (its shards and the whole layers);
     absent where every rank holds the model"""
@@ -280,8 +281,9 @@ class Metrics:
     fit: dict[str, Any] | None = None
     """how ``--fit`` chose the batch per rank (``measure.fit.Fit``), when it did"""
     memory: dict[str, Any] = field(default_factory=dict)
-    """where the memory goes: ``estimated`` (``Spec.memory_parts`` at the batch that ran:
-    weights, gradients, optimizer_state, activations, workspace) and ``measured`` (what the
+    """where the memory goes: ``estimated`` (``Spec.memory_parts`` at the batch that ran, at the
+    step's peak: weights, gradients, optimizer_state, activations, workspace, and libraries in
+    records from 2026-11-26 on) and ``measured`` (what the
     device tells: the peak and its kind; records before 2026-11 leave it out)"""
     target: Target | None = None
     """time to target, when the run had one"""

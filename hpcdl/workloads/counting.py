@@ -16,6 +16,19 @@ from hpcdl.workloads.precision import precision
 
 
 @dataclass(frozen=True)
+class BackwardPoint:
+    """What is alive while one layer's backward runs (backward runs from the last layer to the
+    first): per sample, the activations the layers up to it keep and the workspace of its
+    backward; in parameters, the gradients of the layers from it on and autocast's 16-bit copies
+    of the weights up to it (saved for their backward)."""
+
+    kept: int
+    workspace: int
+    grads: int
+    copies: int
+
+
+@dataclass(frozen=True)
 class Count:
     """Work of one sample of a workload (per training step, per sample)."""
 
@@ -33,6 +46,9 @@ class Count:
     """elements per sample alive only during the step beside what is kept: the gradients of a
     layer's output and input while its backward runs, and the backend's own workspaces (oneDNN's
     fused LSTM); ``metrics.sample_memory`` adds them"""
+    backward_points: tuple[BackwardPoint, ...] = ()
+    """moments of backward where the memory may peak, the first as it begins (the loss's copies
+    of the logits alive); empty: one moment with everything (``metrics.memory_parts``)"""
 
     @property
     def train_flops(self) -> int:
@@ -61,6 +77,11 @@ class Tally:
         self.last_linear = 0  # the latest linear's output: the logits if nothing follows it
         self.workspace = 0
         self.backward_peak = 0  # the most elements alive in one layer's backward, kept ones included
+        # layers whose backward needs more than the gradients of their output and input, as
+        # (kept, workspace, parameters before the layer, parameters up to it): BackwardPoint's
+        self.points: list[tuple[int, int, int, int]] = []
+        self.layer_start = 0  # parameters before the latest layer that has some
+        self.head_params = 0  # the latest layer's parameters: the head's, once the network ends
 
     def matmul(self, m: int, k: int, n: int, *, grads: int = 2, times: int = 1) -> None:
         """A product of an (m x k) and a (k x n) matrix, ``times`` times.
@@ -77,7 +98,7 @@ class Tally:
         self, tokens: int, fan_in: int, fan_out: int, *, bias: bool = True, data_input: bool = False
     ) -> None:
         """An ``nn.Linear`` applied to ``tokens`` rows; its input and output are kept for backward."""
-        self.params += fan_in * fan_out + (fan_out if bias else 0)
+        self._layer(fan_in * fan_out + (fan_out if bias else 0))
         self.matmul(tokens, fan_in, fan_out, grads=1 if data_input else 2)
         self.activations += tokens * fan_out
         self.largest_param = max(self.largest_param, fan_in * fan_out)
@@ -106,7 +127,7 @@ class Tally:
         elements of other gradients alive during its backward (a residual's other branch's).
         """
         kh, kw = kernel
-        self.params += c_out * (c_in // groups) * kh * kw + (c_out if bias else 0)
+        self._layer(c_out * (c_in // groups) * kh * kw + (c_out if bias else 0))
         out_elems = out_hw[0] * out_hw[1]
         self.matmul(out_elems, (c_in // groups) * kh * kw, c_out, grads=1 if data_input else 2)
         self.largest_param = max(self.largest_param, c_out * (c_in // groups) * kh * kw)
@@ -125,11 +146,23 @@ class Tally:
         """``elements`` alive only while the latest layer's backward runs, beside what the layers
         up to it keep (the layers after it have run their backward and freed theirs)."""
         self.backward_peak = max(self.backward_peak, self.activations + elements)
+        self.points.append((self.activations, elements + self.workspace, self.layer_start, self.params))
+
+    def _layer(self, params: int) -> None:
+        """A layer with ``params`` parameters starts (in forward order)."""
+        self.layer_start = self.params
+        self.params += params
+        self.head_params = params
 
     def add_params(self, n: int) -> None:
         """Parameters that cost no counted FLOPs (embeddings, norm scales and shifts, biases)."""
-        self.params += n
+        self._layer(n)
         self.largest_param = max(self.largest_param, n)
+
+    def tied_head(self, params: int) -> None:
+        """The head is a product with ``params`` parameters counted earlier (a token table): its
+        gradient is the first to exist in backward."""
+        self.head_params = params
 
     def output(self, elements: int) -> None:
         """A layer output of ``elements`` per sample that ``linear`` and ``conv2d`` do not see
@@ -157,6 +190,12 @@ class Tally:
         # (metrics.LOSS_COPIES). Convolutions (``transient``) are placed exactly: their backward
         # needs more, but runs when the layers after them have freed what they kept
         transient = max(GRADIENT_BUFFERS * self.largest_output, self.backward_peak - kept)
+        # as backward begins the head's gradient exists and every weight's copy; the largest
+        # output's gradients bound the layers' that are not placed
+        first = BackwardPoint(
+            kept, self.workspace + GRADIENT_BUFFERS * self.largest_output, self.head_params, self.params
+        )
+        placed = [BackwardPoint(k, w, self.params - before, upto) for k, w, before, upto in self.points]
         return Count(
             self.params,
             self.forward,
@@ -164,6 +203,7 @@ class Tally:
             kept,
             self.largest_param,
             self.workspace + transient,
+            backward_points=(first, *placed),
         )
 
 

@@ -67,16 +67,21 @@ def count_stack(
     the stack's output per step (``directions * hidden``)."""
     fan_in = input_size
     for layer in range(layers):
-        for _ in range(directions):
-            _layer(t, cell, steps, fan_in, hidden, data_input=data_input and layer == 0)
+        for direction in range(directions):
+            # a later direction's backward runs beside the input gradient the earlier ones made
+            # (summed into the layer's once all are done)
+            earlier = 0 if data_input and layer == 0 else direction * steps * fan_in
+            _layer(t, cell, steps, fan_in, hidden, data_input=data_input and layer == 0, alive=earlier)
         fan_in = directions * hidden
         t.output(steps * fan_in)  # the layer's output sequence: its gradient is alive in backward
     return fan_in
 
 
-def _layer(t: Tally, cell: str, steps: int, fan_in: int, hidden: int, *, data_input: bool) -> None:
+def _layer(
+    t: Tally, cell: str, steps: int, fan_in: int, hidden: int, *, data_input: bool, alive: int = 0
+) -> None:
     """One direction of one layer: input and recurrent projections with their two biases, and
-    the cell's saved state."""
+    the cell's saved state; ``alive``: elements of other gradients alive during its backward."""
     width = GATES[cell] * hidden
     t.add_params(width * (fan_in + hidden + 2))  # W_ih, W_hh, b_ih, b_hh
     t.matmul(steps, fan_in, width, grads=1 if data_input else 2)
@@ -84,6 +89,7 @@ def _layer(t: Tally, cell: str, steps: int, fan_in: int, hidden: int, *, data_in
     t.matmul(1, hidden, width, grads=1)
     t.matmul(1, hidden, width, grads=2, times=steps - 1)
     t.keep(steps * SAVED_PER_STEP[cell] * hidden)
-    if cell == "lstm":  # its backward runs when the layers after it have freed what they keep
-        extra = FUSED_LSTM_BACKWARD - SAVED_PER_STEP[cell]
-        t.transient(steps * (extra * hidden + GRADIENT_BUFFERS * max(hidden, fan_in)))
+    # its backward runs when the layers after it have freed what they keep (and made their
+    # gradients); oneDNN's fused LSTM needs its workspace beside its input's and output's gradients
+    extra = FUSED_LSTM_BACKWARD - SAVED_PER_STEP[cell] if cell == "lstm" else 0
+    t.transient(steps * (extra * hidden + GRADIENT_BUFFERS * max(hidden, fan_in)) + alive)

@@ -88,14 +88,24 @@ class Spec(Knobs):
         return math.prod(self.target_shape()) * self.num_classes
 
     def memory_per_sample(self) -> int:
-        """Bytes one sample adds to a training step (``metrics.sample_memory``)."""
-        c = self.count()
-        return metrics.sample_memory(
-            c.activation_bytes(self.precision), self.logits_elements, c.workspace_bytes(self.precision)
-        )
+        """Bytes one sample adds to a training step where it needs the most
+        (``metrics.sample_memory``)."""
+        return max(kept + workspace for kept, workspace, _, _ in self._backward_bytes())
 
-    def memory_parts(self, batch: int, optimizer: str) -> dict[str, int]:
-        """Where a training step at ``batch`` would put its memory (``metrics.memory_parts``)."""
+    def _backward_bytes(self) -> list[tuple[int, int, int, int]]:
+        """``Count.backward_points`` in bytes per sample (``metrics.memory_parts``'s
+        ``backward``); the first, as backward begins, holds the loss's copies of the logits."""
+        c = self.count()
+        size = precision(self.precision).bytes
+        loss = metrics.sample_memory(0, self.logits_elements)
+        return [
+            (p.kept * size + (loss if i == 0 else 0), p.workspace * size, p.grads, p.copies)
+            for i, p in enumerate(c.backward_points)
+        ]
+
+    def memory_parts(self, batch: int, optimizer: str, device_type: str = "cpu") -> dict[str, int]:
+        """Where a training step at ``batch`` on a ``device_type`` device would put its memory at
+        its peak (``metrics.memory_parts``)."""
         c = self.count()
         return metrics.memory_parts(
             c.params,
@@ -104,12 +114,13 @@ class Spec(Knobs):
             optimizer,
             largest_param=c.largest_param,
             autocast=precision(self.precision).autocast,
-            sample_workspace_bytes=c.workspace_bytes(self.precision),
+            backward=self._backward_bytes(),
+            device_type=device_type,
         )
 
-    def memory_estimate(self, batch: int, optimizer: str) -> int:
+    def memory_estimate(self, batch: int, optimizer: str, device_type: str = "cpu") -> int:
         """Bytes a training step at ``batch`` needs (``metrics.memory_estimate``)."""
-        return sum(self.memory_parts(batch, optimizer).values())
+        return sum(self.memory_parts(batch, optimizer, device_type).values())
 
     @property
     def samples_per_step(self) -> int:

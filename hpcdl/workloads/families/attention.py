@@ -175,6 +175,7 @@ class AttentionSpec(Spec):
             # the product still runs (and gets both gradients); its weight is the token table. Its
             # output, the logits, is kept by no layer (the loss's copies count it)
             t.matmul(L, W, self.vocab)
+            t.tied_head(self.vocab * W)
         else:
             t.linear(L, W, self.vocab, bias=False)
         return t.result()
