@@ -57,9 +57,9 @@ class MLPSpec(Spec):
                 fan_out //= tp  # column-parallel: this rank's outputs
             elif tp > 1 and i % 2 == 1:
                 fan_in //= tp  # row-parallel: this rank's inputs; the bias whole
+            # a hidden linear's output, as counted, is the ReLU's: the ReLU keeps its own output
+            # (the next linear's input) and the linear's is freed once the ReLU has run
             t.linear(1, fan_in, fan_out, data_input=i == 0)
-            if i < self.layers:
-                t.keep(fan_out)  # ReLU output
         return t.result()
 
     def sample_inputs(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
