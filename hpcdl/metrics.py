@@ -97,7 +97,7 @@ def memory_parts(
     largest_param: int = 0,
     autocast: bool = False,
     sample_workspace_bytes: int = 0,
-    backward: Sequence[tuple[int, int, int, int]] = (),
+    moments: Sequence[tuple[int, int, int, int]] = (),
     device_type: str = "cpu",
 ) -> dict[str, int]:
     """Where a training step's memory goes at its peak (Deep500's split): ``weights`` (fp32, plus
@@ -106,18 +106,19 @@ def memory_parts(
     ``workspace`` (activation gradients and backend workspaces, or the optimizer step's
     temporaries) and, on a CPU, ``libraries`` (``CPU_LIBRARY_BYTES``).
 
-    The peak is the largest of the step's moments. In backward, each of ``backward``'s
-    moments, as (activation bytes per sample, workspace bytes per sample, parameters with a
-    gradient, parameters whose autocast copy is saved): backward runs from the last layer to
-    the first, so while a layer's runs only the layers after it have gradients and only those
-    up to it keep activations and copies. Empty: one moment with everything
-    (``sample_bytes``, of which ``sample_workspace_bytes`` workspace). At the optimizer step
-    every gradient exists and AdamW's per-tensor temporaries, but no activation and no copy.
+    The peak is the largest of the step's moments: each of ``moments``, as (activation bytes per
+    sample, workspace bytes per sample, parameters with a gradient, parameters whose autocast
+    copy is saved; ``workloads.counting.Moment``): backward runs from the last layer to the
+    first, so while a layer's runs only the layers after it have gradients and only those up to
+    it keep activations and copies; in forward no gradient exists. Empty: one moment with
+    everything (``sample_bytes``, of which ``sample_workspace_bytes`` workspace). At the
+    optimizer step every gradient exists and AdamW's per-tensor temporaries, but no activation
+    and no copy.
     Nothing is added for the allocator: on a CPU auto-fit's trials fix glibc's mmap threshold
     (``hpcdl.device.pin_mmap_threshold``), so their resident set holds the live tensors."""
     state = params * (8 if optimizer == "adamw" else 4)
     libraries = CPU_LIBRARY_BYTES[autocast] if device_type == "cpu" else 0
-    moments = [
+    during = [
         {
             "weights": params * 4 + (AUTOCAST_COPY_BYTES * copies if autocast else 0),
             "gradients": grads * 4,
@@ -127,7 +128,7 @@ def memory_parts(
             "libraries": libraries,
         }
         for kept, workspace, grads, copies in (
-            backward or [(sample_bytes - sample_workspace_bytes, sample_workspace_bytes, params, params)]
+            moments or [(sample_bytes - sample_workspace_bytes, sample_workspace_bytes, params, params)]
         )
     ]
     step = {
@@ -138,7 +139,7 @@ def memory_parts(
         "workspace": ADAMW_TEMPORARIES * 4 * largest_param if optimizer == "adamw" else 0,
         "libraries": libraries,
     }
-    return max([*moments, step], key=lambda parts: sum(parts.values()))
+    return max([*during, step], key=lambda parts: sum(parts.values()))
 
 
 def memory_estimate(

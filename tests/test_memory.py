@@ -50,7 +50,7 @@ def test_backward_moments_follow_the_layers_order() -> None:
     """Backward runs from the last layer to the first: where a layer's backward needs the most,
     the layers after it have their gradients and those up to it their activations."""
     spec = spec_from_dict({"family": "cnn", "image_size": 32, "stages": 2, "base_width": 8, "classes": 10})
-    points = spec.count().backward_points
+    points = spec.count().moments
     first, placed = points[0], points[1:]
     assert placed, "every convolution's backward is a moment of its own"
     assert first.grads < spec.count().params and first.copies == spec.count().params
@@ -58,6 +58,10 @@ def test_backward_moments_follow_the_layers_order() -> None:
     assert grads == sorted(grads, reverse=True), "the earlier the layer, the more gradients exist"
     kept = [p.kept for p in placed]
     assert kept == sorted(kept), "the later the layer, the more activations are kept"
+    # an unfused recurrent layer's forward is a moment of its own: no gradient exists yet
+    gru = spec_from_dict({"family": "rnn", "cell": "gru", "layers": 2, "hidden": 64, "seq_len": 16})
+    forward = [m for m in gru.count().moments if m.grads == 0]
+    assert len(forward) == 2 and all(m.copies < gru.count().params for m in forward)
 
 
 def test_generate_prints_where_the_memory_goes() -> None:

@@ -16,11 +16,13 @@ from hpcdl.workloads.precision import precision
 
 
 @dataclass(frozen=True)
-class BackwardPoint:
-    """What is alive while one layer's backward runs (backward runs from the last layer to the
-    first): per sample, the activations the layers up to it keep and the workspace of its
-    backward; in parameters, the gradients of the layers from it on and autocast's 16-bit copies
-    of the weights up to it (saved for their backward)."""
+class Moment:
+    """What is alive at one moment of a training step where its memory may peak. While a layer's
+    backward runs (backward runs from the last layer to the first): per sample, the activations
+    the layers up to it keep and the workspace of its backward; in parameters, the gradients of
+    the layers from it on and autocast's 16-bit copies of the weights up to it (saved for their
+    backward). While a layer's forward runs: what the layers up to it keep, its own temporaries,
+    the copies made so far and no gradient (the previous step's are freed)."""
 
     kept: int
     workspace: int
@@ -46,9 +48,9 @@ class Count:
     """elements per sample alive only during the step beside what is kept: the gradients of a
     layer's output and input while its backward runs, and the backend's own workspaces (oneDNN's
     fused LSTM); ``metrics.sample_memory`` adds them"""
-    backward_points: tuple[BackwardPoint, ...] = ()
-    """moments of backward where the memory may peak, the first as it begins (the loss's copies
-    of the logits alive); empty: one moment with everything (``metrics.memory_parts``)"""
+    moments: tuple[Moment, ...] = ()
+    """moments of the step where the memory may peak, the first as backward begins (the loss's
+    copies of the logits alive); empty: one moment with everything (``metrics.memory_parts``)"""
 
     @property
     def train_flops(self) -> int:
@@ -77,9 +79,10 @@ class Tally:
         self.last_linear = 0  # the latest linear's output: the logits if nothing follows it
         self.workspace = 0
         self.backward_peak = 0  # the most elements alive in one layer's backward, kept ones included
-        # layers whose backward needs more than the gradients of their output and input, as
-        # (kept, workspace, parameters before the layer, parameters up to it): BackwardPoint's
-        self.points: list[tuple[int, int, int, int]] = []
+        # layers whose backward needs more than the gradients of their output and input, and
+        # layers whose forward needs temporaries, as (kept, workspace, parameters before the
+        # layer or None in forward, parameters up to it): Moment's
+        self.points: list[tuple[int, int, int | None, int]] = []
         self.layer_start = 0  # parameters before the latest layer that has some
         self.head_params = 0  # the latest layer's parameters: the head's, once the network ends
 
@@ -148,6 +151,11 @@ class Tally:
         self.backward_peak = max(self.backward_peak, self.activations + elements)
         self.points.append((self.activations, elements + self.workspace, self.layer_start, self.params))
 
+    def forward_transient(self, elements: int) -> None:
+        """``elements`` alive only while the latest layer's forward runs, beside what the layers up
+        to it keep (no gradient exists yet)."""
+        self.points.append((self.activations, elements + self.workspace, None, self.params))
+
     def _layer(self, params: int) -> None:
         """A layer with ``params`` parameters starts (in forward order)."""
         self.layer_start = self.params
@@ -192,10 +200,13 @@ class Tally:
         transient = max(GRADIENT_BUFFERS * self.largest_output, self.backward_peak - kept)
         # as backward begins the head's gradient exists and every weight's copy; the largest
         # output's gradients bound the layers' that are not placed
-        first = BackwardPoint(
+        first = Moment(
             kept, self.workspace + GRADIENT_BUFFERS * self.largest_output, self.head_params, self.params
         )
-        placed = [BackwardPoint(k, w, self.params - before, upto) for k, w, before, upto in self.points]
+        placed = [
+            Moment(k, w, 0 if before is None else self.params - before, upto)
+            for k, w, before, upto in self.points
+        ]
         return Count(
             self.params,
             self.forward,
@@ -203,7 +214,7 @@ class Tally:
             kept,
             self.largest_param,
             self.workspace + transient,
-            backward_points=(first, *placed),
+            moments=(first, *placed),
         )
 
 

@@ -90,17 +90,17 @@ class Spec(Knobs):
     def memory_per_sample(self) -> int:
         """Bytes one sample adds to a training step where it needs the most
         (``metrics.sample_memory``)."""
-        return max(kept + workspace for kept, workspace, _, _ in self._backward_bytes())
+        return max(kept + workspace for kept, workspace, _, _ in self._moment_bytes())
 
-    def _backward_bytes(self) -> list[tuple[int, int, int, int]]:
-        """``Count.backward_points`` in bytes per sample (``metrics.memory_parts``'s
-        ``backward``); the first, as backward begins, holds the loss's copies of the logits."""
+    def _moment_bytes(self) -> list[tuple[int, int, int, int]]:
+        """``Count.moments`` in bytes per sample (``metrics.memory_parts``'s ``moments``); the
+        first, as backward begins, holds the loss's copies of the logits."""
         c = self.count()
         size = precision(self.precision).bytes
         loss = metrics.sample_memory(0, self.logits_elements)
         return [
             (p.kept * size + (loss if i == 0 else 0), p.workspace * size, p.grads, p.copies)
-            for i, p in enumerate(c.backward_points)
+            for i, p in enumerate(c.moments)
         ]
 
     def memory_parts(self, batch: int, optimizer: str, device_type: str = "cpu") -> dict[str, int]:
@@ -114,7 +114,7 @@ class Spec(Knobs):
             optimizer,
             largest_param=c.largest_param,
             autocast=precision(self.precision).autocast,
-            backward=self._backward_bytes(),
+            moments=self._moment_bytes(),
             device_type=device_type,
         )
 
