@@ -72,7 +72,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 ],
                 ["training FLOPs / step / rank", si(c.train_flops * spec.samples_per_step, "FLOP")],
                 ["activations / sample", si(act, "B")],
-                [f"memory, batch {spec.batch_size} (AdamW)", si(info["memory_estimate_bytes"]["adamw"], "B")],
+                [
+                    f"memory at its peak, batch {spec.batch_size} (AdamW, CPU)",
+                    si(info["memory_estimate_bytes"]["adamw"], "B"),
+                ],
                 *[
                     [f"  {part.replace('_', ' ')}", si(b, "B")]
                     for part, b in info["memory_parts_bytes"].items()
