@@ -19,7 +19,7 @@ import hpcdl
 from hpcdl import cli
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import make_batch
-from hpcdl.measure.fit import estimated_batch, fit_batch
+from hpcdl.measure.fit import estimated_batch, fit_batch, rank_memory
 from hpcdl.measure.loop import Trainer
 from hpcdl.parallel.launch import mpi_env, mpirun_command
 from hpcdl.parallel.world import World
@@ -123,7 +123,8 @@ def test_memory_and_auto_fit_follow_the_micro_batch() -> None:
     four = one.replace(accumulation_steps=4)
     gib = 1 << 30
     assert estimated_batch(four, "adamw", 0.5, gib) == estimated_batch(one, "adamw", 0.5, gib)
-    fitted, fit = fit_batch(four, RunConfig(fit_fraction=1e-3), CPU, World())
+    target = 10 << 20  # the CPU libraries' 8 MiB and a few thousand samples: trials of a second
+    fitted, fit = fit_batch(four, RunConfig(fit_fraction=target / rank_memory(CPU, World())), CPU, World())
     assert fitted.accumulation_steps == 4 and fitted.batch_size == fit.batch > 8
 
 
