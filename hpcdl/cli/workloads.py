@@ -56,6 +56,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(spec.build())
     print(table(["knob", "value"], [[k, str(v)] for k, v in spec.to_dict().items()], numeric=False))
     print()
+    parts: dict[str, int] = info["memory_parts_bytes"]
     print(
         table(
             ["figure", "value"],
@@ -73,18 +74,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 ["training FLOPs / step / rank", si(c.train_flops * spec.samples_per_step, "FLOP")],
                 ["activations / sample", si(act, "B")],
                 [
-                    f"memory at its peak, batch {spec.batch_size} (AdamW, CPU)",
+                    f"memory at its peak, batch {spec.batch_size} (AdamW, CPU; {_peak_moment(parts)})",
                     si(info["memory_estimate_bytes"]["adamw"], "B"),
                 ],
-                *[
-                    [f"  {part.replace('_', ' ')}", si(b, "B")]
-                    for part, b in info["memory_parts_bytes"].items()
-                ],
+                *[[f"  {part.replace('_', ' ')}", si(b, "B")] for part, b in parts.items()],
             ],
             numeric=False,
         )
     )
     return 0
+
+
+def _peak_moment(parts: dict[str, int]) -> str:
+    """Which moment of the step the estimate's peak is (``metrics.memory_parts``)."""
+    if parts["activations"] == 0:
+        return "the optimizer step"
+    return "in forward" if parts["gradients"] == 0 else "in backward"
 
 
 def cmd_info(args: argparse.Namespace) -> int:
