@@ -90,12 +90,11 @@ class Spec(Knobs):
     def memory_per_sample(self) -> int:
         """Bytes one sample adds to a training step where it needs the most
         (``metrics.sample_memory``)."""
-        return max(kept + workspace for kept, workspace, _, _ in self._moment_bytes())
+        return max(kept + workspace for kept, workspace, _, _ in self._moment_bytes(self.count()))
 
-    def _moment_bytes(self) -> list[tuple[int, int, int, int]]:
-        """``Count.moments`` in bytes per sample (``metrics.memory_parts``'s ``moments``); the
+    def _moment_bytes(self, c: Count) -> list[tuple[int, int, int, int]]:
+        """``c.moments`` in bytes per sample (``metrics.memory_parts``'s ``moments``); the
         first, as backward begins, holds the loss's copies of the logits."""
-        c = self.count()
         size = precision(self.precision).bytes
         loss = metrics.sample_memory(0, self.logits_elements)
         return [
@@ -107,14 +106,15 @@ class Spec(Knobs):
         """Where a training step at ``batch`` on a ``device_type`` device would put its memory at
         its peak (``metrics.memory_parts``)."""
         c = self.count()
+        moments = self._moment_bytes(c)
         return metrics.memory_parts(
             c.params,
-            self.memory_per_sample(),
+            max(kept + workspace for kept, workspace, _, _ in moments),
             batch,
             optimizer,
             largest_param=c.largest_param,
             autocast=precision(self.precision).autocast,
-            moments=self._moment_bytes(),
+            moments=moments,
             device_type=device_type,
         )
 
