@@ -178,7 +178,8 @@ def test_sharded_fraction_of_each_scheme() -> None:
 
 def test_a_step_s_message_size_fits_the_sweep_around_it() -> None:
     """Between two measured sizes the fitted cost at the sweep's rank count is the measurement's
-    line; where that line starts below zero, the line from zero through the larger size."""
+    line; where that line starts below zero, the line from zero through the measurement
+    interpolated at the message size."""
     rows = [
         CommRow(bytes=1 << 10, backend_s=1e-4, collective="all_gather"),
         CommRow(bytes=1 << 20, backend_s=8e-4, collective="all_gather"),
@@ -189,7 +190,9 @@ def test_a_step_s_message_size_fits_the_sweep_around_it() -> None:
     line = 8e-4 + (2e-3 - 8e-4) * ((2 << 20) - (1 << 20)) / ((4 << 20) - (1 << 20))
     assert between.time(2 << 20, 2) == pytest.approx(line)
     steep = fit_comm(rows, 2, "all_gather", message_bytes=8 << 20)
-    assert steep.alpha_s == 0 and steep.time(16 << 20, 2) == pytest.approx(2e-2)
+    at_8 = 2e-3 + (2e-2 - 2e-3) * ((8 << 20) - (4 << 20)) / ((16 << 20) - (4 << 20))  # the two sizes' line
+    assert steep.alpha_s == 0 and steep.time(8 << 20, 2) == pytest.approx(at_8)
+    assert steep.time(16 << 20, 2) == pytest.approx(2 * at_8)  # from zero: twice the bytes, twice the time
     assert fit_comm(rows, 2, "all_gather", message_bytes=1 << 30) == fit_comm(rows, 2, "all_gather")
 
 
