@@ -7,7 +7,10 @@ through Open MPI, and what Open MPI's allreduce algorithms cost at 2 and 4 hosts
 - MPI: 4 MiB one way (``Send``/``Recv``), then both ways at once (``Sendrecv``), between h1 and
   h2, one rank each;
 - ``MPI_Allreduce`` of 4 MiB on 2 and 4 hosts of one rank, with Open MPI's own choice and with
-  the ring (4) and Rabenseifner's algorithm (6) forced (``coll_tuned_use_dynamic_rules``).
+  the ring (4) and Rabenseifner's algorithm (6) forced (``coll_tuned_use_dynamic_rules``);
+- MPI on 2 hosts x 2 ranks: both pairs (each rank and its peer on the other host) move 1 MiB at
+  once, one way, then both ways (how a host's pairs share its link; more ranks than 2 a host
+  would outnumber this machine's cores).
 
 Every figure is the median of 5 timed calls after one untimed, each between barriers.
 
@@ -91,6 +94,29 @@ for mode in ("one way", "both ways"):
 if r == 0:
     print(out["one way"], out["both ways"])
 """
+MPI_PAIRS = """
+import statistics, sys, time, numpy as np
+from mpi4py import MPI
+c = MPI.COMM_WORLD; r = c.rank; half = c.size // 2; n = int(sys.argv[1])
+peer = (r + half) % c.size  # the same local rank on the other host (ranks fill a host first)
+a = np.ones(n // 4, dtype=np.float32); b = np.empty_like(a)
+out = {}
+for mode in ("one way", "both ways"):
+    times = []
+    for i in range(6):
+        c.Barrier(); t0 = time.perf_counter()
+        if mode == "both ways":
+            c.Sendrecv(a, dest=peer, recvbuf=b, source=peer)
+        elif r < half:
+            c.Send(a, dest=peer)
+        else:
+            c.Recv(b, source=peer)
+        c.Barrier()
+        if i: times.append(time.perf_counter() - t0)
+    out[mode] = statistics.median(times)
+if r == 0:
+    print(out["one way"], out["both ways"])
+"""
 MPI_ALLREDUCE = """
 import statistics, sys, time, numpy as np
 from mpi4py import MPI
@@ -119,10 +145,10 @@ def tcp(nbytes: int) -> tuple[float, float]:
     return float(one), float(both)
 
 
-def mpi(script: str, hosts: int, nbytes: int, *mca: str) -> list[float]:
-    """The figures rank 0 of ``script`` prints, one rank on each of ``hosts`` hosts."""
-    env = {**mpi_env(), **on_layout(hosts, 1)}
-    cmd = [str(CLUSTER / "mpirun"), "-np", str(hosts), *mca, sys.executable, "-c", script, str(nbytes)]
+def mpi(script: str, hosts: int, nbytes: int, *mca: str, ppn: int = 1) -> list[float]:
+    """The figures rank 0 of ``script`` prints, ``ppn`` ranks on each of ``hosts`` hosts."""
+    env = {**mpi_env(), **on_layout(hosts, ppn)}
+    cmd = [str(CLUSTER / "mpirun"), "-np", str(hosts * ppn), *mca, sys.executable, "-c", script, str(nbytes)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if p.returncode != 0:
         sys.exit(f"mpirun failed:\n{p.stderr[-2000:]}")
@@ -157,6 +183,11 @@ def main() -> int:
         rows.append(
             ["Open MPI, 2 hosts", "4 MiB one way / each way at once", f"{one * 1e3:.0f}", f"{both * 1e3:.0f}"]
         )
+        for ppn in (1, 2):
+            one, both = mpi(MPI_PAIRS, 2, MIB, ppn=ppn)
+            pairs = f"{ppn} pair{'s' if ppn > 1 else ''} at once"
+            rows.append(["Open MPI, 2 hosts", f"1 MiB, {pairs}: one way / each way", f"{one * 1e3:.0f}",
+                         f"{both * 1e3:.0f}"])  # fmt: skip
         for hosts in (2, 4):
             for name, mca in (
                 ("its own choice", []),

@@ -273,7 +273,11 @@ def main() -> int:
     ap.add_argument("--rate", default="200mbit", help="each host's link, in tc's units (default 200mbit)")
     ap.add_argument("--duration", default="8", help="timed seconds of every run (default 8)")
     ap.add_argument("--reps", type=int, default=3, help="interleaved rounds of every point (default 3)")
-    ap.add_argument("--layouts", default="2x2,4x1", help="HOSTSxRANKS of 4 ranks each (default 2x2,4x1)")
+    ap.add_argument(
+        "--layouts",
+        default="2x2,4x1",
+        help="HOSTSxRANKS, comma-separated (default 2x2,4x1; 2x1: a core for each rank on 2 cores)",
+    )
     ap.add_argument("--only", default="collectives,steps", help="sections (default collectives,steps)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="a comma list of the workloads' names")
     ap.add_argument("--kept", action="store_true", help="measure nothing: tabulate the points kept in -o")
