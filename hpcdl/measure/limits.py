@@ -143,20 +143,25 @@ def rapl_limits(root: Path | None = None) -> list[Limit]:
 
 
 @dataclass(frozen=True)
-class NvmlPowerLimit:
-    """A GPU's power management limit (W; NVML speaks milliwatts)."""
+class NvmlLimit:
+    """A limit of one GPU through NVML (the subclasses: which one)."""
 
     nvml: Any
     index: int
     """NVML's index of the GPU (not CUDA's: CUDA_VISIBLE_DEVICES renumbers, NVML does not)"""
 
     @property
-    def name(self) -> str:
-        return f"GPU {self.index} power limit"
-
-    @property
     def handle(self) -> Any:
         return self.nvml.nvmlDeviceGetHandleByIndex(self.index)
+
+
+@dataclass(frozen=True)
+class NvmlPowerLimit(NvmlLimit):
+    """A GPU's power management limit (W; NVML speaks milliwatts)."""
+
+    @property
+    def name(self) -> str:
+        return f"GPU {self.index} power limit"
 
     def read(self) -> float | None:
         return float(self.nvml.nvmlDeviceGetPowerManagementLimit(self.handle)) / 1000
@@ -177,19 +182,12 @@ class NvmlPowerLimit:
 
 
 @dataclass(frozen=True)
-class NvmlClockLimit:
+class NvmlClockLimit(NvmlLimit):
     """A GPU's graphics clock, locked between its lowest supported clock and the cap (MHz)."""
-
-    nvml: Any
-    index: int
 
     @property
     def name(self) -> str:
         return f"GPU {self.index} locked clocks"
-
-    @property
-    def handle(self) -> Any:
-        return self.nvml.nvmlDeviceGetHandleByIndex(self.index)
 
     def read(self) -> float | None:
         return None  # NVML cannot read locked clocks back

@@ -59,7 +59,8 @@ def fit_comm(
         upper = int(np.searchsorted(sizes, message_bytes))
         sizes, times = sizes[upper - 1 : upper + 1], times[upper - 1 : upper + 1]
     (a, c) = _line(sizes, times)
-    if local and (a < 0 or c <= 0):  # a convex stretch, or noise: through zero and the size's time
+    # convex here, or noise: from zero through the time interpolated at the message size
+    if message_bytes is not None and local and (a < 0 or c <= 0):
         a, c = 0.0, float(np.interp(message_bytes, sizes, times)) / message_bytes
     a = max(float(a), 0.0)  # a negative intercept over all sizes is noise in the latency: none
     if not c > 0:
