@@ -72,28 +72,6 @@ for mode in ("one way", "both ways"):
 if role == "client":
     print(out["one way"], out["both ways"])
 """.replace("PORT", str(PORT))
-MPI_PAIR = """
-import statistics, sys, time, numpy as np
-from mpi4py import MPI
-c = MPI.COMM_WORLD; r = c.rank; n = int(sys.argv[1])
-a = np.ones(n // 4, dtype=np.float32); b = np.empty_like(a)
-out = {}
-for mode in ("one way", "both ways"):
-    times = []
-    for i in range(6):
-        c.Barrier(); t0 = time.perf_counter()
-        if mode == "both ways":
-            c.Sendrecv(a, dest=1 - r, recvbuf=b, source=1 - r)
-        elif r == 0:
-            c.Send(a, dest=1)
-        else:
-            c.Recv(b, source=0)
-        c.Barrier()
-        if i: times.append(time.perf_counter() - t0)
-    out[mode] = statistics.median(times)
-if r == 0:
-    print(out["one way"], out["both ways"])
-"""
 MPI_PAIRS = """
 import statistics, sys, time, numpy as np
 from mpi4py import MPI
@@ -179,7 +157,7 @@ def main() -> int:
         rows.append(
             ["TCP, 2 hosts", "8 MiB one way / each way at once", f"{one * 1e3:.0f}", f"{both * 1e3:.0f}"]
         )
-        one, both = mpi(MPI_PAIR, 2, 4 * MIB)
+        one, both = mpi(MPI_PAIRS, 2, 4 * MIB)
         rows.append(
             ["Open MPI, 2 hosts", "4 MiB one way / each way at once", f"{one * 1e3:.0f}", f"{both * 1e3:.0f}"]
         )
