@@ -4,6 +4,9 @@ operators running at that peak, for the specs named (METRICS.md, "Memory estimat
 tensor model checked without what the libraries hold outside the allocator.
 
     .venv/bin/python benchmarks/memory_allocator.py speech:0:fp32 rnn:4:fp32 [...]
+
+A spec is FAMILY:SEED:PRECISION, sampled at batch 32 as ``bench_memory.py`` samples it, with
+knobs changed after a fourth colon: ``speech:0:bf16:conv_layers=1,cell=lstm``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,26 @@ from hpcdl.measure.trial import _loss
 from hpcdl.workloads.precision import precision
 from hpcdl.workloads.sampling import sample_spec
 from hpcdl.workloads.spec import Spec
+
+BATCH = 32
+
+
+def sampled(name: str) -> tuple[Spec, int]:
+    """The spec ``name`` names (FAMILY:SEED:PRECISION[:KNOB=VALUE,...]) and the bytes of its
+    estimate's tensors at ``BATCH``: the estimate without the libraries' allowance."""
+    family, seed, prec, *changed = name.split(":")
+    spec = sample_spec(family, int(seed), batch_size=BATCH, precision=prec)
+    if changed:
+        knobs = dict(kv.split("=", 1) for kv in changed[0].split(","))
+        spec = spec.replace(**{k: _value(v) for k, v in knobs.items()})
+    parts = spec.memory_parts(BATCH, "adamw")
+    return spec, sum(parts.values()) - parts["libraries"]
+
+
+def _value(text: str) -> int | str | bool:
+    if text in ("true", "false"):
+        return text == "true"
+    return int(text) if text.lstrip("-").isdigit() else text
 
 
 def allocator_peak(spec: Spec) -> tuple[int, list[str]]:
@@ -52,10 +75,7 @@ def allocator_peak(spec: Spec) -> tuple[int, list[str]]:
 
 def main() -> None:
     for name in sys.argv[1:]:
-        family, seed, prec = name.split(":")
-        spec = sample_spec(family, int(seed), batch_size=32, precision=prec)
-        parts = spec.memory_parts(32, "adamw")
-        tensors = sum(parts.values()) - parts["libraries"]
+        spec, tensors = sampled(name)
         peak, ops = allocator_peak(spec)
         print(f"{name}: allocator peak {peak / 1e6:.1f} MB, tensors estimated {tensors / 1e6:.1f} MB "
               f"({tensors / peak:.2f}); at the peak: {', '.join(ops)}", flush=True)  # fmt: skip

@@ -90,7 +90,7 @@ class Spec(Knobs):
     def memory_per_sample(self) -> int:
         """Bytes one sample adds to a training step where it needs the most
         (``metrics.sample_memory``)."""
-        return max(kept + workspace for kept, workspace, _, _ in self._moment_bytes(self.count()))
+        return _largest_sample(self._moment_bytes(self.count()))
 
     def _moment_bytes(self, c: Count) -> list[tuple[int, int, int, int]]:
         """``c.moments`` in bytes per sample (``metrics.memory_parts``'s ``moments``); the
@@ -109,7 +109,7 @@ class Spec(Knobs):
         moments = self._moment_bytes(c)
         return metrics.memory_parts(
             c.params,
-            max(kept + workspace for kept, workspace, _, _ in moments),
+            _largest_sample(moments),
             batch,
             optimizer,
             largest_param=c.largest_param,
@@ -132,3 +132,8 @@ class Spec(Knobs):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             return self.build_module()
+
+
+def _largest_sample(moments: list[tuple[int, int, int, int]]) -> int:
+    """The most bytes one sample holds at any of the step's moments (``Spec._moment_bytes``)."""
+    return max(kept + workspace for kept, workspace, _, _ in moments)
