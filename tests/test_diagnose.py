@@ -292,7 +292,10 @@ def test_slurm_names_the_node_a_cgroup_cpu_limit_slows(slurm_cluster: None, tmp_
     scripts/slurm/slow-node.sh has put n2's slurmd and its step (the rank on n2) in a cgroup of
     5 % of a CPU, it names n2, and no other node."""
     (tmp_path / "slurm_ranks.py").write_text(SLURM_RANKS)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    # One thread a rank: a two-thread product stalls whenever one of its threads waits for a core,
+    # and four two-thread ranks on two cores once left clean n2's best product under half the
+    # others' (its ceiling flagged before any limit was planted)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
     # -K: a task that dies ends the step (one rank that crashed at start-up once left three
     # waiting in MPI until the test's deadline)
     cmd = ["srun", "-N4", "-n4", "--mpi=pmix", "-K", "-t", "4", sys.executable, "-m", "slurm_ranks",

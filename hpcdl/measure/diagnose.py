@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from hpcdl import metrics
-from hpcdl.device import synchronize
+from hpcdl.device import rank_threads, synchronize
 from hpcdl.measure.peaks import gemm_ceiling
 from hpcdl.parallel.commbench import mpi_time
 from hpcdl.parallel.world import World, world_of
@@ -202,7 +202,7 @@ def software() -> dict[str, Any]:
 
 def measure(world: World, device: torch.device, precision: str, seconds: float) -> dict[str, Any] | None:
     """Every figure of the world, gathered on rank 0 (None elsewhere)."""
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world.local_size))
+    torch.set_num_threads(rank_threads(world.local_size))  # as a training rank would
     world.barrier()  # the ranks measure their devices together, as a training step would
     mine = device_figures(world, device, precision, seconds)
     nodes = world.gather(node_allreduce(world))
