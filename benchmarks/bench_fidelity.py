@@ -10,6 +10,7 @@ and for it without its fidelity knobs (dropout 0, exact GELU: the presets before
 Target: every shipped preset within 10 % of the real model's step time.
 
     .venv/bin/python benchmarks/bench_fidelity.py [--only gpt2_small,bert_base] [--rounds 6]
+        [--device cuda] [--precision bf16]
 
 Needs ``pip install -e '.[fidelity]'`` (transformers); the VGG-16 row also torchvision.
 """
@@ -25,6 +26,7 @@ from typing import Any
 import real_models
 import torch
 
+from hpcdl.device import device_name, resolve_device
 from hpcdl.proxy.measure import flops
 from hpcdl.proxy.training import Trainee, spec_trainee
 from hpcdl.proxy.verify import Comparison, interleaved
@@ -76,12 +78,12 @@ def ratio(c: Comparison) -> str:
     return f"{r['median']:.3f} ({r['p10']:.2f}-{r['p90']:.2f}; fastest {c.fastest_ratio:.3f})"
 
 
-def run_case(case: Case, rounds: int, baseline: bool) -> list[str]:
+def run_case(case: Case, rounds: int, baseline: bool, device: torch.device, precision: str) -> list[str]:
     module, batch = case.real()
-    real = Trainee(module, batch)
-    spec = preset(case.preset, **case.knobs)
+    spec = preset(case.preset, **case.knobs, precision=precision)
     count = spec.count()
-    _, counted, _ = flops(real)
+    _, counted, _ = flops(Trainee(module, batch))  # counted on the CPU: the count is the device's
+    real = Trainee(module, batch, precision=spec.precision, device=device)
     samples = spec.batch_size
     params = sum(p.numel() for p in module.parameters())
     row = [
@@ -90,13 +92,12 @@ def run_case(case: Case, rounds: int, baseline: bool) -> list[str]:
         f"{count.params / params:.4f}",
         f"{count.train_flops / (counted / samples):.4f}",
     ]
-    shipped = interleaved(spec_trainee(spec), real, rounds=rounds)
+    shipped = interleaved(spec_trainee(spec, device), real, rounds=rounds)
     row.append(ratio(shipped))
     if baseline:
         changed = bare(spec)
-        row.append(
-            ratio(interleaved(spec_trainee(changed), real, rounds=rounds)) if changed != spec else "same"
-        )
+        same = changed == spec
+        row.append("same" if same else ratio(interleaved(spec_trainee(changed, device), real, rounds=rounds)))
     return row
 
 
@@ -107,7 +108,10 @@ def main() -> None:
     ap.add_argument(
         "--no-baseline", action="store_true", help="skip the presets without their fidelity knobs"
     )
+    ap.add_argument("--device", default="cpu", help="cpu (default) | cuda | cuda:N")
+    ap.add_argument("--precision", default="fp32", help="fp32 (default) | bf16 | fp16 | tf32")
     args = ap.parse_args()
+    device = resolve_device(args.device)
     warnings.filterwarnings("ignore")
     chosen = [c for c in CASES if not args.only or any(c.name.startswith(o) for o in args.only.split(","))]
     rows = []
@@ -115,7 +119,7 @@ def main() -> None:
         if case.preset == "vgg16" and real_models.torchvision_models() is None:
             print(f"{case.name}: skipped, torchvision is not installed")
             continue
-        rows.append(run_case(case, args.rounds, not args.no_baseline))
+        rows.append(run_case(case, args.rounds, not args.no_baseline, device, args.precision))
         print(" | ".join(rows[-1]), flush=True)
     head = ["case", "real params", "params preset/real", "train FLOPs preset/real", "step preset/real"]
     if not args.no_baseline:
@@ -123,7 +127,8 @@ def main() -> None:
     print()
     print(table(head, rows, numeric=False))
     threads = torch.get_num_threads()
-    print(f"step: median (p10-p90) of {args.rounds} interleaved rounds, {threads} threads, fp32, AdamW")
+    where = f"{threads} threads" if device.type == "cpu" else device_name(device)
+    print(f"step: median (p10-p90) of {args.rounds} interleaved rounds, {where}, {args.precision}, AdamW")
 
 
 if __name__ == "__main__":

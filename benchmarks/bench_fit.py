@@ -8,6 +8,7 @@ of the proxy over the real model's (median and p10-p90 over the interleaved roun
 Targets: parameters and training FLOPs within 2 %, step time within 10 %.
 
     .venv/bin/python benchmarks/bench_fit.py [--only resnet50,gpt2] [--budget 300] [--rounds 10]
+        [--device cuda]    # profile, fit and verify on that device
         [--any-family]     # search every family that takes the data, not only the expected one
         [--others]         # instead, ten networks no preset mimics (other_models.py), eleven
                            # with torchvision importable (PYTHONPATH; it must not replace torch)
@@ -72,11 +73,13 @@ def run_case(name: str, args: argparse.Namespace) -> list[str]:
     warnings.filterwarnings("ignore")
     case = next(c for c in CASES + OTHERS if c.name == name)
     module, batch = case.real()
-    profile = hpcdl.profile(module, batch, name=case.name, steps=4)
-    result = hpcdl.fit(profile, None if args.any_family else case.family, budget_s=args.budget, finalists=2)
+    profile = hpcdl.profile(module, batch, name=case.name, steps=4, device=args.device)
+    family = None if args.any_family else case.family
+    result = hpcdl.fit(profile, family, budget_s=args.budget, finalists=2, device=args.device)
     print(f"{case.name}: {result.miss or 'reached'}", flush=True)
     module, batch = case.real()  # untrained weights again, as profiled
-    comparison, entry = verify(result.spec, RealModel(case.name, module, batch, None), rounds=args.rounds)
+    real = RealModel(case.name, module, batch, None)
+    comparison, entry = verify(result.spec, real, rounds=args.rounds, device=args.device)
     e = result.best.errors
     r = comparison.ratio
     print(f"{case.name}: {result.spec.family} {describe_spec(result.spec)}", flush=True)
@@ -100,6 +103,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10, help="interleaved rounds of the verification")
     ap.add_argument("--any-family", action="store_true")
     ap.add_argument("--others", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu (default) | cuda | cuda:N")
     args = ap.parse_args()
     cases = OTHERS if args.others else CASES
     wanted = args.only.split(",") if args.only else []
@@ -115,7 +119,8 @@ def main() -> None:
     head = ["real model", "kind", "family", "params", "train FLOPs", "memory", "step proxy/real"]
     print(table(head, rows, numeric=False))
     print(
-        f"errors: fitted / real - 1; step: median (p10-p90) of {args.rounds} interleaved rounds, fp32, AdamW"
+        f"errors: fitted / real - 1; step: median (p10-p90) of {args.rounds} interleaved rounds, fp32, AdamW,"
+        f" on {args.device}"
     )
 
 

@@ -9,7 +9,10 @@ whose tensors are estimated above 30 MB (below that what the libraries hold domi
 the peak's excess over the estimate's tensors per precision, with and without an unfused recurrent
 layer (what ``metrics.CPU_LIBRARY_BYTES`` stands for), for METRICS.md.
 
-    .venv/bin/python benchmarks/bench_memory.py [--seeds 4] [--batch 32] [--fit-mb 300]
+    .venv/bin/python benchmarks/bench_memory.py [--seeds 4] [--batch 32] [--fit-mb 300] [--device cuda]
+
+On a GPU a step is measured as auto-fit measures there: the rise of the caching allocator's
+reserved peak (``measure.trial.cuda_trial``), in this process.
 """
 
 from __future__ import annotations
@@ -17,11 +20,15 @@ from __future__ import annotations
 import argparse
 import statistics
 
+import torch
+
+from hpcdl.device import resolve_device
 from hpcdl.measure.fit import estimated_batch, search
-from hpcdl.measure.trial import cpu_trial
+from hpcdl.measure.trial import Trial, cpu_trial, cuda_trial
 from hpcdl.results.text import si, table
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.sampling import sample_spec
+from hpcdl.workloads.spec import Spec
 
 MIN_BYTES = 30 << 20
 
@@ -32,16 +39,24 @@ EXCESS: dict[tuple[str, bool], list[float]] = {}
 """bytes measured over the estimate's tensors, by (precision, has an unfused recurrent layer)"""
 
 
-def ratios(family: str, precision: str, seeds: int, batch: int) -> list[float]:
+def trial(spec: Spec, limit: int, device: torch.device) -> Trial:
+    """One measured training step: on a GPU the rise of the caching allocator's reserved peak (as
+    auto-fit measures there), on a CPU the rise of a child process's peak resident set."""
+    if device.type == "cuda":
+        return cuda_trial(spec, "adamw", 1, device)
+    return cpu_trial(spec, "adamw", 1, limit)
+
+
+def ratios(family: str, precision: str, seeds: int, batch: int, device: torch.device) -> list[float]:
     out = []
     for seed in range(seeds * 4):  # draw until enough specs are large enough to measure
         spec = sample_spec(family, seed, batch_size=batch, precision=precision)
-        parts = spec.memory_parts(batch, "adamw")
+        parts = spec.memory_parts(batch, "adamw", device.type)
         estimate = sum(parts.values())
         tensors = estimate - parts["libraries"]  # the libraries' allowance does not decide the sample
         if tensors < MIN_BYTES or tensors > 2 << 30:
             continue
-        measured = cpu_trial(spec, "adamw", 1, 4 * estimate + (1 << 30)).peak_bytes
+        measured = trial(spec, 4 * estimate + (1 << 30), device).peak_bytes
         out.append((measured or 0) / estimate)
         unfused = getattr(spec, "cell", None) in UNFUSED_CELLS
         EXCESS.setdefault((precision, unfused), []).append((measured or 0) - tensors)
@@ -54,14 +69,14 @@ def ratios(family: str, precision: str, seeds: int, batch: int) -> list[float]:
     return out
 
 
-def fit_error(family: str, target: int) -> tuple[int, int, int, float]:
+def fit_error(family: str, target: int, device: torch.device) -> tuple[int, int, int, float]:
     """(estimated batch, chosen batch, trials, measured peak / target) of a fit of the first
     sampled spec of ``family`` to ``target`` bytes of model memory, fp32."""
     spec = sample_spec(family, 0, batch_size=1)
     per_sample = spec.memory_per_sample()
-    start = estimated_batch(spec, "adamw", 1.0, target)
+    start = estimated_batch(spec, "adamw", 1.0, target, device.type)
     batch, trials, _, _ = search(
-        lambda b: cpu_trial(spec.replace(batch_size=b), "adamw", 1, 4 * target + (512 << 20)),
+        lambda b: trial(spec.replace(batch_size=b), 4 * target + (512 << 20), device),
         int(start),
         target,
         2 * target,
@@ -81,12 +96,14 @@ def main() -> None:
         "--fit-mb", type=int, default=300, help="auto-fit's target in MB of model memory (0: skip)"
     )
     p.add_argument("--families", default=",".join(FAMILIES))
+    p.add_argument("--device", default="cpu", help="cpu (default) | cuda | cuda:N")
     a = p.parse_args()
+    device = resolve_device(a.device)
     families = a.families.split(",")
     rows = []
     for family in families:
         for precision in ("fp32", "bf16"):
-            r = ratios(family, precision, a.seeds, a.batch)
+            r = ratios(family, precision, a.seeds, a.batch, device)
             if r:
                 rows.append(
                     [family, precision, str(len(r))]
@@ -94,7 +111,7 @@ def main() -> None:
                 )
     print(
         f"measured / estimated memory of a training step, batch {a.batch}, tensors estimated >= "
-        f"{si(MIN_BYTES, 'B')}"
+        f"{si(MIN_BYTES, 'B')}, on {device}"
     )
     print(table(["family", "precision", "specs", "min", "median", "max"], rows), flush=True)
     excess = [
@@ -107,7 +124,7 @@ def main() -> None:
     if a.fit_mb:
         fits = []
         for family in families:
-            start, batch, n, ratio = fit_error(family, a.fit_mb << 20)
+            start, batch, n, ratio = fit_error(family, a.fit_mb << 20, device)
             fits.append([family, str(start), str(batch), str(n), f"{ratio:.3f}", f"{ratio - 1:+.1%}"])
         print(f"\nauto-fit to {a.fit_mb} MiB of model memory (fp32, seed 0 of each family)")
         print(table(["family", "estimated batch", "fitted batch", "trials", "peak / target", "error"], fits))
