@@ -28,6 +28,7 @@ from hpcdl.measure.data import make_batch
 from hpcdl.measure.loop import Trainer
 from hpcdl.results.text import si, table
 from hpcdl.workloads.crosscheck import counted_flops
+from hpcdl.workloads.precision import precision as precision_of
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.sampling import sample_spec
 
@@ -75,12 +76,16 @@ def bare_steps(
     y: torch.Tensor,
     n: int,
     device: torch.device,
+    precision: str,
 ) -> list[float]:
-    """The loop a user would write by hand: no phases, one sync per step."""
+    """The loop a user would write by hand: no phases, one sync per step, the forward pass under
+    autocast in the spec's precision (as hpcdl's; without it a bf16 row timed bf16 against fp32)."""
+    p = precision_of(precision)
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
-        logits = model(x)
+        with torch.autocast(device.type, dtype=p.dtype, enabled=p.autocast):
+            logits = model(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
         loss.backward()
         opt.step()
@@ -100,11 +105,11 @@ def overhead(device: torch.device, rounds: int, steps: int) -> list[list[str]]:
         opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in models]
         trainer = Trainer(models[0], opts[0], Fixed(x, y), device, spec.precision)
         trainer.run(3, 3, 0)
-        bare_steps(models[1], opts[1], x, y, 3, device)
+        bare_steps(models[1], opts[1], x, y, 3, device, spec.precision)
         ours, bare = [], []
         for _ in range(rounds):  # interleaved, so drift hits both alike
             ours += trainer.run(0, steps, 0).step_s
-            bare += bare_steps(models[1], opts[1], x, y, steps, device)
+            bare += bare_steps(models[1], opts[1], x, y, steps, device, spec.precision)
         mo, mb = statistics.median(ours), statistics.median(bare)
         rows.append([name, f"{mo * 1e3:.2f}", f"{mb * 1e3:.2f}", f"{mo / mb:.3f}", "<= 1.02"])
     return rows

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
 from typing import Any
 
 import torch
@@ -83,6 +84,13 @@ def torchvision_models() -> Any:
     torchvision when it is installed, so its models call this first."""
     if importlib.util.find_spec("torchvision") is None:
         return None
+    try:  # a build that matches torch (a GPU machine's) loads its own operators
+        import torchvision
+
+        return torchvision.models
+    except RuntimeError:
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]  # the half-imported package, imported again below
     lib = torch.library.Library("torchvision", "DEF")
     lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")

@@ -113,3 +113,18 @@ def test_a_rank_trains_with_its_share_of_the_cores(monkeypatch: pytest.MonkeyPat
     assert rank_threads(16) == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's count, which torch already has
     assert rank_threads(4) == torch.get_num_threads()
+
+
+def test_a_gpus_capacity_counts_what_the_caching_allocator_holds_for_no_tensor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seen on an H200: the class M suite's second workload was fitted to 30.6 of 139 GiB, since
+    CUDA's free memory does not count the first workload's cache, which this process can reuse.
+    The CUDA calls are faked (no GPU here); the live tensors' bytes stay out."""
+    from hpcdl.device import memory_capacity
+
+    GiB = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (30 * GiB, 140 * GiB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 105 * GiB)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 2 * GiB)
+    assert memory_capacity(torch.device("cuda")) == (30 + 105 - 2) * GiB
