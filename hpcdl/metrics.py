@@ -70,12 +70,19 @@ ADAMW_TEMPORARIES = 2
 """fp32 temporaries of one parameter's size that AdamW's per-tensor step allocates (the square
 root of the second moment and its bias-corrected quotient): PyTorch's CPU default, one tensor at
 a time; SGD's momentum updates in place"""
-CPU_LIBRARY_BYTES = {False: 8 << 20, True: 14 << 20}
-"""bytes a CPU training step adds outside PyTorch's allocator, without and with autocast: MKL's
-GEMM buffers, oneDNN's kernels built for the step's shapes (bf16's most), glibc's heap among the
-tensors under its mmap threshold. The median of what 65 sampled specs of every family measured
-above their tensors (2–28 MB at 2 threads; ``benchmarks/bench_memory.py``, METRICS.md); a
-GPU's libraries live outside the allocator's peak that auto-fit measures there"""
+CPU_LIBRARY_BYTES = {
+    (False, False): 5 << 20,
+    (False, True): 12 << 20,
+    (True, False): 12 << 20,
+    (True, True): 17 << 20,
+}
+"""bytes a CPU training step adds outside PyTorch's allocator, by (autocast, an unfused recurrent
+layer): MKL's GEMM buffers, oneDNN's kernels built for the step's shapes (bf16's most), glibc's
+heap among the tensors under its mmap threshold (a GRU's or Elman RNN's per-step tensors: such
+specs measured 7-9 MB more). Each the value that keeps the 40 sampled specs of
+``benchmarks/bench_memory.py`` nearest their estimate (excess over the tensors: medians 6.9,
+15.8, 11.6 and 19.3 MB, METRICS.md); a GPU's libraries live outside the allocator's peak that
+auto-fit measures there"""
 AUTOCAST_COPY_BYTES = 2
 """bytes per parameter of the 16-bit weight copies autocast makes and its products keep for
 backward (bf16/fp16)"""
@@ -99,12 +106,16 @@ def memory_parts(
     sample_workspace_bytes: int = 0,
     moments: Sequence[tuple[int, int, int, int]] = (),
     device_type: str = "cpu",
+    input_bytes: int = 0,
+    unfused_recurrent: bool = False,
 ) -> dict[str, int]:
-    """Where a training step's memory goes at its peak (Deep500's split): ``weights`` (fp32, plus
+    """Where a training step's memory goes at its peak (Deep500's split): ``inputs`` (the
+    batches of inputs and labels the run keeps on the device, ``input_bytes``), ``weights`` (fp32, plus
     autocast's 16-bit copies), ``gradients`` (fp32), ``optimizer_state`` (AdamW's two moments,
     SGD's momentum), ``activations`` (kept for backward, and the loss's copies of the logits),
     ``workspace`` (activation gradients and backend workspaces, or the optimizer step's
-    temporaries) and, on a CPU, ``libraries`` (``CPU_LIBRARY_BYTES``).
+    temporaries) and, on a CPU, ``libraries`` (``CPU_LIBRARY_BYTES``, more with
+    ``unfused_recurrent``: a recurrent layer the CPU runs step by step).
 
     The peak is the largest of the step's moments: each of ``moments``, as (activation bytes per
     sample, workspace bytes per sample, parameters with a gradient, parameters whose autocast
@@ -117,9 +128,10 @@ def memory_parts(
     Nothing is added for the allocator: on a CPU auto-fit's trials fix glibc's mmap threshold
     (``hpcdl.device.pin_mmap_threshold``), so their resident set holds the live tensors."""
     state = params * (8 if optimizer == "adamw" else 4)
-    libraries = CPU_LIBRARY_BYTES[autocast] if device_type == "cpu" else 0
+    libraries = CPU_LIBRARY_BYTES[(autocast, unfused_recurrent)] if device_type == "cpu" else 0
     during = [
         {
+            "inputs": input_bytes,
             "weights": params * 4 + (AUTOCAST_COPY_BYTES * copies if autocast else 0),
             "gradients": grads * 4,
             "optimizer_state": state,
@@ -132,6 +144,7 @@ def memory_parts(
         )
     ]
     step = {
+        "inputs": input_bytes,
         "weights": params * 4,
         "gradients": params * 4,
         "optimizer_state": state,

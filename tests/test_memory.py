@@ -19,11 +19,16 @@ def test_the_parts_add_up_and_each_follows_its_term() -> None:
     mib = 1 << 20
     # one sample: the optimizer step is the peak (every gradient, AdamW's temporaries, no activation)
     step = spec.memory_parts(1, "adamw")
-    assert set(step) == {"weights", "gradients", "optimizer_state", "activations", "workspace", "libraries"}
+    parts = {"inputs", "weights", "gradients", "optimizer_state", "activations", "workspace", "libraries"}
+    assert set(step) == parts
+    # the batches of inputs the run keeps on the device: 32 fp32 features and an int64 label a
+    # sample, in each of them (a trial keeps one, a run RunConfig.pool_batches)
+    assert spec.input_bytes() == 32 * 4 + 8 and step["inputs"] == spec.input_bytes()
+    assert spec.memory_parts(4096, "adamw", pool_batches=4)["inputs"] == 4 * 4096 * (32 * 4 + 8)
     assert step["weights"] == step["gradients"] == 4 * c.params and step["optimizer_state"] == 8 * c.params
     assert c.largest_param == 64 * 64  # the largest weight, not the sum of them
     assert step["activations"] == 0 and step["workspace"] == 2 * 4 * c.largest_param
-    assert step["libraries"] == metrics.CPU_LIBRARY_BYTES[False] == 8 * mib
+    assert step["libraries"] == metrics.CPU_LIBRARY_BYTES[(False, False)] == 5 * mib
     assert spec.memory_parts(1, "adamw", "cuda")["libraries"] == 0
     # many samples: backward is the peak; as it begins only the head's gradient exists
     big = spec.memory_parts(4096, "adamw")
@@ -31,6 +36,7 @@ def test_the_parts_add_up_and_each_follows_its_term() -> None:
     assert spec.memory_parts(8192, "adamw")["activations"] == 2 * big["activations"]
     assert sum(big.values()) == spec.memory_estimate(4096, "adamw") > sum(step.values())
     assert big["activations"] + big["workspace"] == 4096 * spec.memory_per_sample()
+    assert big["inputs"] == 4096 * spec.input_bytes()
     sgd = spec.memory_parts(1, "sgd")
     assert sgd["optimizer_state"] == 4 * c.params and sgd["workspace"] == 0
     # in bf16 autocast's 16-bit copies of the weights are saved for backward (gone by the step)
@@ -38,7 +44,13 @@ def test_the_parts_add_up_and_each_follows_its_term() -> None:
     assert bf16.memory_parts(4096, "adamw")["weights"] == 6 * c.params
     assert bf16.memory_parts(1, "adamw")["weights"] == 4 * c.params
     assert bf16.memory_parts(4096, "adamw")["activations"] < big["activations"]
-    assert bf16.memory_parts(1, "adamw")["libraries"] == 14 * mib
+    assert bf16.memory_parts(1, "adamw")["libraries"] == 12 * mib
+    # a GRU runs step by step on a CPU: glibc keeps its small per-step tensors in its heap
+    gru = spec_from_dict(
+        {"family": "rnn", "cell": "gru", "layers": 1, "hidden": 8, "seq_len": 4, "vocab": 16}
+    )
+    assert gru.memory_parts(1, "adamw")["libraries"] == 12 * mib
+    assert gru.replace(cell="lstm").memory_parts(1, "adamw")["libraries"] == 5 * mib
     # the logits' gradient is the loss's (LOSS_COPIES): the workspace counts hidden layers only
     assert c.workspace_elements == 2 * 64
     assert spec.memory_per_sample() == metrics.sample_memory(

@@ -52,7 +52,7 @@ def memory_split(
     """Where a rank's memory goes: the estimate's parts at the batch that ran, and what the
     device measured (its peak: on a CPU the process's resident set, which also holds the
     interpreter and libraries, so its parts cannot be told apart there)."""
-    estimated = spec.memory_parts(spec.batch_size, cfg.optimizer, device.type)
+    estimated = spec.memory_parts(spec.batch_size, cfg.optimizer, device.type, cfg.pool_batches)
     return {
         "estimated": {**estimated, "total": sum(estimated.values())},
         "measured": {

@@ -105,7 +105,8 @@ class Tally:
         self.matmul(tokens, fan_in, fan_out, grads=1 if data_input else 2)
         self.activations += tokens * fan_out
         self.largest_param = max(self.largest_param, fan_in * fan_out)
-        self.output(tokens * fan_in)
+        if not data_input:  # the data takes no gradient: backward makes none of its size
+            self.output(tokens * fan_in)
         self.last_linear = tokens * fan_out
 
     def conv2d(

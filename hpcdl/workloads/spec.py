@@ -83,6 +83,12 @@ class Spec(Knobs):
         return drawn
 
     @property
+    def unfused_recurrent(self) -> bool:
+        """Whether a CPU runs a recurrent layer of this spec step by step (oneDNN fuses only the
+        LSTM), which costs the libraries more (``metrics.CPU_LIBRARY_BYTES``)."""
+        return False
+
+    @property
     def logits_elements(self) -> int:
         """Elements of one sample's logits (one row of ``num_classes`` per label)."""
         return math.prod(self.target_shape()) * self.num_classes
@@ -102,9 +108,17 @@ class Spec(Knobs):
             for i, p in enumerate(c.moments)
         ]
 
-    def memory_parts(self, batch: int, optimizer: str, device_type: str = "cpu") -> dict[str, int]:
-        """Where a training step at ``batch`` on a ``device_type`` device would put its memory at
-        its peak (``metrics.memory_parts``)."""
+    def input_bytes(self) -> int:
+        """Bytes of one sample's inputs and labels (int64) as the run's pool of batches holds them."""
+        inputs = self.sample_inputs(1, torch.Generator().manual_seed(0), torch.device("cpu"))
+        return inputs.nbytes + 8 * math.prod(self.target_shape())
+
+    def memory_parts(
+        self, batch: int, optimizer: str, device_type: str = "cpu", pool_batches: int = 1
+    ) -> dict[str, int]:
+        """Where a training step at ``batch`` on a ``device_type`` device, with ``pool_batches``
+        batches of inputs kept there (``RunConfig.pool_batches``; a trial keeps one), would put
+        its memory at its peak (``metrics.memory_parts``)."""
         c = self.count()
         moments = self._moment_bytes(c)
         return metrics.memory_parts(
@@ -116,11 +130,15 @@ class Spec(Knobs):
             autocast=precision(self.precision).autocast,
             moments=moments,
             device_type=device_type,
+            input_bytes=pool_batches * batch * self.input_bytes(),
+            unfused_recurrent=self.unfused_recurrent,
         )
 
-    def memory_estimate(self, batch: int, optimizer: str, device_type: str = "cpu") -> int:
-        """Bytes a training step at ``batch`` needs (``metrics.memory_estimate``)."""
-        return sum(self.memory_parts(batch, optimizer, device_type).values())
+    def memory_estimate(
+        self, batch: int, optimizer: str, device_type: str = "cpu", pool_batches: int = 1
+    ) -> int:
+        """Bytes a training step at ``batch`` needs (:meth:`memory_parts`)."""
+        return sum(self.memory_parts(batch, optimizer, device_type, pool_batches).values())
 
     @property
     def samples_per_step(self) -> int:

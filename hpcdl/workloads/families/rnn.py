@@ -73,6 +73,10 @@ class RNNSpec(Spec):
         return self.classes
 
     @property
+    def unfused_recurrent(self) -> bool:
+        return self.cell != "lstm"
+
+    @property
     def directions(self) -> int:
         return 2 if self.bidirectional else 1
 

@@ -78,6 +78,10 @@ class SpeechSpec(Spec):
     def num_classes(self) -> int:
         return self.classes
 
+    @property
+    def unfused_recurrent(self) -> bool:
+        return self.cell != "lstm"
+
     def conv_sizes(self) -> list[tuple[int, int]]:
         """(freq, time) sides after each conv layer."""
         sizes, f, t = [], self.freq_bins, self.frames
