@@ -256,10 +256,10 @@ def test_a_run_whose_ceiling_beats_the_estimate_records_the_implied_clock(
     assert not any("GEMM ceiling is" in f for f in m.flags) and m.mfu <= 1
     assert m.measured_matmul_flops == pytest.approx(m.peak_flops)
     # where the memory goes: the estimate's parts at the batch that ran, and the measured peak
-    parts = m.memory["estimated"]
-    assert (
-        parts["total"] == spec.memory_estimate(8, "adamw") == sum(v for k, v in parts.items() if k != "total")
-    )
+    parts, pool = m.memory["estimated"], RunConfig().pool_batches  # the run keeps its pool of batches
+    total = spec.memory_estimate(8, "adamw", pool_batches=pool)
+    assert parts["total"] == total == sum(v for k, v in parts.items() if k != "total")
+    assert parts["inputs"] == pool * 8 * spec.input_bytes() == pool * 8 * (1024 * 4 + 8)
     assert m.memory["measured"] == {"peak_bytes": m.peak_memory_bytes, "kind": m.peak_memory_kind}
 
 
