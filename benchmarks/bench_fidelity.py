@@ -10,7 +10,7 @@ and for it without its fidelity knobs (dropout 0, exact GELU: the presets before
 Target: every shipped preset within 10 % of the real model's step time.
 
     .venv/bin/python benchmarks/bench_fidelity.py [--only gpt2_small,bert_base] [--rounds 6]
-        [--device cuda] [--precision bf16]
+        [--device cuda] [--precision bf16] [--batch-mult 16]
 
 Needs ``pip install -e '.[fidelity]'`` (transformers); the VGG-16 row also torchvision.
 """
@@ -40,29 +40,25 @@ BARE = {"dropout": 0.0}
 
 @dataclass(frozen=True)
 class Case:
-    name: str
+    label: str
     preset: str
     knobs: dict[str, Any]
-    """the preset's knobs set to the real model's batch and input size"""
-    real: Callable[[], tuple[torch.nn.Module, Any]]
+    """the preset's knobs set to the real model's input size"""
+    batch: int
+    real: Callable[[int], tuple[torch.nn.Module, Any]]
+    """the real model and its batch of ``batch`` samples"""
+
+    def name(self, mult: int = 1) -> str:
+        return f"{self.label} b{self.batch * mult}"
 
 
 CASES = [
-    Case(
-        "resnet50 112px b4",
-        "resnet50",
-        {"image_size": 112, "batch_size": 4},
-        lambda: real_models.resnet50(112, 4),
-    ),
-    Case("vgg16 112px b2", "vgg16", {"image_size": 112, "batch_size": 2}, lambda: real_models.vgg16(112, 2)),
-    Case("lstm_lm 35 b8", "lstm_lm", {"batch_size": 8}, lambda: real_models.lstm_lm(35, 8)),
-    Case(
-        "bert_base 128 b4", "bert_base", {"seq_len": 128, "batch_size": 4}, lambda: real_models.bert(128, 4)
-    ),
-    Case(
-        "gpt2_small 128 b2", "gpt2_small", {"seq_len": 128, "batch_size": 2}, lambda: real_models.gpt2(128, 2)
-    ),
-    Case("gpt2_small 1024 b1", "gpt2_small", {"batch_size": 1}, lambda: real_models.gpt2(1024, 1)),
+    Case("resnet50 112px", "resnet50", {"image_size": 112}, 4, lambda b: real_models.resnet50(112, b)),
+    Case("vgg16 112px", "vgg16", {"image_size": 112}, 2, lambda b: real_models.vgg16(112, b)),
+    Case("lstm_lm 35", "lstm_lm", {}, 8, lambda b: real_models.lstm_lm(35, b)),
+    Case("bert_base 128", "bert_base", {"seq_len": 128}, 4, lambda b: real_models.bert(128, b)),
+    Case("gpt2_small 128", "gpt2_small", {"seq_len": 128}, 2, lambda b: real_models.gpt2(128, b)),
+    Case("gpt2_small 1024", "gpt2_small", {}, 1, lambda b: real_models.gpt2(1024, b)),
 ]
 
 
@@ -78,16 +74,21 @@ def ratio(c: Comparison) -> str:
     return f"{r['median']:.3f} ({r['p10']:.2f}-{r['p90']:.2f}; fastest {c.fastest_ratio:.3f})"
 
 
-def run_case(case: Case, rounds: int, baseline: bool, device: torch.device, precision: str) -> list[str]:
-    module, batch = case.real()
-    spec = preset(case.preset, **case.knobs, precision=precision)
+def run_case(
+    case: Case, rounds: int, baseline: bool, device: torch.device, precision: str, mult: int = 1
+) -> list[str]:
+    module, batch = case.real(case.batch)
+    spec = preset(case.preset, **case.knobs, batch_size=case.batch, precision=precision)
     count = spec.count()
-    _, counted, _ = flops(Trainee(module, batch))  # counted on the CPU: the count is the device's
-    real = Trainee(module, batch, precision=spec.precision, device=device)
-    samples = spec.batch_size
+    _, counted, _ = flops(Trainee(module, batch))  # on the CPU at the case's batch: FLOPs a sample
     params = sum(p.numel() for p in module.parameters())
+    if mult > 1:  # timed at a larger batch (a GPU's compute-bound regime); counted per sample above
+        module, batch = case.real(case.batch * mult)
+        spec = spec.replace(batch_size=case.batch * mult)
+    real = Trainee(module, batch, precision=spec.precision, device=device)
+    samples = case.batch
     row = [
-        case.name,
+        case.name(mult),
         f"{params:,}",
         f"{count.params / params:.4f}",
         f"{count.train_flops / (counted / samples):.4f}",
@@ -109,17 +110,20 @@ def main() -> None:
         "--no-baseline", action="store_true", help="skip the presets without their fidelity knobs"
     )
     ap.add_argument("--device", default="cpu", help="cpu (default) | cuda | cuda:N")
-    ap.add_argument("--precision", default="fp32", help="fp32 (default) | bf16 | fp16 | tf32")
+    ap.add_argument("--precision", default="fp32", help="fp32 (default) | bf16 | fp16")
+    ap.add_argument("--batch-mult", type=int, default=1, help="time every case at this multiple of its batch")
     args = ap.parse_args()
     device = resolve_device(args.device)
     warnings.filterwarnings("ignore")
-    chosen = [c for c in CASES if not args.only or any(c.name.startswith(o) for o in args.only.split(","))]
+    chosen = [c for c in CASES if not args.only or any(c.label.startswith(o) for o in args.only.split(","))]
     rows = []
     for case in chosen:
         if case.preset == "vgg16" and real_models.torchvision_models() is None:
-            print(f"{case.name}: skipped, torchvision is not installed")
+            print(f"{case.name()}: skipped, torchvision is not installed")
             continue
-        rows.append(run_case(case, args.rounds, not args.no_baseline, device, args.precision))
+        rows.append(
+            run_case(case, args.rounds, not args.no_baseline, device, args.precision, args.batch_mult)
+        )
         print(" | ".join(rows[-1]), flush=True)
     head = ["case", "real params", "params preset/real", "train FLOPs preset/real", "step preset/real"]
     if not args.no_baseline:

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # gpu_reference.sh DIR: measure one GPU's reference results into DIR in under ten minutes: the
 # machine, the peaks and GEMM ceilings, the class S suite, the class M suite in bf16 with --fit,
-# hpcdl's overhead against a bare loop, the presets' fidelity against the real models, the
+# hpcdl's overhead against a bare loop, the presets' fidelity against the real models (at the
+# batches of the CPU table, launch-bound on a GPU, and at 32 times them), the
 # memory estimate against the caching allocator, and the proxy fits verified on the GPU.
 # Run it on a quiet machine with one GPU; everything it prints is a measurement. It runs from
 # the working tree with the python3 that has torch (PYTHON=...), no install needed.
 #
 # Each step has its own time limit and ends within the whole budget (BUDGET seconds, default
-# 540): a step that hangs or fails is logged and the next one runs; what finished is kept.
+# 580): a step that hangs or fails is logged and the next one runs; what finished is kept.
 # For a smoke test on a CPU: DEVICE=cpu CLASS_M=S DURATION=1 bash scripts/gpu_reference.sh DIR
 set -uo pipefail
 DIR="${1:?usage: gpu_reference.sh DIR}"
@@ -16,7 +17,7 @@ PY="${PYTHON:-python3}"
 DEVICE="${DEVICE:-cuda}"
 CLASS_M="${CLASS_M:-M}"
 DURATION="${DURATION:-6}"
-BUDGET="${BUDGET:-540}"
+BUDGET="${BUDGET:-580}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$DIR"
 START=$(date +%s)
@@ -59,6 +60,8 @@ step suite-M 200 "${HPCDL[@]}" run --class "$CLASS_M" precision=bf16 --fit --dev
 step overhead 70 "$PY" benchmarks/bench_local.py --device "$DEVICE" --parts 1,3 --rounds 5
 step fidelity 100 "$PY" benchmarks/bench_fidelity.py --device "$DEVICE" --precision bf16 --rounds 6 \
   --no-baseline
+step fidelity-b32x 100 "$PY" benchmarks/bench_fidelity.py --device "$DEVICE" --precision bf16 --rounds 6 \
+  --no-baseline --batch-mult 32
 step memory 80 "$PY" benchmarks/bench_memory.py --device "$DEVICE" --seeds 2 --fit-mb 2048
 step fit 120 "$PY" benchmarks/bench_fit.py --device "$DEVICE" --only resnet50,gpt2 --budget 15 --rounds 6
 log "done: $DIR ($(($(date +%s) - START))s)"
