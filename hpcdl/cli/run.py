@@ -60,13 +60,19 @@ def class_run(
     return specs, cfg
 
 
-def class_layout(cfg: RunConfig, name: str, world: World) -> RunConfig:
-    """The run settings of a class's workload ``name``: with the class's default layout for this
-    job (``Suite.default_layout``) unless ``--layout`` names one; data parallelism where tp x pp
-    of that layout does not divide the ranks."""
-    if cfg.layout or not cfg.suite_class or world.size == 1:
+def class_layout(cfg: RunConfig, name: str, world: World, lr_given: bool = False) -> RunConfig:
+    """The run settings of a class's workload ``name``: its learning rate from the class's file
+    (``Suite.settings``) unless ``--lr`` set one (``lr_given``), and the class's default layout
+    for this job (``Suite.default_layout``) unless ``--layout`` names one; data parallelism where
+    tp x pp of that layout does not divide the ranks."""
+    if not cfg.suite_class:
         return cfg
-    text = recipes.suite(cfg.suite_class).default_layout(name, world.nodes)
+    suite = recipes.suite(cfg.suite_class)
+    if not lr_given and "lr" in suite.settings.get(name, {}):
+        cfg = cfg.replace(lr=float(suite.settings[name]["lr"]))
+    if cfg.layout or world.size == 1:
+        return cfg
+    text = suite.default_layout(name, world.nodes)
     layout = parse_layout(text)
     return cfg.replace(layout=text) if world.size % (layout.tp * layout.pp) == 0 else cfg
 
@@ -107,8 +113,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(specs) > 1 and args.duration is None and args.steps is None:
         cfg = cfg.replace(duration_s=12.0)  # the default suite: ~2 minutes on a 2-core CPU
     local = World(size=args.np, local_size=1 if under_mpi() else args.np)  # --np: all ranks here
+    lr_given = args.lr is not None
     for name, spec in specs.items():
-        preflight(spec, class_layout(cfg, name, local), local)  # bad input refused before anything runs
+        preflight(spec, class_layout(cfg, name, local, lr_given), local)  # bad input refused up front
     if args.mllog:
         mllog.check(Path(args.mllog))
     if not under_mpi():
@@ -137,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         with LiveLine(prefix, cfg.steps, cfg.duration_s) as line:
             res = run(
                 spec,
-                class_layout(cfg, name, world),
+                class_layout(cfg, name, world, lr_given),
                 output_dir=out,
                 name=repeats.repeat_name(base, r, args.repeat),
                 progress=line.say,

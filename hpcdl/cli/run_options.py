@@ -59,7 +59,7 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--data-dir", dest="data_dir", help="HDF5 shard directory for --data hdf5")
     r.add_argument("--workers", help="DataLoader workers for --data hdf5 (default 2)")
     r.add_argument("--optimizer", help="adamw (default) | sgd")
-    r.add_argument("--lr", help="learning rate (default 1e-3)")
+    r.add_argument("--lr", help="learning rate (default 1e-3, or what a class sets for a workload)")
     r.add_argument("--device", help="auto (default) | cpu | cuda | cuda:N")
     r.add_argument(
         "--peak-flops", dest="peak_flops", help="peak FLOP/s for MFU (default: datasheet, else probe)"

@@ -61,6 +61,9 @@ class Suite:
     layouts: dict[str, dict[str, str]] = field(default_factory=dict)
     """workload name -> its default parallel layout for one node of ``NODE_DEVICES`` devices
     (``node``) and for several (``multi_node``): ``[layouts.NAME]`` of the class's file"""
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """workload name -> run settings it trains with unless the command line sets them (``lr``):
+    ``[settings.NAME]`` of the class's file"""
 
     def default_layout(self, name: str, nodes: int) -> str:
         """The default layout of workload ``name`` for a job on ``nodes`` nodes: its ``node``
@@ -94,4 +97,5 @@ def suite(size_class: str = DEFAULT_CLASS) -> Suite:
         dict(doc["workloads"]),
         dict(doc.get("published", {})),
         dict(doc.get("layouts", {})),
+        dict(doc.get("settings", {})),
     )
