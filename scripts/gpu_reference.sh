@@ -55,7 +55,7 @@ step() {
 HPCDL=("$PY" -m hpcdl)
 step info-probe 90 "${HPCDL[@]}" info --probe
 step suite-S 120 "${HPCDL[@]}" run --class S --device "$DEVICE" --duration "$DURATION" -o "$DIR/suite-S"
-step suite-M 200 "${HPCDL[@]}" run --class "$CLASS_M" precision=bf16 --fit --device "$DEVICE" \
+step suite-M 240 "${HPCDL[@]}" run --class "$CLASS_M" precision=bf16 --fit --device "$DEVICE" \
   --duration "$DURATION" -o "$DIR/suite-M-bf16"
 step overhead 70 "$PY" benchmarks/bench_local.py --device "$DEVICE" --parts 1,3 --rounds 5
 step fidelity 100 "$PY" benchmarks/bench_fidelity.py --device "$DEVICE" --precision bf16 --rounds 6 \
