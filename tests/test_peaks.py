@@ -237,6 +237,22 @@ def test_every_precision_hpcdl_runs_has_a_peak_or_no_mfu() -> None:
             assert peaks["tf32"] == pytest.approx(peaks["bf16"] / 2, rel=0.02), name
 
 
+def test_info_lists_tf32_where_a_gpus_datasheet_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hpcdl info`` on an H200 lists tf32 beside the precisions hpcdl trains in (the GPU's name
+    is faked: no GPU here), on a CPU it does not; the tf32 probe restores cuBLAS's setting."""
+    from hpcdl.cli import workloads as info
+
+    monkeypatch.setattr("hpcdl.measure.peaks.gpu_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr(info, "device_name", lambda device: "NVIDIA H200")
+    rows = [line.split()[:3] for line in info.peaks_table(torch.device("cuda"), probe=False).splitlines()[2:]]
+    assert rows == [["fp32", "66.9", "TFLOP/s"], ["bf16", "989", "TFLOP/s"], ["fp16", "989", "TFLOP/s"],
+                    ["tf32", "495", "TFLOP/s"]]  # fmt: skip
+    assert "tf32" not in info.peaks_table(torch.device("cpu"), probe=False)
+    before = torch.backends.cuda.matmul.fp32_precision
+    assert gemm_ceiling(torch.device("cpu"), "tf32", seconds=0.05, sizes=(64,)) > 0
+    assert torch.backends.cuda.matmul.fp32_precision == before
+
+
 def test_a_run_whose_ceiling_beats_the_estimate_records_the_implied_clock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,7 +15,7 @@ from hpcdl.device import device_name, memory_capacity, resolve_device
 from hpcdl.errors import InputError
 from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.environment import availability, environment
-from hpcdl.measure.peaks import gemm_ceiling, theoretical_peak
+from hpcdl.measure.peaks import INFO_PRECISIONS, gemm_ceiling, theoretical_peak
 from hpcdl.records.store import check_output
 from hpcdl.results.text import si, table
 from hpcdl.workloads import recipes
@@ -110,7 +110,8 @@ def peaks_table(device: torch.device, probe: bool) -> str:
     """Per precision: the theoretical peak (MFU's denominator) with its source, and with
     ``probe`` the measured GEMM ceiling and its ratio to the peak, flagged above 1."""
     rows = []
-    for prec in PRECISIONS:
+    extra = [p for p in INFO_PRECISIONS if device.type == "cuda" and theoretical_peak(device, "", p)]
+    for prec in [*PRECISIONS, *extra]:
         peak = theoretical_peak(device, device_name(device), prec)
         row = [prec, si(peak.flops, "FLOP/s") if peak else "unknown"]
         if probe:

@@ -318,13 +318,27 @@ CPU_SIZES = (512, 1024, 2048)
 GPU_SIZES = (2048, 4096, 8192)
 
 
+INFO_PRECISIONS = ("tf32",)
+"""precisions ``hpcdl info`` probes beside the training ones where a GPU's datasheet lists them:
+tf32, fp32 products on NVIDIA's tensor cores (hpcdl never trains in it; readers compare)"""
+
+
 def gemm_ceiling(
     device: torch.device, precision: str, seconds: float = 1.0, sizes: Sequence[int] | None = None
 ) -> float:
     """The measured GEMM ceiling: the fastest square ``torch.mm`` in ``precision`` over several
     sizes (the best size differs between machines), each timed one by one between device
     synchronisations for its share of ``seconds`` after two warm-up products. The best of all
-    counts: noise on a shared node does not lower a ceiling."""
+    counts: noise on a shared node does not lower a ceiling. ``tf32`` (a GPU's): fp32 products
+    with cuBLAS allowed TF32, the setting restored after."""
+    if precision == "tf32":
+        matmul = torch.backends.cuda.matmul
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "tf32"
+        try:
+            return gemm_ceiling(device, "fp32", seconds, sizes)
+        finally:
+            matmul.fp32_precision = before
     sizes = sizes or (GPU_SIZES if device.type == "cuda" else CPU_SIZES)
     dtype = precision_of(precision).dtype
     best = 0.0
