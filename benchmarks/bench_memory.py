@@ -12,7 +12,8 @@ layer (what ``metrics.CPU_LIBRARY_BYTES`` stands for), for METRICS.md.
     .venv/bin/python benchmarks/bench_memory.py [--seeds 4] [--batch 32] [--fit-mb 300] [--device cuda]
 
 On a GPU a step is measured as auto-fit measures there: the rise of the caching allocator's
-reserved peak (``measure.trial.cuda_trial``), in this process.
+reserved peak (``measure.trial.cuda_trial``), in this process; a second table gives the peak of
+live tensors (``max_memory_allocated``), what the estimate models.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from hpcdl.workloads.spec import Spec
 MIN_BYTES = 30 << 20
 
 
-UNFUSED_CELLS = ("gru", "vanilla")
-"""recurrent cells run step by step (oneDNN fuses only the LSTM on a CPU)"""
+ALLOCATED: dict[tuple[str, str], list[float]] = {}
+"""on a GPU, the allocator's peak of live tensors (``max_memory_allocated``) over the estimate,
+by (family, precision): the tensors alone, without the caching allocator's rounding"""
 EXCESS: dict[tuple[str, bool], list[float]] = {}
 """bytes measured over the estimate's tensors, by (precision, has an unfused recurrent layer)"""
 
@@ -58,12 +60,14 @@ def ratios(family: str, precision: str, seeds: int, batch: int, device: torch.de
             continue
         measured = trial(spec, 4 * estimate + (1 << 30), device).peak_bytes
         out.append((measured or 0) / estimate)
-        unfused = getattr(spec, "cell", None) in UNFUSED_CELLS
-        EXCESS.setdefault((precision, unfused), []).append((measured or 0) - tensors)
-        print(
-            f"  {family} {precision} seed {seed}: {si(estimate, 'B')} estimated, ratio {out[-1]:.2f}",
-            flush=True,
-        )
+        EXCESS.setdefault((precision, spec.unfused_recurrent), []).append((measured or 0) - tensors)
+        line = f"  {family} {precision} seed {seed}: {si(estimate, 'B')} estimated, ratio {out[-1]:.2f}"
+        if device.type == "cuda":  # the trial reset the peak statistics; nothing else is on the GPU
+            ALLOCATED.setdefault((family, precision), []).append(
+                torch.cuda.max_memory_allocated(device) / estimate
+            )
+            line += f", allocated {ALLOCATED[family, precision][-1]:.2f}"
+        print(line, flush=True)
         if len(out) == seeds:
             break
     return out
@@ -114,6 +118,11 @@ def main() -> None:
         f"{si(MIN_BYTES, 'B')}, on {device}"
     )
     print(table(["family", "precision", "specs", "min", "median", "max"], rows), flush=True)
+    if ALLOCATED:
+        rows = [[f, p, str(len(r)), *(f"{x:.2f}" for x in (min(r), statistics.median(r), max(r)))]
+                for (f, p), r in ALLOCATED.items()]  # fmt: skip
+        print("\nthe same, max_memory_allocated (the live tensors, no allocator rounding) / estimated")
+        print(table(["family", "precision", "specs", "min", "median", "max"], rows), flush=True)
     excess = [
         [precision, "with" if unfused else "without", str(len(e)), f"{statistics.median(e) / 1e6:.1f}",
          f"{min(e) / 1e6:.1f}..{max(e) / 1e6:.1f}"]
