@@ -24,7 +24,7 @@ import statistics
 import torch
 
 from hpcdl.device import resolve_device
-from hpcdl.measure.fit import estimated_batch, search
+from hpcdl.measure.fit import estimate_line, estimated_batch, search
 from hpcdl.measure.trial import Trial, cpu_trial, cuda_trial
 from hpcdl.results.text import si, table
 from hpcdl.workloads.registry import FAMILIES
@@ -61,7 +61,10 @@ def ratios(family: str, precision: str, seeds: int, batch: int, device: torch.de
         measured = trial(spec, 4 * estimate + (1 << 30), device).peak_bytes
         out.append((measured or 0) / estimate)
         EXCESS.setdefault((precision, spec.unfused_recurrent), []).append((measured or 0) - tensors)
-        line = f"  {family} {precision} seed {seed}: {si(estimate, 'B')} estimated, ratio {out[-1]:.2f}"
+        line = (
+            f"  {family} {precision} seed {seed}: {si(estimate, 'B')} estimated, ratio {out[-1]:.2f},"
+            f" {((measured or 0) - tensors) / 1e6:.1f} MB over its tensors"
+        )
         if device.type == "cuda":  # the trial reset the peak statistics; nothing else is on the GPU
             ALLOCATED.setdefault((family, precision), []).append(
                 torch.cuda.max_memory_allocated(device) / estimate
@@ -77,7 +80,7 @@ def fit_error(family: str, target: int, device: torch.device) -> tuple[int, int,
     """(estimated batch, chosen batch, trials, measured peak / target) of a fit of the first
     sampled spec of ``family`` to ``target`` bytes of model memory, fp32."""
     spec = sample_spec(family, 0, batch_size=1)
-    per_sample = spec.memory_per_sample()
+    _, per_sample = estimate_line(spec, "adamw", device.type, 1)
     start = estimated_batch(spec, "adamw", 1.0, target, device.type)
     batch, trials, _, _ = search(
         lambda b: trial(spec.replace(batch_size=b), 4 * target + (512 << 20), device),

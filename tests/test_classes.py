@@ -176,7 +176,7 @@ def test_list_shows_every_class_with_its_figures() -> None:
 def test_a_class_sets_a_workloads_learning_rate_unless_the_command_line_does() -> None:
     """Classes M and L train their BERTs at 1e-4 (at the run's default 1e-3 their loss rose, on an
     H200 and on this CPU); --lr still wins, and the other workloads keep the default."""
-    from hpcdl.cli.run import class_layout
+    from hpcdl.cli.run import class_settings
     from hpcdl.measure.config import RunConfig
     from hpcdl.parallel.world import World
 
@@ -184,7 +184,7 @@ def test_a_class_sets_a_workloads_learning_rate_unless_the_command_line_does() -
     assert m.settings == {"bert-base": {"lr": 1e-4}}
     assert recipes.suite("L").settings == {"bert-large": {"lr": 1e-4}}  # post-norm too
     cfg, one = RunConfig(suite_class="M", suite_version=m.version), World(size=1, local_size=1)
-    assert class_layout(cfg, "bert-base", one).lr == 1e-4
-    assert class_layout(cfg.replace(lr=3e-4), "bert-base", one, lr_given=True).lr == 3e-4
-    assert class_layout(cfg, "gpt2-small", one).lr == RunConfig().lr == 1e-3
-    assert class_layout(RunConfig(), "bert-base", one).lr == 1e-3  # not a class run
+    assert class_settings(cfg, "bert-base", one).lr == 1e-4
+    assert class_settings(cfg.replace(lr=3e-4), "bert-base", one, lr_given=True).lr == 3e-4
+    assert class_settings(cfg, "gpt2-small", one).lr == RunConfig().lr == 1e-3
+    assert class_settings(RunConfig(), "bert-base", one).lr == 1e-3  # not a class run

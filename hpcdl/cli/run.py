@@ -60,7 +60,7 @@ def class_run(
     return specs, cfg
 
 
-def class_layout(cfg: RunConfig, name: str, world: World, lr_given: bool = False) -> RunConfig:
+def class_settings(cfg: RunConfig, name: str, world: World, lr_given: bool = False) -> RunConfig:
     """The run settings of a class's workload ``name``: its learning rate from the class's file
     (``Suite.settings``) unless ``--lr`` set one (``lr_given``), and the class's default layout
     for this job (``Suite.default_layout``) unless ``--layout`` names one; data parallelism where
@@ -115,7 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     local = World(size=args.np, local_size=1 if under_mpi() else args.np)  # --np: all ranks here
     lr_given = args.lr is not None
     for name, spec in specs.items():
-        preflight(spec, class_layout(cfg, name, local, lr_given), local)  # bad input refused up front
+        preflight(spec, class_settings(cfg, name, local, lr_given), local)  # bad input refused up front
     if args.mllog:
         mllog.check(Path(args.mllog))
     if not under_mpi():
@@ -144,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         with LiveLine(prefix, cfg.steps, cfg.duration_s) as line:
             res = run(
                 spec,
-                class_layout(cfg, name, world, lr_given),
+                class_settings(cfg, name, world, lr_given),
                 output_dir=out,
                 name=repeats.repeat_name(base, r, args.repeat),
                 progress=line.say,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 from typing import Any
 
@@ -110,9 +109,10 @@ def peaks_table(device: torch.device, probe: bool) -> str:
     """Per precision: the theoretical peak (MFU's denominator) with its source, and with
     ``probe`` the measured GEMM ceiling and its ratio to the peak, flagged above 1."""
     rows = []
-    extra = [p for p in INFO_PRECISIONS if device.type == "cuda" and theoretical_peak(device, "", p)]
-    for prec in [*PRECISIONS, *extra]:
+    for prec in [*PRECISIONS, *(INFO_PRECISIONS if device.type == "cuda" else ())]:
         peak = theoretical_peak(device, device_name(device), prec)
+        if peak is None and prec in INFO_PRECISIONS:
+            continue  # listed only where the datasheet has it
         row = [prec, si(peak.flops, "FLOP/s") if peak else "unknown"]
         if probe:
             ceiling = gemm_ceiling(device, prec)
@@ -137,9 +137,7 @@ def check_io(args: argparse.Namespace, spec: Spec) -> None:
     if args.batches < args.shards:
         raise InputError("batches", args.batches, f"at least one per shard (shards={args.shards})")
     out = check_output(args.dir)
-    inputs = spec.sample_inputs(1, torch.Generator(), torch.device("meta")).numel()  # a shape, no data
-    per_sample = inputs * 4 + math.prod(spec.target_shape()) * 8  # float inputs, int64 labels
-    total = args.batches * spec.batch_size * per_sample
+    total = args.batches * spec.batch_size * spec.input_bytes()
     free = shutil.disk_usage(out).free
     if total > free or total / args.shards > memory_capacity(torch.device("cpu")) / 2:
         raise InputError(

@@ -88,12 +88,14 @@ class Fit:
     """how a trial's peak was measured"""
 
 
-def sample_bytes(spec: Spec, pool_batches: int) -> int:
-    """Bytes a sample adds to a run's peak: the step's (``Spec.memory_per_sample``) and its
-    inputs in each of the ``pool_batches`` batches kept on the device (an H200's class M mlp-wide
-    keeps 128 KiB of them a sample beside 119 KiB of the step's: an estimate without them was
-    2.1x low)."""
-    return spec.memory_per_sample() + pool_batches * spec.input_bytes()
+def estimate_line(spec: Spec, optimizer: str, device_type: str, pool_batches: int) -> tuple[int, int]:
+    """(fixed bytes, bytes per sample) of the estimate's line where backward is the peak, read off
+    ``Spec.memory_estimate`` at two far batches: the step's per-sample bytes and the sample's
+    inputs in each of the ``pool_batches`` batches kept on the device, from the one formula."""
+    far = 1 << 40
+    at = [spec.memory_estimate(b, optimizer, device_type, pool_batches) for b in (far, 2 * far)]
+    per_sample = max((at[1] - at[0]) // far, 1)
+    return at[0] - far * per_sample, per_sample
 
 
 def estimated_batch(
@@ -118,9 +120,7 @@ def estimated_batch(
             f"{capacity / 2**30:.2f} GiB of a rank; this workload needs a larger device (or more ranks "
             "sharding it)",
         )
-    per_sample = max(sample_bytes(spec, pool_batches), 1)
-    far = 1 << 40  # a batch where backward is the peak: its line's intercept
-    fixed = spec.memory_estimate(far, optimizer, device_type, pool_batches) - far * per_sample
+    fixed, per_sample = estimate_line(spec, optimizer, device_type, pool_batches)
     return max(1, math.floor((target - fixed) / per_sample))
 
 
@@ -210,7 +210,7 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
             return cuda_trial(s, cfg.optimizer, cfg.pool_batches, device)
         return cpu_trial(s, cfg.optimizer, cfg.pool_batches, limit, threads)
 
-    slope_guess = float(sample_bytes(spec, cfg.pool_batches))
+    slope_guess = float(estimate_line(spec, cfg.optimizer, device.type, cfg.pool_batches)[1])
     batch, trials, fixed, slope = search(measure, start, target, capacity, slope_guess)
     batch = min(world.allgather(batch))
     if batch < 1:

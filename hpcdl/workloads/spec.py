@@ -109,8 +109,9 @@ class Spec(Knobs):
         ]
 
     def input_bytes(self) -> int:
-        """Bytes of one sample's inputs and labels (int64) as the run's pool of batches holds them."""
-        inputs = self.sample_inputs(1, torch.Generator().manual_seed(0), torch.device("cpu"))
+        """Bytes of one sample's inputs and labels (int64), as the run's pool of batches and the
+        HDF5 shards hold them (made on the meta device: a shape and a dtype, no data)."""
+        inputs = self.sample_inputs(1, torch.Generator(), torch.device("meta"))
         return inputs.nbytes + 8 * math.prod(self.target_shape())
 
     def memory_parts(
