@@ -258,7 +258,7 @@ SLURM_RANKS = textwrap.dedent(
 
     out, threshold = Path(sys.argv[1]), sys.argv[2]
     world = init_world()
-    args = ["diagnose", "--seconds", "0.3", "--threshold", threshold]
+    args = ["diagnose", "--seconds", "0.5", "--threshold", threshold]
     cli.main([*args, "-o", str(out / "clean.json")])
     if world.rank == 0:
         (out / "ready").touch()
@@ -270,9 +270,18 @@ SLURM_RANKS = textwrap.dedent(
     """
 )
 SLOW_NODE, SLOW_PERCENT = "n2", 5
-SLURM_THRESHOLD = 0.5
-"""n2 at 5 % of a CPU against peers sharing two cores four ways (and the machine's other work)
-runs at 0.1-0.3 x their median; a clean node would have to fall to half of it"""
+SLURM_THRESHOLD = 0.25
+"""n2 at 5 % of a CPU against one-thread peers sharing two cores four ways ran at 0.04-0.06 x
+their median GEMM ceiling; clean nodes at 0.88-1.88 x over 24 runs here. A threshold of 0.5 left
+CI's clean run flagging a node twice in a row (on a fresh machine, right after the cluster's
+first start), so the margin is now about 4x on either side."""
+
+
+def busiest() -> str:
+    """The machine's busiest processes (ps's lifetime CPU share): what else ran, when a clean
+    run named a node."""
+    ps = ["ps", "-eo", "pid,pcpu,etimes,args", "--sort=-pcpu"]
+    return subprocess.run(ps, capture_output=True, text=True).stdout[:2000]
 
 
 def named(doc: dict[str, Any]) -> set[str]:
@@ -325,6 +334,6 @@ def test_slurm_names_the_node_a_cgroup_cpu_limit_slows(slurm_cluster: None, tmp_
     assert job.returncode == 0, out[-3000:]
     clean, slowed = (json.loads((tmp_path / f"{k}.json").read_text()) for k in ("clean", "slowed"))
     assert [d["host"] for d in clean["devices"]] == ["n1", "n2", "n3", "n4"]
-    assert named(clean) == set(), clean["flags"]
+    assert named(clean) == set(), (clean["flags"], clean["devices"], busiest())
     assert slowed["exclude"] == [SLOW_NODE] and named(slowed) == {SLOW_NODE}, slowed["flags"]
     assert any(f["section"] == "devices" for f in slowed["flags"])
