@@ -27,10 +27,11 @@ CELLS: dict[str, Callable[..., nn.RNNBase]] = {"lstm": nn.LSTM, "gru": nn.GRU, "
 """cell name -> PyTorch module (vanilla: Elman RNN with tanh)"""
 GATES = {"lstm": 4, "gru": 3, "vanilla": 1}
 """gate blocks of ``hidden`` units that each input and recurrent product produces"""
-SAVED_PER_STEP = {"lstm": 8, "gru": 8, "vanilla": 2}
+SAVED_PER_STEP: dict[str, float] = {"lstm": 8, "gru": 8, "vanilla": 1.5}
 """elements per step and unit the unfused cell saves for backward: about 7.5 for an LSTM or a
-GRU (gate activations, pre-activations and states) and 1.5 for an Elman RNN (the new state and
-the previous one), measured with ``saved_tensors_hooks`` and rounded up. oneDNN's fused CPU LSTM
+GRU (gate activations, pre-activations and states), rounded up, and 1.5 for an Elman RNN (the
+new state and the previous one), measured with ``saved_tensors_hooks`` (rounded up to 2, the
+Elman specs of ``benchmarks/bench_memory.py`` measured 0.83-0.91 x their estimate). oneDNN's fused CPU LSTM
 keeps an opaque workspace instead, of which about as much is resident after the forward pass (the
 rise of the resident set: 6-10 elements per step and unit), the rest only in its backward
 (``FUSED_LSTM_BACKWARD``)."""
@@ -100,8 +101,8 @@ def _layer(
     # step 0 multiplies the constant h_0 = 0: only its weight gradient is computed
     t.matmul(1, hidden, width, grads=1)
     t.matmul(1, hidden, width, grads=2, times=steps - 1)
-    t.keep(steps * SAVED_PER_STEP[cell] * hidden)
+    t.keep(int(steps * SAVED_PER_STEP[cell] * hidden))
     # its backward runs when the layers after it have freed what they keep (and made their
     # gradients); oneDNN's fused LSTM needs its workspace beside its input's and output's gradients
-    extra = FUSED_LSTM_BACKWARD - SAVED_PER_STEP[cell] if cell == "lstm" else 0
+    extra = int(FUSED_LSTM_BACKWARD - SAVED_PER_STEP[cell]) if cell == "lstm" else 0
     t.transient(steps * (extra * hidden + GRADIENT_BUFFERS * max(hidden, fan_in)) + alive)
