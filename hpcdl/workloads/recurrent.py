@@ -30,8 +30,8 @@ GATES = {"lstm": 4, "gru": 3, "vanilla": 1}
 SAVED_PER_STEP: dict[str, float] = {"lstm": 8, "gru": 8, "vanilla": 1.5}
 """elements per step and unit the unfused cell saves for backward: about 7.5 for an LSTM or a
 GRU (gate activations, pre-activations and states), rounded up, and 1.5 for an Elman RNN (the
-new state and the previous one), measured with ``saved_tensors_hooks`` (rounded up to 2, the
-Elman specs of ``benchmarks/bench_memory.py`` measured 0.83-0.91 x their estimate). oneDNN's fused CPU LSTM
+new state and the previous one; rounded up to 2, its specs in ``benchmarks/bench_memory.py``
+read 0.83-0.91 x their estimate), measured with ``saved_tensors_hooks``. oneDNN's fused CPU LSTM
 keeps an opaque workspace instead, of which about as much is resident after the forward pass (the
 rise of the resident set: 6-10 elements per step and unit), the rest only in its backward
 (``FUSED_LSTM_BACKWARD``)."""
