@@ -10,7 +10,8 @@ DDP, Horovod and FSDP, and a mixture-of-experts transformer (experts across the 
 
 The model is the two-level one of hpcdl/scaling (collectives.py, model.py): alpha and beta of
 each collective fitted to two ``hpcdl comm`` sweeps of 2 ranks, one inside one host (the
-intra-node level) and one across two hosts (the inter-node level), taken once for both layouts;
+intra-node level) and one across two hosts (the inter-node level), taken again in every round
+(for both layouts of the round: one sweep's figures moved a prediction by 24 % between runs);
 the allreduce as the libraries here run it (gloo: one ring over all ranks; Open MPI, Horovod's
 path: the cheapest of the model's candidates, as its tuned component picks per size); gradients
 reduced bucket by bucket behind backward (DDP's 25 MB buckets; Horovod's 128 MB fusion buffer
@@ -96,6 +97,7 @@ def sweep(out: Path, backend: str, hosts: int, ppn: int, reps: str = "5", sizes:
     """An ``hpcdl comm`` sweep of ``backend`` on ``hosts`` x ``ppn`` ranks (kept in ``out``)."""
     path = out / f"comm-{hosts}x{ppn}-{backend}.json"
     if not path.exists():  # kept from an interrupted run into the same -o
+        out.mkdir(parents=True, exist_ok=True)
         hpcdl("comm", "--np", str(hosts * ppn), "--backend", backend, "--sizes", sizes, "--reps", reps,
               "-o", str(path), **on_layout(hosts, ppn))  # fmt: skip
     return path
@@ -214,7 +216,11 @@ def one_round(
         rec = record(here / "run")
         hosts_seen = sorted({r["host"] for r in rec["metrics"]["per_rank"]})
         assert len(hosts_seen) == hosts, f"{name}: ranks ran on {hosts_seen}, not {hosts} hosts"
-        intra, inter = levels(out, SWEEP_BACKEND[backend])
+        # this round's sweeps (taken at its first point that needs them); a run kept from before
+        # they were taken per round has one pair for all rounds
+        swept = out / f"sweeps-round-{i}"
+        earlier = kept and not (swept / f"comm-2x1-{SWEEP_BACKEND[backend]}.json").exists()
+        intra, inter = levels(out if earlier else swept, SWEEP_BACKEND[backend])
         model = predicted(base, intra, inter, backend, hosts, ppn)
         point = model.point(hosts * ppn)
         found[name] = {
