@@ -26,14 +26,15 @@ BATCH = 32
 
 
 def sampled(name: str) -> tuple[Spec, int]:
-    """The spec ``name`` names (FAMILY:SEED:PRECISION[:KNOB=VALUE,...]) and the bytes of its
-    estimate's tensors at ``BATCH``: the estimate without the libraries' allowance."""
+    """The spec ``name`` names (FAMILY:SEED:PRECISION[:KNOB=VALUE,...]; batch ``BATCH`` unless a
+    knob sets ``batch_size``) and the bytes of its estimate's tensors at its batch: the estimate
+    without the libraries' allowance."""
     family, seed, prec, *changed = name.split(":")
     spec = sample_spec(family, int(seed), batch_size=BATCH, precision=prec)
     if changed:
         knobs = dict(kv.split("=", 1) for kv in changed[0].split(","))
         spec = spec.replace(**{k: _value(v) for k, v in knobs.items()})
-    parts = spec.memory_parts(BATCH, "adamw")
+    parts = spec.memory_parts(spec.batch_size, "adamw")
     return spec, sum(parts.values()) - parts["libraries"]
 
 
