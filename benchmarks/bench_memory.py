@@ -7,9 +7,12 @@ the measured peak of the batch ``measure.fit.search`` chose lands (real trials, 
 Prints, per family and precision, the ratio measured / estimate (min, median, max) over the specs
 whose tensors are estimated above 30 MB (below that what the libraries hold dominates), then
 the peak's excess over the estimate's tensors per precision, with and without an unfused recurrent
-layer (what ``metrics.CPU_LIBRARY_BYTES`` stands for), for METRICS.md.
+layer (what ``metrics.CPU_LIBRARY_BYTES`` stands for), and the allowance of that form these specs
+would choose, for METRICS.md. ``--skip N`` measures each row's specs after its first N instead:
+specs the allowance was not chosen on.
 
-    .venv/bin/python benchmarks/bench_memory.py [--seeds 4] [--batch 32] [--fit-mb 300] [--device cuda]
+    .venv/bin/python benchmarks/bench_memory.py [--seeds 4] [--skip 0] [--batch 32] [--fit-mb 300]
+    .venv/bin/python benchmarks/bench_memory.py --device cuda
 
 On a GPU a step is measured as auto-fit measures there: the rise of the caching allocator's
 reserved peak (``measure.trial.cuda_trial``), in this process; a second table gives the peak of
@@ -21,12 +24,14 @@ from __future__ import annotations
 import argparse
 import statistics
 
+import numpy as np
 import torch
 
 from hpcdl.device import resolve_device
 from hpcdl.measure.fit import estimate_line, estimated_batch, search
 from hpcdl.measure.trial import Trial, cpu_trial, cuda_trial
 from hpcdl.results.text import si, table
+from hpcdl.workloads.precision import precision as precision_of
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.sampling import sample_spec
 from hpcdl.workloads.spec import Spec
@@ -39,6 +44,8 @@ ALLOCATED: dict[tuple[str, str], list[float]] = {}
 by (family, precision): the tensors alone, without the caching allocator's rounding"""
 EXCESS: dict[tuple[str, bool], list[float]] = {}
 """bytes measured over the estimate's tensors, by (precision, has an unfused recurrent layer)"""
+MEASURED: list[tuple[int, int, bool, bool]] = []
+"""every spec's (estimated tensors, measured peak, autocast, unfused recurrent layer), bytes"""
 
 
 def trial(spec: Spec, limit: int, device: torch.device) -> Trial:
@@ -49,18 +56,27 @@ def trial(spec: Spec, limit: int, device: torch.device) -> Trial:
     return cpu_trial(spec, "adamw", 1, limit)
 
 
-def ratios(family: str, precision: str, seeds: int, batch: int, device: torch.device) -> list[float]:
-    out = []
-    for seed in range(seeds * 4):  # draw until enough specs are large enough to measure
+def ratios(
+    family: str, precision: str, seeds: int, batch: int, device: torch.device, skip: int = 0
+) -> list[float]:
+    """measured / estimated of the ``seeds`` specs after the first ``skip`` large enough to
+    measure (``skip``: held-out specs, unseen by an allowance chosen on the first ones)"""
+    out: list[float] = []
+    passed = 0
+    for seed in range((seeds + skip) * 4):  # draw until enough specs are large enough to measure
         spec = sample_spec(family, seed, batch_size=batch, precision=precision)
         parts = spec.memory_parts(batch, "adamw", device.type)
         estimate = sum(parts.values())
         tensors = estimate - parts["libraries"]  # the libraries' allowance does not decide the sample
         if tensors < MIN_BYTES or tensors > 2 << 30:
             continue
+        passed += 1
+        if passed <= skip:
+            continue
         measured = trial(spec, 4 * estimate + (1 << 30), device).peak_bytes
         out.append((measured or 0) / estimate)
         EXCESS.setdefault((precision, spec.unfused_recurrent), []).append((measured or 0) - tensors)
+        MEASURED.append((tensors, measured or 0, precision_of(precision).autocast, spec.unfused_recurrent))
         line = (
             f"  {family} {precision} seed {seed}: {si(estimate, 'B')} estimated, ratio {out[-1]:.2f},"
             f" {((measured or 0) - tensors) / 1e6:.1f} MB over its tensors"
@@ -74,6 +90,21 @@ def ratios(family: str, precision: str, seeds: int, batch: int, device: torch.de
         if len(out) == seeds:
             break
     return out
+
+
+def minimax_allowance(measured: list[tuple[int, int, bool, bool]]) -> tuple[float, float, float, float]:
+    """The CPU libraries' allowance, as ``metrics.CPU_LIBRARY_BYTES`` is built (MiB: a base, more
+    with autocast, more with an unfused recurrent layer, in steps of 0.5), that keeps these specs'
+    measured / estimated nearest 1 (the greatest deviation, either way, least), and that
+    deviation."""
+    t, m, a, u = (np.array(x, dtype=float) for x in zip(*measured, strict=True))
+    grid = np.arange(0, 24.5, 0.5) * (1 << 20)
+    base, auto, unf = np.meshgrid(grid, grid, grid, indexing="ij")
+    allowance = base[..., None] + auto[..., None] * a + unf[..., None] * u
+    r = m / (t + allowance)
+    worst = np.maximum(r.max(axis=-1), 1 / r.min(axis=-1))
+    i = np.unravel_index(np.argmin(worst), worst.shape)
+    return base[i] / (1 << 20), auto[i] / (1 << 20), unf[i] / (1 << 20), float(worst[i])
 
 
 def fit_error(family: str, target: int, device: torch.device) -> tuple[int, int, int, float]:
@@ -104,13 +135,14 @@ def main() -> None:
     )
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--device", default="cpu", help="cpu (default) | cuda | cuda:N")
+    p.add_argument("--skip", type=int, default=0, help="leave out each row's first N specs")
     a = p.parse_args()
     device = resolve_device(a.device)
     families = a.families.split(",")
     rows = []
     for family in families:
         for precision in ("fp32", "bf16"):
-            r = ratios(family, precision, a.seeds, a.batch, device)
+            r = ratios(family, precision, a.seeds, a.batch, device, a.skip)
             if r:
                 rows.append(
                     [family, precision, str(len(r))]
@@ -119,6 +151,7 @@ def main() -> None:
     print(
         f"measured / estimated memory of a training step, batch {a.batch}, tensors estimated >= "
         f"{si(MIN_BYTES, 'B')}, on {device}"
+        + (f", each row's first {a.skip} specs left out" if a.skip else "")
     )
     print(table(["family", "precision", "specs", "min", "median", "max"], rows), flush=True)
     if ALLOCATED:
@@ -133,6 +166,13 @@ def main() -> None:
     ]  # fmt: skip
     print("\nmeasured over the estimate's tensors (what the libraries' allowance stands for), MB")
     print(table(["precision", "unfused recurrent layer", "specs", "median", "range"], excess), flush=True)
+    if device.type == "cpu" and MEASURED:
+        base, auto, unf, worst = minimax_allowance(MEASURED)
+        print(
+            "the allowance that keeps these specs nearest (metrics.CPU_LIBRARY_BYTES' form): "
+            f"{base} MiB, +{auto} with autocast, +{unf} with an unfused recurrent layer "
+            f"(worst ratio {worst:.3f} or its inverse)"
+        )
     if a.fit_mb:
         fits = []
         for family in families:

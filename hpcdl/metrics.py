@@ -70,19 +70,22 @@ ADAMW_TEMPORARIES = 2
 """fp32 temporaries of one parameter's size that AdamW's per-tensor step allocates (the square
 root of the second moment and its bias-corrected quotient): PyTorch's CPU default, one tensor at
 a time; SGD's momentum updates in place"""
+CPU_LIBRARY_BASE, CPU_LIBRARY_AUTOCAST, CPU_LIBRARY_UNFUSED = 7 << 20, 4 << 20, 3 << 20
 CPU_LIBRARY_BYTES = {
-    (False, False): 5 << 20,
-    (False, True): 12 << 20,
-    (True, False): 12 << 20,
-    (True, True): 17 << 20,
+    (autocast, unfused): CPU_LIBRARY_BASE + autocast * CPU_LIBRARY_AUTOCAST + unfused * CPU_LIBRARY_UNFUSED
+    for autocast in (False, True)
+    for unfused in (False, True)
 }
 """bytes a CPU training step adds outside PyTorch's allocator, by (autocast, an unfused recurrent
-layer): MKL's GEMM buffers, oneDNN's kernels built for the step's shapes (bf16's most), glibc's
-heap among the tensors under its mmap threshold (a GRU's or Elman RNN's per-step tensors: such
-specs measured 7-9 MB more). Each the value that keeps the 40 sampled specs of
-``benchmarks/bench_memory.py`` nearest their estimate (excess over the tensors: medians 6.9,
-15.8, 11.6 and 19.3 MB, METRICS.md); a GPU's libraries live outside the allocator's peak that
-auto-fit measures there"""
+layer): MKL's GEMM buffers; oneDNN's primitives built for the step's shapes (in bf16 every
+linear's products are oneDNN matmuls: about 0.57 MB resident per new shape on an AMX CPU, 15 a
+step for a transformer); glibc's heap among the tensors under its mmap threshold (a GRU's or
+Elman RNN's per-step tensors). A base, more with autocast, more with an unfused recurrent
+layer: the values that keep the 80 specs of ``benchmarks/bench_memory.py --seeds 8`` nearest
+their estimate (the greatest deviation least; the benchmark prints them), checked on the 80
+held-out specs of ``--seeds 8 --skip 8`` (METRICS.md). What one spec holds outside the
+allocator spreads over 0-30 MB around these; a GPU's libraries live outside the allocator's
+peak that auto-fit measures there"""
 AUTOCAST_COPY_BYTES = 2
 """bytes per parameter of the 16-bit weight copies autocast makes and its products keep for
 backward (bf16/fp16)"""

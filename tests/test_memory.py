@@ -7,7 +7,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+import torch
+
 from hpcdl import metrics
+from hpcdl.workloads.counting import Tally
+from hpcdl.workloads.recurrent import count_stack, recurrent_stack
 from hpcdl.workloads.registry import spec_from_dict
 
 MLP = {"family": "mlp", "layers": 2, "width": 64, "input_size": 32, "output_size": 10, "batch_size": 4}
@@ -28,7 +33,7 @@ def test_the_parts_add_up_and_each_follows_its_term() -> None:
     assert step["weights"] == step["gradients"] == 4 * c.params and step["optimizer_state"] == 8 * c.params
     assert c.largest_param == 64 * 64  # the largest weight, not the sum of them
     assert step["activations"] == 0 and step["workspace"] == 2 * 4 * c.largest_param
-    assert step["libraries"] == metrics.CPU_LIBRARY_BYTES[(False, False)] == 5 * mib
+    assert step["libraries"] == metrics.CPU_LIBRARY_BYTES[(False, False)] == 7 * mib
     assert spec.memory_parts(1, "adamw", "cuda")["libraries"] == 0
     # many samples: backward is the peak; as it begins only the head's gradient exists
     big = spec.memory_parts(4096, "adamw")
@@ -44,18 +49,47 @@ def test_the_parts_add_up_and_each_follows_its_term() -> None:
     assert bf16.memory_parts(4096, "adamw")["weights"] == 6 * c.params
     assert bf16.memory_parts(1, "adamw")["weights"] == 4 * c.params
     assert bf16.memory_parts(4096, "adamw")["activations"] < big["activations"]
-    assert bf16.memory_parts(1, "adamw")["libraries"] == 12 * mib
+    assert bf16.memory_parts(1, "adamw")["libraries"] == 11 * mib
     # a GRU runs step by step on a CPU: glibc keeps its small per-step tensors in its heap
     gru = spec_from_dict(
         {"family": "rnn", "cell": "gru", "layers": 1, "hidden": 8, "seq_len": 4, "vocab": 16}
     )
-    assert gru.memory_parts(1, "adamw")["libraries"] == 12 * mib
-    assert gru.replace(cell="lstm").memory_parts(1, "adamw")["libraries"] == 5 * mib
+    assert gru.memory_parts(1, "adamw")["libraries"] == 10 * mib
+    assert gru.replace(cell="lstm").memory_parts(1, "adamw")["libraries"] == 7 * mib
+    assert gru.replace(precision="bf16").memory_parts(1, "adamw")["libraries"] == 14 * mib
     # the logits' gradient is the loss's (LOSS_COPIES): the workspace counts hidden layers only
     assert c.workspace_elements == 2 * 64
     assert spec.memory_per_sample() == metrics.sample_memory(
         c.activation_bytes("fp32"), 10, c.workspace_bytes("fp32")
     )
+
+
+@pytest.mark.parametrize("cell", ["gru", "vanilla"])
+def test_what_an_unfused_cell_saves_under_autocast_is_counted(cell: str) -> None:
+    """Under CPU autocast a GRU's state stays fp32 (its gate arithmetic meets it), an Elman RNN's
+    does not: what the bf16 run saves beyond half the fp32 run's bytes (saved_tensors_hooks)
+    is what the count adds (recurrent.FP32_STATE_UNDER_AUTOCAST): one fp32 element per step and
+    unit for a GRU, nothing for an Elman RNN."""
+    steps, hidden, batch, features = 16, 128, 8, 8
+    saved, counted = {}, {}
+    for autocast in (False, True):
+        layer, seen = recurrent_stack(cell, features, hidden, 1, False), {}
+
+        def pack(t: torch.Tensor, seen: dict[int, int] = seen) -> torch.Tensor:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                layer(torch.randn(batch, steps, features))
+        saved[autocast] = sum(seen.values())
+        t = Tally()
+        count_stack(t, cell, steps=steps, input_size=features, hidden=hidden, layers=1, directions=1,
+                    data_input=True, autocast=autocast)  # fmt: skip
+        counted[autocast] = batch * t.result().activation_bytes("bf16" if autocast else "fp32")
+    fp32_state = steps * hidden * batch * 2 if cell == "gru" else 0  # 4 bytes where 2 were counted
+    assert saved[True] - saved[False] // 2 == fp32_state
+    assert counted[True] - counted[False] // 2 == fp32_state
 
 
 def test_backward_moments_follow_the_layers_order() -> None:

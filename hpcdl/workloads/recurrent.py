@@ -35,6 +35,13 @@ read 0.83-0.91 x their estimate), measured with ``saved_tensors_hooks``. oneDNN'
 keeps an opaque workspace instead, of which about as much is resident after the forward pass (the
 rise of the resident set: 6-10 elements per step and unit), the rest only in its backward
 (``FUSED_LSTM_BACKWARD``)."""
+FP32_STATE_UNDER_AUTOCAST = {"gru"}
+"""cells whose state stays fp32 under CPU autocast: the GRU's products are 16-bit, but its gate
+arithmetic meets the fp32 state, so of the elements it saves per step and unit seven are 16-bit
+and one fp32, two 16-bit ones (``saved_tensors_hooks``, bf16, 2 layers of 512 units over 64
+steps: 17.9 bytes, against 16 counted). Its forward's temporaries are fp32 too (14.2 bytes per
+step and unit against 12.1 in fp32, the profiler's allocations) but are not widened: that put
+a bidirectional speech GRU's estimate above its resident set. An Elman RNN's tanh stays 16-bit"""
 FORWARD_TEMPORARIES = 1
 """per step and unit, beside the cell's gate blocks: while an unfused layer's forward runs, its
 input projection for every step (``GATES`` per unit, computed at once) and its output sequence
@@ -71,17 +78,28 @@ def count_stack(
     layers: int,
     directions: int,
     data_input: bool,
+    autocast: bool = False,
 ) -> int:
     """Parameters, FLOPs and saved activations of a stack like :func:`recurrent_stack`;
-    ``data_input``: the first layer reads data that needs no gradient. Returns the width of
-    the stack's output per step (``directions * hidden``)."""
+    ``data_input``: the first layer reads data that needs no gradient; ``autocast``: it runs
+    under autocast (``FP32_STATE_UNDER_AUTOCAST``; elements are of the compute precision).
+    Returns the width of the stack's output per step (``directions * hidden``)."""
     fan_in = input_size
     for layer in range(layers):
         for direction in range(directions):
             # a later direction's backward runs beside the input gradient the earlier ones made
             # (summed into the layer's once all are done)
             earlier = 0 if data_input and layer == 0 else direction * steps * fan_in
-            _layer(t, cell, steps, fan_in, hidden, data_input=data_input and layer == 0, alive=earlier)
+            _layer(
+                t,
+                cell,
+                steps,
+                fan_in,
+                hidden,
+                data_input=data_input and layer == 0,
+                alive=earlier,
+                fp32_state=autocast and cell in FP32_STATE_UNDER_AUTOCAST,
+            )
         if cell != "lstm":  # its forward's moment (oneDNN's fused LSTM computes in its workspace)
             extra = FORWARD_TEMPORARIES + 3 * (directions - 1)
             t.forward_transient(steps * hidden * (GATES[cell] + extra))
@@ -91,17 +109,26 @@ def count_stack(
 
 
 def _layer(
-    t: Tally, cell: str, steps: int, fan_in: int, hidden: int, *, data_input: bool, alive: int = 0
+    t: Tally,
+    cell: str,
+    steps: int,
+    fan_in: int,
+    hidden: int,
+    *,
+    data_input: bool,
+    alive: int = 0,
+    fp32_state: bool = False,
 ) -> None:
     """One direction of one layer: input and recurrent projections with their two biases, and
-    the cell's saved state; ``alive``: elements of other gradients alive during its backward."""
+    the cell's saved state; ``alive``: elements of other gradients alive during its backward;
+    ``fp32_state``: its state is fp32 under autocast, one of its saved elements two 16-bit ones."""
     width = GATES[cell] * hidden
     t.add_params(width * (fan_in + hidden + 2))  # W_ih, W_hh, b_ih, b_hh
     t.matmul(steps, fan_in, width, grads=1 if data_input else 2)
     # step 0 multiplies the constant h_0 = 0: only its weight gradient is computed
     t.matmul(1, hidden, width, grads=1)
     t.matmul(1, hidden, width, grads=2, times=steps - 1)
-    t.keep(int(steps * SAVED_PER_STEP[cell] * hidden))
+    t.keep(int(steps * (SAVED_PER_STEP[cell] + (1 if fp32_state else 0)) * hidden))
     # its backward runs when the layers after it have freed what they keep (and made their
     # gradients); oneDNN's fused LSTM needs its workspace beside its input's and output's gradients
     extra = int(FUSED_LSTM_BACKWARD - SAVED_PER_STEP[cell]) if cell == "lstm" else 0

@@ -13,6 +13,7 @@ from torch import nn
 
 from hpcdl.errors import SpecError
 from hpcdl.workloads.counting import Count, Tally
+from hpcdl.workloads.precision import precision
 from hpcdl.workloads.recurrent import CELLS, count_stack, recurrent_stack
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
@@ -106,6 +107,7 @@ class RNNSpec(Spec):
             layers=self.layers,
             directions=self.directions,
             data_input=self.vocab == 0,  # raw features need no gradient; an embedding's output does
+            autocast=precision(self.precision).autocast,
         )
         if self.dropout:
             # masks of the input dropout, the dropout between layers and the output dropout,

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from hpcdl.workloads.counting import Count, Tally, conv_out
+from hpcdl.workloads.precision import precision
 from hpcdl.workloads.recurrent import CELLS, count_stack, recurrent_stack
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
@@ -164,6 +165,7 @@ class SpeechSpec(Spec):
                 layers=layers,
                 directions=self.directions,
                 data_input=False,
+                autocast=precision(self.precision).autocast,
             )
         t.linear(frames, self.rnn_output, self.classes)
         return t.result()
