@@ -82,10 +82,10 @@ linear's products are oneDNN matmuls: about 0.57 MB resident per new shape on an
 step for a transformer); glibc's heap among the tensors under its mmap threshold (a GRU's or
 Elman RNN's per-step tensors). A base, more with autocast, more with an unfused recurrent
 layer: the values that keep the 80 specs of ``benchmarks/bench_memory.py --seeds 8`` nearest
-their estimate (the greatest deviation least; the benchmark prints them), checked on the 80
-held-out specs of ``--seeds 8 --skip 8`` (METRICS.md). What one spec holds outside the
-allocator spreads over 0-30 MB around these; a GPU's libraries live outside the allocator's
-peak that auto-fit measures there"""
+their estimate (the greatest deviation least; the benchmark prints them), checked on 160
+held-out specs (``--skip 8``, ``--skip 16``; METRICS.md). What one spec holds outside the
+allocator spreads from -30 to +50 MB; a GPU's libraries live outside the allocator's peak that
+auto-fit measures there"""
 AUTOCAST_COPY_BYTES = 2
 """bytes per parameter of the 16-bit weight copies autocast makes and its products keep for
 backward (bf16/fp16)"""

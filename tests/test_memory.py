@@ -12,7 +12,7 @@ import torch
 
 from hpcdl import metrics
 from hpcdl.workloads.counting import Tally
-from hpcdl.workloads.recurrent import count_stack, recurrent_stack
+from hpcdl.workloads.recurrent import count_stack, fused_lstm_wide_input, recurrent_stack
 from hpcdl.workloads.registry import spec_from_dict
 
 MLP = {"family": "mlp", "layers": 2, "width": 64, "input_size": 32, "output_size": 10, "batch_size": 4}
@@ -90,6 +90,28 @@ def test_what_an_unfused_cell_saves_under_autocast_is_counted(cell: str) -> None
     fp32_state = steps * hidden * batch * 2 if cell == "gru" else 0  # 4 bytes where 2 were counted
     assert saved[True] - saved[False] // 2 == fp32_state
     assert counted[True] - counted[False] // 2 == fp32_state
+
+
+def test_a_fused_lstm_over_a_wide_input_counts_onednns_buffers_in_fp32() -> None:
+    """oneDNN's fused CPU LSTM keeps diff-state buffers as wide as a wider input outside the
+    allocator (recurrent.fused_lstm_wide_input, measured on isolated layers): they are counted
+    in its backward's moment, fp32 in every precision (two 16-bit elements each under autocast);
+    an input no wider than the state adds none."""
+    steps, hidden = 100, 64
+    assert fused_lstm_wide_input(hidden, hidden) == fused_lstm_wide_input(16, hidden) == 0
+    assert fused_lstm_wide_input(2592, hidden) == 12 * hidden + 2048 - 4 * hidden  # at its limit
+
+    def workspace(fan_in: int, autocast: bool) -> int:
+        t = Tally()
+        count_stack(t, "lstm", steps=steps, input_size=fan_in, hidden=hidden, layers=1, directions=1,
+                    data_input=False, autocast=autocast)  # fmt: skip
+        return t.result().workspace_elements
+
+    for fan_in in (512, 2592):
+        wide = fused_lstm_wide_input(fan_in, hidden)
+        gradients = 2 * steps * (fan_in - hidden)  # its input's gradient buffers, as any layer's
+        assert workspace(fan_in, False) - workspace(hidden, False) == gradients + steps * int(wide)
+        assert workspace(fan_in, True) - workspace(hidden, True) == gradients + steps * int(2 * wide)
 
 
 def test_backward_moments_follow_the_layers_order() -> None:

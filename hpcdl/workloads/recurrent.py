@@ -58,6 +58,18 @@ the resident set rose by 16.5 on a 256-unit layer over 100 steps at batch 32, be
 gradients of its input and output), measured with ``VmHWM`` on a CPU with oneDNN"""
 
 
+def fused_lstm_wide_input(fan_in: int, hidden: int) -> float:
+    """fp32 elements per step and sample that oneDNN's fused CPU LSTM holds outside PyTorch's
+    allocator in one layer's and direction's backward beyond ``FUSED_LSTM_BACKWARD`` (which has
+    the 4 per unit of ``fan_in == hidden``): its buffers of diff states have rows as wide as the
+    wider of input and state, so they grow with the input up to a limit where a row spans pages
+    of which only the first are written. The isolated layer's ``VmHWM`` rise in backward less
+    the profiler's allocations (fp32, 100 steps, batch 32, 64 to 2,592 inputs, 64 to 256 units,
+    15 shapes; within 11 % of each): ``min(2.7 max(in, H) + 1.3 H, 12 H + 2048)``, e.g. 256 at
+    64 x 64, 2,816 at 2,592 inputs into 64 units. In bf16 the same buffers are as large"""
+    return max(0.0, min(2.7 * max(fan_in, hidden) + 1.3 * hidden, 12 * hidden + 2048) - 4 * hidden)
+
+
 def recurrent_stack(
     cell: str, input_size: int, hidden: int, layers: int, bidirectional: bool, dropout: float = 0.0
 ) -> nn.RNNBase:
@@ -98,7 +110,7 @@ def count_stack(
                 hidden,
                 data_input=data_input and layer == 0,
                 alive=earlier,
-                fp32_state=autocast and cell in FP32_STATE_UNDER_AUTOCAST,
+                autocast=autocast,
             )
         if cell != "lstm":  # its forward's moment (oneDNN's fused LSTM computes in its workspace)
             extra = FORWARD_TEMPORARIES + 3 * (directions - 1)
@@ -117,11 +129,12 @@ def _layer(
     *,
     data_input: bool,
     alive: int = 0,
-    fp32_state: bool = False,
+    autocast: bool = False,
 ) -> None:
     """One direction of one layer: input and recurrent projections with their two biases, and
     the cell's saved state; ``alive``: elements of other gradients alive during its backward;
-    ``fp32_state``: its state is fp32 under autocast, one of its saved elements two 16-bit ones."""
+    ``autocast``: elements are 16-bit, an fp32 one counts as two."""
+    fp32_state = autocast and cell in FP32_STATE_UNDER_AUTOCAST
     width = GATES[cell] * hidden
     t.add_params(width * (fan_in + hidden + 2))  # W_ih, W_hh, b_ih, b_hh
     t.matmul(steps, fan_in, width, grads=1 if data_input else 2)
@@ -132,4 +145,8 @@ def _layer(
     # its backward runs when the layers after it have freed what they keep (and made their
     # gradients); oneDNN's fused LSTM needs its workspace beside its input's and output's gradients
     extra = int(FUSED_LSTM_BACKWARD - SAVED_PER_STEP[cell]) if cell == "lstm" else 0
-    t.transient(steps * (extra * hidden + GRADIENT_BUFFERS * max(hidden, fan_in)) + alive)
+    if cell == "lstm":  # and its buffers as wide as a wider input, fp32 in every precision
+        extra_wide = int(fused_lstm_wide_input(fan_in, hidden) * (2 if autocast else 1))
+    else:
+        extra_wide = 0
+    t.transient(steps * (extra * hidden + GRADIENT_BUFFERS * max(hidden, fan_in) + extra_wide) + alive)
