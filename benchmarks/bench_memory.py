@@ -74,12 +74,16 @@ def ratios(
         if passed <= skip:
             continue
         measured = trial(spec, 4 * estimate + (1 << 30), device).peak_bytes
-        out.append((measured or 0) / estimate)
-        EXCESS.setdefault((precision, spec.unfused_recurrent), []).append((measured or 0) - tensors)
-        MEASURED.append((tensors, measured or 0, precision_of(precision).autocast, spec.unfused_recurrent))
+        if measured is None:  # past the trial's limit (4x the estimate and 1 GiB): a ratio above 4
+            print(f"  {family} {precision} seed {seed}: {si(estimate, 'B')} estimated, over 4x", flush=True)
+            out.append(float("inf"))
+            continue
+        out.append(measured / estimate)
+        EXCESS.setdefault((precision, spec.unfused_recurrent), []).append(measured - tensors)
+        MEASURED.append((tensors, measured, precision_of(precision).autocast, spec.unfused_recurrent))
         line = (
             f"  {family} {precision} seed {seed}: {si(estimate, 'B')} estimated, ratio {out[-1]:.2f},"
-            f" {((measured or 0) - tensors) / 1e6:.1f} MB over its tensors"
+            f" {(measured - tensors) / 1e6:.1f} MB over its tensors"
         )
         if device.type == "cuda":  # the trial reset the peak statistics; nothing else is on the GPU
             ALLOCATED.setdefault((family, precision), []).append(
@@ -92,13 +96,17 @@ def ratios(
     return out
 
 
+GRID_MIB = 24.0
+"""the largest value of each term ``minimax_allowance`` tries"""
+
+
 def minimax_allowance(measured: list[tuple[int, int, bool, bool]]) -> tuple[float, float, float, float]:
     """The CPU libraries' allowance, as ``metrics.CPU_LIBRARY_BYTES`` is built (MiB: a base, more
-    with autocast, more with an unfused recurrent layer, in steps of 0.5), that keeps these specs'
-    measured / estimated nearest 1 (the greatest deviation, either way, least), and that
-    deviation."""
+    with autocast, more with an unfused recurrent layer, in steps of 0.5 up to ``GRID_MIB``), that
+    keeps these specs' measured / estimated nearest 1 (the greatest deviation, either way,
+    least), and that deviation. A term no spec has is left at 0."""
     t, m, a, u = (np.array(x, dtype=float) for x in zip(*measured, strict=True))
-    grid = np.arange(0, 24.5, 0.5) * (1 << 20)
+    grid = np.arange(0, GRID_MIB + 0.5, 0.5) * (1 << 20)
     base, auto, unf = np.meshgrid(grid, grid, grid, indexing="ij")
     allowance = base[..., None] + auto[..., None] * a + unf[..., None] * u
     r = m / (t + allowance)
@@ -168,10 +176,16 @@ def main() -> None:
     print(table(["precision", "unfused recurrent layer", "specs", "median", "range"], excess), flush=True)
     if device.type == "cpu" and MEASURED:
         base, auto, unf, worst = minimax_allowance(MEASURED)
+        named = {"with autocast": (auto, 2), "with an unfused recurrent layer": (unf, 3)}
+        terms = [
+            f"+{value} {what}" if any(m[k] for m in MEASURED) else f"nothing {what} (no such spec)"
+            for what, (value, k) in named.items()
+        ]
+        at_edge = GRID_MIB in (base, auto, unf)
+        edge = " (a term at the grid's edge: the least may lie beyond it)" if at_edge else ""
         print(
             "the allowance that keeps these specs nearest (metrics.CPU_LIBRARY_BYTES' form): "
-            f"{base} MiB, +{auto} with autocast, +{unf} with an unfused recurrent layer "
-            f"(worst ratio {worst:.3f} or its inverse)"
+            f"{base} MiB, {', '.join(terms)} (worst ratio {worst:.3f} or its inverse){edge}"
         )
     if a.fit_mb:
         fits = []

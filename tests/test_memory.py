@@ -99,7 +99,9 @@ def test_a_fused_lstm_over_a_wide_input_counts_onednns_buffers_in_fp32() -> None
     an input no wider than the state adds none."""
     steps, hidden = 100, 64
     assert fused_lstm_wide_input(hidden, hidden) == fused_lstm_wide_input(16, hidden) == 0
-    assert fused_lstm_wide_input(2592, hidden) == 12 * hidden + 2048 - 4 * hidden  # at its limit
+    # measured beyond the 4 per unit: 1,562 and 2,785 per step and sample at 512 and 2,592 inputs
+    assert fused_lstm_wide_input(512, hidden) == pytest.approx(1562 - 256, rel=0.11)
+    assert fused_lstm_wide_input(2592, hidden) == pytest.approx(2785 - 256, rel=0.11)  # at its limit
 
     def workspace(fan_in: int, autocast: bool) -> int:
         t = Tally()

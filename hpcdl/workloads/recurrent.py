@@ -38,10 +38,13 @@ rise of the resident set: 6-10 elements per step and unit), the rest only in its
 FP32_STATE_UNDER_AUTOCAST = {"gru"}
 """cells whose state stays fp32 under CPU autocast: the GRU's products are 16-bit, but its gate
 arithmetic meets the fp32 state, so of the elements it saves per step and unit seven are 16-bit
-and one fp32, two 16-bit ones (``saved_tensors_hooks``, bf16, 2 layers of 512 units over 64
-steps: 17.9 bytes, against 16 counted). Its forward's temporaries are fp32 too (14.2 bytes per
-step and unit against 12.1 in fp32, the profiler's allocations) but are not widened: that put
-a bidirectional speech GRU's estimate above its resident set. An Elman RNN's tanh stays 16-bit"""
+and one fp32 (``saved_tensors_hooks``, bf16, 2 layers of 512 units over 64 steps: 17.9 bytes,
+against 16 counted). Its forward's temporaries are fp32 too (14.2 bytes per step and unit against
+12.1 in fp32, the profiler's allocations) but are not widened: that put a bidirectional speech
+GRU's estimate above its resident set. An Elman RNN's tanh stays 16-bit. Counted on every device,
+as the CPU runs it: on a GPU cuDNN runs the layer (an overestimate there, as ``FUSED_LSTM_BACKWARD``)"""
+FP32_IN_16BIT = 2
+"""16-bit elements (the unit of a count under autocast) that one fp32 element takes"""
 FORWARD_TEMPORARIES = 1
 """per step and unit, beside the cell's gate blocks: while an unfused layer's forward runs, its
 input projection for every step (``GATES`` per unit, computed at once) and its output sequence
@@ -66,7 +69,9 @@ def fused_lstm_wide_input(fan_in: int, hidden: int) -> float:
     of which only the first are written. The isolated layer's ``VmHWM`` rise in backward less
     the profiler's allocations (fp32, 100 steps, batch 32, 64 to 2,592 inputs, 64 to 256 units,
     15 shapes; within 11 % of each): ``min(2.7 max(in, H) + 1.3 H, 12 H + 2048)``, e.g. 256 at
-    64 x 64, 2,816 at 2,592 inputs into 64 units. In bf16 the same buffers are as large"""
+    64 x 64 (so 0 beyond the 4 per unit), 2,816 at 2,592 inputs into 64 units (2,560 beyond).
+    In bf16 the same buffers are as large. Counted on every device, as the CPU runs it (an
+    overestimate on a GPU, whose cuDNN LSTM keeps its reserve space in the caching allocator)"""
     return max(0.0, min(2.7 * max(fan_in, hidden) + 1.3 * hidden, 12 * hidden + 2048) - 4 * hidden)
 
 
@@ -141,12 +146,12 @@ def _layer(
     # step 0 multiplies the constant h_0 = 0: only its weight gradient is computed
     t.matmul(1, hidden, width, grads=1)
     t.matmul(1, hidden, width, grads=2, times=steps - 1)
-    t.keep(int(steps * (SAVED_PER_STEP[cell] + (1 if fp32_state else 0)) * hidden))
+    t.keep(int(steps * (SAVED_PER_STEP[cell] + (FP32_IN_16BIT - 1 if fp32_state else 0)) * hidden))
     # its backward runs when the layers after it have freed what they keep (and made their
     # gradients); oneDNN's fused LSTM needs its workspace beside its input's and output's gradients
     extra = int(FUSED_LSTM_BACKWARD - SAVED_PER_STEP[cell]) if cell == "lstm" else 0
     if cell == "lstm":  # and its buffers as wide as a wider input, fp32 in every precision
-        extra_wide = int(fused_lstm_wide_input(fan_in, hidden) * (2 if autocast else 1))
+        extra_wide = int(fused_lstm_wide_input(fan_in, hidden) * (FP32_IN_16BIT if autocast else 1))
     else:
         extra_wide = 0
     t.transient(steps * (extra * hidden + GRADIENT_BUFFERS * max(hidden, fan_in) + extra_wide) + alive)
