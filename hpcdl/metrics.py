@@ -79,14 +79,15 @@ CPU_LIBRARY_BYTES = {
 }
 """bytes a CPU training step adds outside PyTorch's allocator, by (autocast, an unfused recurrent
 layer): MKL's GEMM buffers; oneDNN's primitives built for the step's shapes (in bf16 every
-linear's products are oneDNN matmuls: about 0.57 MB resident per new shape on an AMX CPU, 15 a
-step for a transformer); glibc's heap among the tensors under its mmap threshold (a GRU's or
-Elman RNN's per-step tensors). A base, more with autocast, more with an unfused recurrent
-layer: the values that kept the 80 specs of ``benchmarks/bench_memory.py --seeds 8`` nearest
-their estimate (the greatest deviation least, as the benchmark prints it) in the first of its
-runs on 2026-11-27 (a later run of the same specs would choose 6 / +2.5 / +5.5), checked on 160
-held-out specs (``--skip 8``, ``--skip 16``; METRICS.md). What one spec holds outside the
-allocator spreads from -30 to +50 MB; a GPU's libraries live outside the allocator's peak that
+linear's products are oneDNN matmuls: 0.6-0.7 MB resident per new shape on an AMX CPU,
+``benchmarks/memory_onednn.py primitives``; 15 in a transformer's step); glibc's heap among the
+tensors under its mmap threshold (a GRU's or Elman RNN's per-step tensors). A base, more with
+autocast, more with an unfused recurrent layer: the values that kept the 80 specs of
+``benchmarks/bench_memory.py --seeds 8`` nearest their estimate (the greatest deviation least,
+as the benchmark prints it) in the first of its runs on 2026-11-27 (a later run of the same
+specs would choose 6 / +2.5 / +5.5), checked on 160 held-out specs (``--skip 8``,
+``--skip 16``; METRICS.md). What one spec holds outside the allocator spreads from -30 to
++50 MB; a GPU's libraries live outside the allocator's peak that
 auto-fit measures there"""
 AUTOCAST_COPY_BYTES = 2
 """bytes per parameter of the 16-bit weight copies autocast makes and its products keep for

@@ -68,8 +68,9 @@ def fused_lstm_wide_input(fan_in: int, hidden: int) -> float:
     wider of input and state, so they grow with the input up to a limit where a row spans pages
     of which only the first are written. The isolated layer's ``VmHWM`` rise in backward less
     the profiler's allocations (fp32, 100 steps, batch 32, 64 to 2,592 inputs, 64 to 256 units,
-    15 shapes; within 11 % of each): ``min(2.7 max(in, H) + 1.3 H, 12 H + 2048)``, e.g. 256 at
-    64 x 64 (so 0 beyond the 4 per unit), 2,816 at 2,592 inputs into 64 units (2,560 beyond).
+    15 shapes, ``benchmarks/memory_onednn.py lstm``; within 12 % of each in fp32):
+    ``min(2.7 max(in, H) + 1.3 H, 12 H + 2048)``, e.g. 256 at 64 x 64 (so 0 beyond the 4 per
+    unit), 2,816 at 2,592 inputs into 64 units (2,560 beyond).
     In bf16 the same buffers are as large. Counted on every device, as the CPU runs it (an
     overestimate on a GPU, whose cuDNN LSTM keeps its reserve space in the caching allocator)"""
     return max(0.0, min(2.7 * max(fan_in, hidden) + 1.3 * hidden, 12 * hidden + 2048) - 4 * hidden)
@@ -149,9 +150,8 @@ def _layer(
     t.keep(int(steps * (SAVED_PER_STEP[cell] + (FP32_IN_16BIT - 1 if fp32_state else 0)) * hidden))
     # its backward runs when the layers after it have freed what they keep (and made their
     # gradients); oneDNN's fused LSTM needs its workspace beside its input's and output's gradients
-    extra = int(FUSED_LSTM_BACKWARD - SAVED_PER_STEP[cell]) if cell == "lstm" else 0
-    if cell == "lstm":  # and its buffers as wide as a wider input, fp32 in every precision
-        extra_wide = int(fused_lstm_wide_input(fan_in, hidden) * (FP32_IN_16BIT if autocast else 1))
-    else:
-        extra_wide = 0
-    t.transient(steps * (extra * hidden + GRADIENT_BUFFERS * max(hidden, fan_in) + extra_wide) + alive)
+    extra = 0
+    if cell == "lstm":  # its workspace, and its buffers as wide as a wider input (fp32 in every precision)
+        wide = fused_lstm_wide_input(fan_in, hidden) * (FP32_IN_16BIT if autocast else 1)
+        extra = int(FUSED_LSTM_BACKWARD - SAVED_PER_STEP[cell]) * hidden + int(wide)
+    t.transient(steps * (extra + GRADIENT_BUFFERS * max(hidden, fan_in)) + alive)
