@@ -123,7 +123,7 @@ def test_memory_and_auto_fit_follow_the_micro_batch() -> None:
     four = one.replace(accumulation_steps=4)
     gib = 1 << 30
     assert estimated_batch(four, "adamw", 0.5, gib) == estimated_batch(one, "adamw", 0.5, gib)
-    target = 10 << 20  # the CPU libraries' 7 MiB and a few thousand samples: trials of a second
+    target = 10 << 20  # the CPU libraries' 4.5 MiB and a few thousand samples: trials of a second
     fitted, fit = fit_batch(four, RunConfig(fit_fraction=target / rank_memory(CPU, World())), CPU, World())
     assert fitted.accumulation_steps == 4 and fitted.batch_size == fit.batch > 8
 

@@ -75,14 +75,12 @@ class Tally:
         self.backward = 0
         self.activations = 0
         self.largest_param = 0
-        self.largest_output = 0
         self.last_linear = 0  # the latest linear's output: the logits if nothing follows it
-        self.workspace = 0
-        self.backward_peak = 0  # the most elements alive in one layer's backward, kept ones included
-        # layers whose backward needs more than the gradients of their output and input, and
-        # layers whose forward needs temporaries, as (kept, workspace, parameters before the
-        # layer or None in forward, parameters up to it): Moment's
+        self.last_input = 0  # the latest layer's input gradient: the first made as backward begins
+        # each layer's backward (and each forward that needs temporaries) as (kept, workspace,
+        # parameters before the layer or None in forward, parameters up to it): Moment's
         self.points: list[tuple[int, int, int | None, int]] = []
+        self.linear_point = 0  # the latest linear's: the head's, if nothing follows it
         self.layer_start = 0  # parameters before the latest layer that has some
         self.head_params = 0  # the latest layer's parameters: the head's, once the network ends
 
@@ -103,11 +101,14 @@ class Tally:
         """An ``nn.Linear`` applied to ``tokens`` rows; its input and output are kept for backward."""
         self._layer(fan_in * fan_out + (fan_out if bias else 0))
         self.matmul(tokens, fan_in, fan_out, grads=1 if data_input else 2)
-        self.activations += tokens * fan_out
         self.largest_param = max(self.largest_param, fan_in * fan_out)
-        if not data_input:  # the data takes no gradient: backward makes none of its size
-            self.output(tokens * fan_in)
+        inputs = 0 if data_input else tokens * fan_in  # the data takes no gradient
+        # its backward holds its output's gradient and makes its input's (and its weight's)
+        self.linear_point = len(self.points)
+        self._backward_point(inputs + tokens * fan_out, self.layer_start)
+        self.activations += tokens * fan_out
         self.last_linear = tokens * fan_out
+        self.last_input = inputs
 
     def conv2d(
         self,
@@ -143,19 +144,24 @@ class Tally:
         self.transient(CONV_BACKWARD_BUFFERS * (in_elems + out_elems * c_out) + alive)
         if keep_output:
             self.activations += out_elems * c_out
-        self.largest_output = max(self.largest_output, self.last_linear)
         self.last_linear = 0
 
     def transient(self, elements: int) -> None:
         """``elements`` alive only while the latest layer's backward runs, beside what the layers
         up to it keep (the layers after it have run their backward and freed theirs)."""
-        self.backward_peak = max(self.backward_peak, self.activations + elements)
-        self.points.append((self.activations, elements + self.workspace, self.layer_start, self.params))
+        self.points.append((self.activations, elements, self.layer_start, self.params))
+
+    def _backward_point(self, gradients: int, before: int) -> None:
+        """The backward of a layer about to be counted: the gradients of its output and input
+        (``gradients`` elements) beside what the layers before it keep (those after it, itself
+        included, have run their backward and freed what they saved); ``before``: parameters
+        whose gradient does not exist yet."""
+        self.points.append((self.activations, gradients, before, self.params))
 
     def forward_transient(self, elements: int) -> None:
         """``elements`` alive only while the latest layer's forward runs, beside what the layers up
         to it keep (no gradient exists yet)."""
-        self.points.append((self.activations, elements + self.workspace, None, self.params))
+        self.points.append((self.activations, elements, None, self.params))
 
     def _layer(self, params: int) -> None:
         """A layer with ``params`` parameters starts (in forward order)."""
@@ -173,48 +179,39 @@ class Tally:
         gradient is the first to exist in backward."""
         self.head_params = params
 
-    def output(self, elements: int) -> None:
-        """A layer output of ``elements`` per sample that ``linear`` and ``conv2d`` do not see
-        (a recurrent layer's sequence, an embedding's): its gradient is alive in backward."""
-        self.largest_output = max(self.largest_output, elements, self.last_linear)
-        self.last_linear = 0
-
-    def add_workspace(self, elements: int) -> None:
-        """Elements per sample a backend kernel keeps beyond the saved activations counted."""
-        self.workspace += elements
-
-    def keep(self, elements: int) -> None:
-        """Activations kept for backward by element-wise layers (norms, activations, dropout)."""
+    def keep(self, elements: int, *, gradients: int = 0) -> None:
+        """Activations kept for backward by element-wise layers (norms, activations, dropout) or
+        a layer's saved state. ``gradients``: the elements of its output's and input's gradients
+        its backward holds (an element-wise layer's: twice its output), placed as its moment."""
+        if gradients:
+            self._backward_point(gradients, self.params)  # its own parameters' gradients: negligible
+            self.last_input = gradients // 2
         self.activations += elements
-        self.largest_output = max(self.largest_output, self.last_linear)  # it follows a linear
         self.last_linear = 0
 
     def result(self) -> Count:
         # the logits (the last linear's output, nothing after it) are kept by no layer: the
         # loss's log-softmax keeps its own output, counted with the loss's copies
         kept = self.activations - self.last_linear
-        # while a layer's backward runs, the gradient of its output and that of its input are
-        # alive beside everything kept: twice the largest layer output bounds them. The last
-        # linear's output is the logits, whose gradients the loss's copies already count
-        # (metrics.LOSS_COPIES). Convolutions (``transient``) are placed exactly: their backward
-        # needs more, but runs when the layers after them have freed what they kept
-        transient = max(GRADIENT_BUFFERS * self.largest_output, self.backward_peak - kept)
-        # as backward begins the head's gradient exists and every weight's copy; the largest
-        # output's gradients bound the layers' that are not placed
-        first = Moment(
-            kept, self.workspace + GRADIENT_BUFFERS * self.largest_output, self.head_params, self.params
-        )
+        # while a layer's backward runs, the gradients of its output and of its input are alive
+        # beside what the layers before it keep; the layers after it have freed theirs. Each
+        # layer's backward is a moment of its own (``_backward_point``, ``transient``). As
+        # backward begins everything is kept, the head's gradients exist (its weight's and its
+        # input's) and every weight's copy; the loss's copies hold the logits' gradient
+        # (metrics.LOSS_COPIES): a linear head's own moment is this one
+        points = [p for i, p in enumerate(self.points) if not (self.last_linear and i == self.linear_point)]
+        first = Moment(kept, self.last_input, self.head_params, self.params)
         placed = [
-            Moment(k, w, 0 if before is None else self.params - before, upto)
-            for k, w, before, upto in self.points
+            Moment(k, w, 0 if before is None else self.params - before, upto) for k, w, before, upto in points
         ]
+        backward = [k + w - kept for k, w, before, _ in points if before is not None]
         return Count(
             self.params,
             self.forward,
             self.backward,
             kept,
             self.largest_param,
-            self.workspace + transient,
+            max([self.last_input, *backward]),
             moments=(first, *placed),
         )
 

@@ -110,7 +110,8 @@ def count(t: Tally, spec: MoEKnobs) -> None:
     t.matmul(T * k, h, d)
     # softmax output, the slots in, the hidden units before and after the activation, the
     # experts' outputs gathered back per token
-    t.keep(T * E + slots * (d + 2 * h) + T * k * d)
+    # (an expert's second product's backward: its output's and its input's gradients)
+    t.keep(T * E + slots * (d + 2 * h) + T * k * d, gradients=slots * (d + h))
 
 
 def dispatch_bytes(spec: MoEKnobs, sequences: int, precision_name: str) -> int:

@@ -35,6 +35,9 @@ TABLE: dict[str, Precision] = {
 }
 PRECISIONS = tuple(TABLE)
 """every precision a spec may name; none below 16 bits, so every one of them may rank"""
+FP32_IN_16BIT = 2
+"""16-bit elements (the unit of a count under autocast) that one fp32 element takes: autocast
+leaves some tensors fp32 (16-bit compute precisions only: bf16, fp16)"""
 GRADIENT_BYTES = 4
 """gradients (and the weights they update) are fp32 in every precision: mixed precision keeps
 fp32 master weights, so the bytes reduced across ranks are 4 per parameter"""

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from torch import nn
 
 from hpcdl.workloads.counting import GRADIENT_BUFFERS, Tally
+from hpcdl.workloads.precision import FP32_IN_16BIT
 
 CELLS: dict[str, Callable[..., nn.RNNBase]] = {"lstm": nn.LSTM, "gru": nn.GRU, "vanilla": nn.RNN}
 """cell name -> PyTorch module (vanilla: Elman RNN with tanh)"""
@@ -36,15 +37,15 @@ keeps an opaque workspace instead, of which about as much is resident after the 
 rise of the resident set: 6-10 elements per step and unit), the rest only in its backward
 (``FUSED_LSTM_BACKWARD``)."""
 FP32_STATE_UNDER_AUTOCAST = {"gru"}
-"""cells whose state stays fp32 under CPU autocast: the GRU's products are 16-bit, but its gate
-arithmetic meets the fp32 state, so of the elements it saves per step and unit seven are 16-bit
-and one fp32 (``saved_tensors_hooks``, bf16, 2 layers of 512 units over 64 steps: 17.9 bytes,
-against 16 counted). Its forward's temporaries are fp32 too (14.2 bytes per step and unit against
-12.1 in fp32, the profiler's allocations) but are not widened: that put a bidirectional speech
-GRU's estimate above its resident set. An Elman RNN's tanh stays 16-bit. Counted on every device,
+"""cells whose state stays fp32 under CPU autocast when their input is fp32 (the initial state
+takes the input's dtype: data or an embedding, not a convolution's 16-bit output, as in the speech
+family): the GRU's products are 16-bit, but its gate arithmetic meets the fp32 state, so of the
+elements it saves per step and unit seven are 16-bit and one fp32 (``saved_tensors_hooks``, bf16,
+2 layers of 512 units over 64 steps: 17.9 bytes, against 16 counted). Its forward's outputs are
+fp32 too (the output sequence: 4.19 MB for 64 steps of 512 units at batch 32, the profiler's
+allocations; a speech GRU's over 16-bit input, 1.64 MB for 100 steps of 256, is 16-bit), its
+input projection 16-bit. An Elman RNN's tanh stays 16-bit. Counted on every device,
 as the CPU runs it: on a GPU cuDNN runs the layer (an overestimate there, as ``FUSED_LSTM_BACKWARD``)"""
-FP32_IN_16BIT = 2
-"""16-bit elements (the unit of a count under autocast) that one fp32 element takes"""
 FORWARD_TEMPORARIES = 1
 """per step and unit, beside the cell's gate blocks: while an unfused layer's forward runs, its
 input projection for every step (``GATES`` per unit, computed at once) and its output sequence
@@ -97,11 +98,15 @@ def count_stack(
     directions: int,
     data_input: bool,
     autocast: bool = False,
+    fp32_input: bool = True,
 ) -> int:
     """Parameters, FLOPs and saved activations of a stack like :func:`recurrent_stack`;
     ``data_input``: the first layer reads data that needs no gradient; ``autocast``: it runs
-    under autocast (``FP32_STATE_UNDER_AUTOCAST``; elements are of the compute precision).
-    Returns the width of the stack's output per step (``directions * hidden``)."""
+    under autocast (elements are of the compute precision); ``fp32_input``: its input is fp32
+    there (data, an embedding), not a 16-bit product's output: a layer's state takes its input's
+    dtype (``FP32_STATE_UNDER_AUTOCAST``). Returns the width of the stack's output per step
+    (``directions * hidden``)."""
+    fp32_state = autocast and fp32_input and cell in FP32_STATE_UNDER_AUTOCAST
     fan_in = input_size
     for layer in range(layers):
         for direction in range(directions):
@@ -117,12 +122,13 @@ def count_stack(
                 data_input=data_input and layer == 0,
                 alive=earlier,
                 autocast=autocast,
+                fp32_state=fp32_state,
             )
         if cell != "lstm":  # its forward's moment (oneDNN's fused LSTM computes in its workspace)
-            extra = FORWARD_TEMPORARIES + 3 * (directions - 1)
+            # its outputs are as wide as its state: fp32 where the state is
+            extra = (FORWARD_TEMPORARIES + 3 * (directions - 1)) * (FP32_IN_16BIT if fp32_state else 1)
             t.forward_transient(steps * hidden * (GATES[cell] + extra))
         fan_in = directions * hidden
-        t.output(steps * fan_in)  # the layer's output sequence: its gradient is alive in backward
     return fan_in
 
 
@@ -136,22 +142,29 @@ def _layer(
     data_input: bool,
     alive: int = 0,
     autocast: bool = False,
+    fp32_state: bool = False,
 ) -> None:
     """One direction of one layer: input and recurrent projections with their two biases, and
     the cell's saved state; ``alive``: elements of other gradients alive during its backward;
-    ``autocast``: elements are 16-bit, an fp32 one counts as two."""
-    fp32_state = autocast and cell in FP32_STATE_UNDER_AUTOCAST
+    ``autocast``: elements are 16-bit, an fp32 one counts as two; ``fp32_state``: its state is
+    fp32 (``FP32_STATE_UNDER_AUTOCAST``)."""
     width = GATES[cell] * hidden
     t.add_params(width * (fan_in + hidden + 2))  # W_ih, W_hh, b_ih, b_hh
     t.matmul(steps, fan_in, width, grads=1 if data_input else 2)
     # step 0 multiplies the constant h_0 = 0: only its weight gradient is computed
     t.matmul(1, hidden, width, grads=1)
     t.matmul(1, hidden, width, grads=2, times=steps - 1)
-    t.keep(int(steps * (SAVED_PER_STEP[cell] + (FP32_IN_16BIT - 1 if fp32_state else 0)) * hidden))
+    saved = int(steps * (SAVED_PER_STEP[cell] + (FP32_IN_16BIT - 1 if fp32_state else 0)) * hidden)
     # its backward runs when the layers after it have freed what they keep (and made their
-    # gradients); oneDNN's fused LSTM needs its workspace beside its input's and output's gradients
-    extra = 0
-    if cell == "lstm":  # its workspace, and its buffers as wide as a wider input (fp32 in every precision)
+    # gradients). An unfused layer's peak is its input projection's backward, after the steps':
+    # every step's gate gradients stacked and its input's gradient, its own saved state freed
+    # step by step (the profiler's allocations: a GRU's stack of 3 H per step beside an input
+    # gradient of 656 features per step, and nothing of the state, on a speech model)
+    if cell != "lstm":
+        t.transient(steps * (GATES[cell] * hidden + (0 if data_input else fan_in)) + alive)
+    t.keep(saved)
+    if cell == "lstm":  # oneDNN's fused LSTM: its workspace beside its input's and output's gradients
+        # and its buffers as wide as a wider input (fp32 in every precision)
         wide = fused_lstm_wide_input(fan_in, hidden) * (FP32_IN_16BIT if autocast else 1)
         extra = int(FUSED_LSTM_BACKWARD - SAVED_PER_STEP[cell]) * hidden + int(wide)
-    t.transient(steps * (extra + GRADIENT_BUFFERS * max(hidden, fan_in)) + alive)
+        t.transient(steps * (extra + GRADIENT_BUFFERS * max(hidden, fan_in)) + alive)

@@ -23,6 +23,7 @@ from torch import nn
 from hpcdl.errors import SpecError
 from hpcdl.workloads import moe
 from hpcdl.workloads.counting import Count, Tally
+from hpcdl.workloads.precision import FP32_IN_16BIT, precision
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
 
@@ -160,7 +161,9 @@ class AttentionSpec(Spec):
         t = Tally()
         L, W = self.seq_len, self.width
         t.add_params((self.vocab + self.max_positions) * W)  # lookups: no FLOPs
-        t.keep(L * W)  # the embedding sum
+        # the embedding sum (fp32 under autocast: the lookups are not products, and the
+        # residual stream it starts stays fp32, an element of two)
+        t.keep(L * W * _residual(self))
         if self.norm == "post":
             _layer_norm(t, L, W)
         if self.dropout:
@@ -184,6 +187,12 @@ class AttentionSpec(Spec):
         return torch.randint(self.vocab, (n, self.seq_len), generator=generator, device=device)
 
 
+def _residual(spec: AttentionSpec) -> int:
+    """Elements per element of the residual stream: under autocast it stays fp32 (the sum of
+    the fp32 embeddings and each block's 16-bit outputs), two 16-bit elements."""
+    return FP32_IN_16BIT if precision(spec.precision).autocast else 1
+
+
 def _mask(elements: int) -> int:
     """A dropout mask is kept as booleans: one byte per element, counted as a quarter element."""
     return elements // 4
@@ -192,7 +201,7 @@ def _mask(elements: int) -> int:
 def _layer_norm(t: Tally, tokens: int, width: int) -> None:
     """A LayerNorm: scale and shift; keeps its output plus a mean and a 1/std per token."""
     t.add_params(2 * width)
-    t.keep(tokens * (width + 2))
+    t.keep(tokens * (width + 2), gradients=2 * tokens * width)
 
 
 def _block(t: Tally, spec: AttentionSpec, tokens: int, width: int, tp: int = 1) -> None:
@@ -208,24 +217,29 @@ def _block(t: Tally, spec: AttentionSpec, tokens: int, width: int, tp: int = 1) 
     t.matmul(tokens, d_head, tokens, times=heads)  # scores Q K^T
     t.matmul(tokens, tokens, d_head, times=heads)  # A V
     # flash-style kernels keep the output and a log-sum-exp per row, not the L x L scores
-    t.keep(tokens * (local + heads))
+    # its backward holds its output's gradient and makes those of q, k and v
+    t.keep(tokens * (local + heads), gradients=4 * tokens * local)
     if spec.dropout:
         # no fused CPU kernel takes attention dropout: the math path keeps three L x L tensors
         # (probabilities, the mask as floats, the dropped probabilities) and scaled copies of Q and
         # K, but not the fused kernel's output and log-sum-exp (measured with saved_tensors_hooks;
         # GPU kernels regenerate the mask: an overestimate there)
-        t.keep(3 * heads * tokens * tokens + tokens * local - heads * tokens)
+        scores = heads * tokens * tokens
+        # its backward: two gradients of the scores
+        t.keep(3 * scores + tokens * local - heads * tokens, gradients=2 * scores)
         t.keep(2 * _mask(tokens * width))  # the two residual dropouts
     t.linear(tokens, local, width)  # output projection (row-parallel; its bias whole)
+    t.keep(tokens * width * (_residual(spec) - 1))  # the residual sum's rest in fp32
     _layer_norm(t, tokens, width)
     if spec.experts:
         moe.count(t, spec)
-        return
-    t.linear(tokens, width, hidden)
-    t.keep(tokens * hidden)  # activation output
-    if spec.activation == "gelu_tanh_composed":
-        t.keep(COMPOSED_SAVED * tokens * hidden)
-    t.linear(tokens, hidden, width)
+    else:
+        t.linear(tokens, width, hidden)
+        t.keep(tokens * hidden, gradients=2 * tokens * hidden)  # activation output
+        if spec.activation == "gelu_tanh_composed":
+            t.keep(COMPOSED_SAVED * tokens * hidden)
+        t.linear(tokens, hidden, width)
+    t.keep(tokens * width * (_residual(spec) - 1))
 
 
 def _dropout(spec: AttentionSpec) -> nn.Module:

@@ -166,6 +166,7 @@ class SpeechSpec(Spec):
                 directions=self.directions,
                 data_input=False,
                 autocast=precision(self.precision).autocast,
+                fp32_input=False,  # the convolutions' output: 16-bit under autocast
             )
         t.linear(frames, self.rnn_output, self.classes)
         return t.result()
