@@ -86,7 +86,7 @@ autocast, more with an unfused recurrent layer: the values that kept the 80 spec
 ``benchmarks/bench_memory.py --seeds 8`` nearest their estimate (the greatest deviation least,
 as the benchmark prints it), chosen on 2026-11-27 once each layer's backward was a moment of its
 own, and checked on 160 held-out specs (``--skip 8``, ``--skip 16``; METRICS.md). What one spec
-holds outside the allocator spreads from -30 to +50 MB; a GPU's libraries live outside the
+holds outside the allocator spreads from -32 to +51 MB; a GPU's libraries live outside the
 allocator's peak that auto-fit measures there"""
 AUTOCAST_COPY_BYTES = 2
 """bytes per parameter of the 16-bit weight copies autocast makes and its products keep for
@@ -125,8 +125,8 @@ def memory_parts(
     The peak is the largest of the step's moments: each of ``moments``, as (activation bytes per
     sample, workspace bytes per sample, parameters with a gradient, parameters whose autocast
     copy is saved; ``workloads.counting.Moment``): backward runs from the last layer to the
-    first, so while a layer's runs only the layers after it have gradients and only those up to
-    it keep activations and copies; in forward no gradient exists. Empty: one moment with
+    first, so while a layer's runs only the layers from it on have gradients and only those before
+    it keep activations (those up to it, copies); in forward no gradient exists. Empty: one moment with
     everything (``sample_bytes``, of which ``sample_workspace_bytes`` workspace). At the
     optimizer step every gradient exists and AdamW's per-tensor temporaries, but no activation
     and no copy.

@@ -124,13 +124,16 @@ def test_a_fused_lstm_over_a_wide_input_counts_onednns_buffers_in_fp32() -> None
 
 
 ALLOCATOR = Path(__file__).resolve().parent.parent / "benchmarks" / "memory_allocator.py"
+AMX = "amx_bf16" in Path("/proc/cpuinfo").read_text()
 
 
 @pytest.mark.parametrize(
     ("name", "within"),
     [
         ("attention:28:fp32", 0.03),  # a small head: the peak is the feed-forward's backward
-        ("attention:27:bf16", 0.03),  # under autocast the residual stream stays fp32
+        # under autocast the residual stream stays fp32; measured with oneDNN's AMX kernels: others
+        # may allocate their scratch space through PyTorch's allocator
+        pytest.param("attention:27:bf16", 0.03, marks=pytest.mark.skipif(not AMX, reason="no AMX")),
         ("attention:0:fp32", 0.03),  # a language model's head: the loss's backward is the peak
         ("speech:14:fp32", 0.1),  # a GRU over 656 features: its backward frees its state first
     ],

@@ -19,10 +19,12 @@ from hpcdl.workloads.precision import precision
 class Moment:
     """What is alive at one moment of a training step where its memory may peak. While a layer's
     backward runs (backward runs from the last layer to the first): per sample, the activations
-    the layers up to it keep and the workspace of its backward; in parameters, the gradients of
-    the layers from it on and autocast's 16-bit copies of the weights up to it (saved for their
-    backward). While a layer's forward runs: what the layers up to it keep, its own temporaries,
-    the copies made so far and no gradient (the previous step's are freed)."""
+    the layers before it keep (and its own, where its backward still holds them: ``transient``)
+    and the gradients and buffers of its backward; in parameters, the gradients of the layers
+    from it on (after it, for an element-wise layer) and autocast's 16-bit copies of the weights
+    up to it (saved for their backward). While a layer's forward runs: what the layers up to it
+    keep, its own temporaries, the copies made so far and no gradient (the previous step's are
+    freed)."""
 
     kept: int
     workspace: int
@@ -45,9 +47,9 @@ class Count:
     largest_param: int = 0
     """elements of the largest parameter tensor (a step's per-tensor optimizer temporaries)"""
     workspace_elements: int = 0
-    """elements per sample alive only during the step beside what is kept: the gradients of a
-    layer's output and input while its backward runs, and the backend's own workspaces (oneDNN's
-    fused LSTM); ``metrics.sample_memory`` adds them"""
+    """the most elements per sample a backward moment holds beyond ``activation_elements``
+    (gradients and the backend's buffers, oneDNN's fused LSTM's; forward moments left out):
+    ``activation + workspace`` is the backward's peak per sample without the loss's copies"""
     moments: tuple[Moment, ...] = ()
     """moments of the step where the memory may peak, the first as backward begins (the loss's
     copies of the logits alive); empty: one moment with everything (``metrics.memory_parts``)"""
@@ -76,7 +78,7 @@ class Tally:
         self.activations = 0
         self.largest_param = 0
         self.last_linear = 0  # the latest linear's output: the logits if nothing follows it
-        self.last_input = 0  # the latest layer's input gradient: the first made as backward begins
+        self.last_input = 0  # the head's input gradient, the first made as backward begins
         # each layer's backward (and each forward that needs temporaries) as (kept, workspace,
         # parameters before the layer or None in forward, parameters up to it): Moment's
         self.points: list[tuple[int, int, int | None, int]] = []
@@ -147,15 +149,17 @@ class Tally:
         self.last_linear = 0
 
     def transient(self, elements: int) -> None:
-        """``elements`` alive only while the latest layer's backward runs, beside what the layers
-        up to it keep (the layers after it have run their backward and freed theirs)."""
+        """``elements`` alive only while the latest layer's backward runs, beside what is kept so
+        far (the layers after it have run their backward and freed theirs; placed before the
+        layer's ``keep``, its own saved tensors are left out: freed before that moment)."""
         self.points.append((self.activations, elements, self.layer_start, self.params))
 
     def _backward_point(self, gradients: int, before: int) -> None:
         """The backward of a layer about to be counted: the gradients of its output and input
-        (``gradients`` elements) beside what the layers before it keep (those after it, itself
-        included, have run their backward and freed what they saved); ``before``: parameters
-        whose gradient does not exist yet."""
+        (``gradients`` elements) beside what the layers before it keep (those after it have run
+        their backward and freed what they saved; what it saved itself is left out, as the next
+        layer's input is freed by then); ``before``: parameters whose gradient does not exist
+        yet."""
         self.points.append((self.activations, gradients, before, self.params))
 
     def forward_transient(self, elements: int) -> None:
@@ -174,17 +178,22 @@ class Tally:
         self._layer(n)
         self.largest_param = max(self.largest_param, n)
 
-    def tied_head(self, params: int) -> None:
-        """The head is a product with ``params`` parameters counted earlier (a token table): its
-        gradient is the first to exist in backward."""
+    def tied_head(self, params: int, inputs: int) -> None:
+        """The head is a product with ``params`` parameters counted earlier (a token table) over
+        ``inputs`` elements: its gradients (its weight's, its input's) are the first to exist in
+        backward; its output, the logits, is kept by no layer (the loss's copies count it)."""
         self.head_params = params
+        self.last_input = inputs
+        self.last_linear = 0
 
     def keep(self, elements: int, *, gradients: int = 0) -> None:
         """Activations kept for backward by element-wise layers (norms, activations, dropout) or
         a layer's saved state. ``gradients``: the elements of its output's and input's gradients
-        its backward holds (an element-wise layer's: twice its output), placed as its moment."""
+        its backward holds (an element-wise layer's: twice its output), placed as its moment (the
+        gradients of its own parameters, a norm's scale and shift, left out); half of them are its
+        input's, the head's input gradient if the network ends here."""
         if gradients:
-            self._backward_point(gradients, self.params)  # its own parameters' gradients: negligible
+            self._backward_point(gradients, self.params)
             self.last_input = gradients // 2
         self.activations += elements
         self.last_linear = 0

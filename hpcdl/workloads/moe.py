@@ -108,10 +108,12 @@ def count(t: Tally, spec: MoEKnobs) -> None:
     t.add_params(E * 2 * d * h)
     t.matmul(T * k, d, h)
     t.matmul(T * k, h, d)
+    # an expert's second product's backward: its output's and its input's gradients, and the
+    # experts' weight gradients
+    t.transient(slots * (d + h))
     # softmax output, the slots in, the hidden units before and after the activation, the
     # experts' outputs gathered back per token
-    # (an expert's second product's backward: its output's and its input's gradients)
-    t.keep(T * E + slots * (d + 2 * h) + T * k * d, gradients=slots * (d + h))
+    t.keep(T * E + slots * (d + 2 * h) + T * k * d)
 
 
 def dispatch_bytes(spec: MoEKnobs, sequences: int, precision_name: str) -> int:

@@ -175,10 +175,9 @@ class AttentionSpec(Spec):
         if self.head == "cls":
             t.linear(1, W, self.classes)
         elif self.tie_embeddings:
-            # the product still runs (and gets both gradients); its weight is the token table. Its
-            # output, the logits, is kept by no layer (the loss's copies count it)
+            # the product still runs (and gets both gradients); its weight is the token table
             t.matmul(L, W, self.vocab)
-            t.tied_head(self.vocab * W)
+            t.tied_head(self.vocab * W, inputs=L * W)
         else:
             t.linear(L, W, self.vocab, bias=False)
         return t.result()
