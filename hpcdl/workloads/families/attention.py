@@ -165,13 +165,13 @@ class AttentionSpec(Spec):
         # residual stream it starts stays fp32, an element of two)
         t.keep(L * W * _residual(self))
         if self.norm == "post":
-            _layer_norm(t, L, W)
+            _layer_norm(t, L, W, _residual(self))
         if self.dropout:
             t.keep(_mask(L * W))  # the embedding dropout's
         for _ in range(self.layers):
             _block(t, self, L, W, tp)
         if self.norm == "pre":
-            _layer_norm(t, L, W)
+            _layer_norm(t, L, W, _residual(self))
         if self.head == "cls":
             t.linear(1, W, self.classes)
         elif self.tie_embeddings:
@@ -197,10 +197,11 @@ def _mask(elements: int) -> int:
     return elements // 4
 
 
-def _layer_norm(t: Tally, tokens: int, width: int) -> None:
-    """A LayerNorm: scale and shift; keeps its output plus a mean and a 1/std per token."""
+def _layer_norm(t: Tally, tokens: int, width: int, residual: int = 1) -> None:
+    """A LayerNorm: scale and shift; keeps its output plus a mean and a 1/std per token. Its
+    backward's gradients are the residual stream's (``residual``: elements per element)."""
     t.add_params(2 * width)
-    t.keep(tokens * (width + 2), gradients=2 * tokens * width)
+    t.keep(tokens * (width + 2), gradients=2 * tokens * width * residual)
 
 
 def _block(t: Tally, spec: AttentionSpec, tokens: int, width: int, tp: int = 1) -> None:
@@ -211,7 +212,7 @@ def _block(t: Tally, spec: AttentionSpec, tokens: int, width: int, tp: int = 1) 
     d_head = width // spec.heads
     heads, hidden = spec.heads // tp, spec.ffn_hidden // tp
     local = heads * d_head  # this rank's share of the width in the attention
-    _layer_norm(t, tokens, width)
+    _layer_norm(t, tokens, width, _residual(spec))
     t.linear(tokens, width, 3 * local)  # fused q, k, v (column-parallel)
     t.matmul(tokens, d_head, tokens, times=heads)  # scores Q K^T
     t.matmul(tokens, tokens, d_head, times=heads)  # A V
@@ -229,7 +230,7 @@ def _block(t: Tally, spec: AttentionSpec, tokens: int, width: int, tp: int = 1) 
         t.keep(2 * _mask(tokens * width))  # the two residual dropouts
     t.linear(tokens, local, width)  # output projection (row-parallel; its bias whole)
     t.keep(tokens * width * (_residual(spec) - 1))  # the residual sum's rest in fp32
-    _layer_norm(t, tokens, width)
+    _layer_norm(t, tokens, width, _residual(spec))
     if spec.experts:
         moe.count(t, spec)
     else:
