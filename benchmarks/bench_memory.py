@@ -26,6 +26,7 @@ import statistics
 
 import numpy as np
 import torch
+from memory_allocator import MAX_BYTES, MIN_BYTES
 
 from hpcdl.device import resolve_device
 from hpcdl.measure.fit import estimate_line, estimated_batch, search
@@ -35,9 +36,6 @@ from hpcdl.workloads.precision import precision as precision_of
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.sampling import sample_spec
 from hpcdl.workloads.spec import Spec
-
-MIN_BYTES = 30 << 20
-
 
 ALLOCATED: dict[tuple[str, str], list[float]] = {}
 """on a GPU, the allocator's peak of live tensors (``max_memory_allocated``) over the estimate,
@@ -68,7 +66,7 @@ def ratios(
         parts = spec.memory_parts(batch, "adamw", device.type)
         estimate = sum(parts.values())
         tensors = estimate - parts["libraries"]  # the libraries' allowance does not decide the sample
-        if tensors < MIN_BYTES or tensors > 2 << 30:
+        if not MIN_BYTES <= tensors <= MAX_BYTES:
             continue
         passed += 1
         if passed <= skip:

@@ -4,13 +4,19 @@ operators running at that peak, for the specs named (METRICS.md, "Memory estimat
 tensor model checked without what the libraries hold outside the allocator.
 
     .venv/bin/python benchmarks/memory_allocator.py speech:0:fp32 rnn:4:fp32 [...]
+    .venv/bin/python benchmarks/memory_allocator.py --first 24 attention:fp32  # a row's first specs
+    .venv/bin/python benchmarks/memory_allocator.py --timeline 1e6 speech:14:fp32
 
 A spec is FAMILY:SEED:PRECISION, sampled at batch 32 as ``bench_memory.py`` samples it, with
-knobs changed after a fourth colon: ``speech:0:bf16:conv_layers=1,cell=lstm``.
+knobs changed after a fourth colon: ``speech:0:bf16:conv_layers=1,cell=lstm``. ``--first N``
+measures the first N specs of a family and precision that ``bench_memory.py`` would measure and
+prints the range of their ratios; ``--timeline BYTES`` prints every allocation and free of at
+least BYTES in the step, with the bytes live after it and the operators running.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 
 import torch
@@ -23,6 +29,8 @@ from hpcdl.workloads.sampling import sample_spec
 from hpcdl.workloads.spec import Spec
 
 BATCH = 32
+MIN_BYTES, MAX_BYTES = 30 << 20, 2 << 30
+"""the specs ``bench_memory.py`` measures: tensors estimated between these"""
 
 
 def sampled(name: str) -> tuple[Spec, int]:
@@ -44,9 +52,37 @@ def _value(text: str) -> int | str | bool:
     return int(text) if text.lstrip("-").isdigit() else text
 
 
-def allocator_peak(spec: Spec) -> tuple[int, list[str]]:
-    """Bytes live at the step's allocator peak (what lived before it included) and the innermost
-    operators running then."""
+def allocations(prof: profile) -> list[tuple[int, int]]:
+    """(time in ns, bytes: + allocated, − freed) of every allocation the profiler saw, in order"""
+    events = prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+    return sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+
+
+def peak_of(prof: profile) -> tuple[int, int]:
+    """The most bytes the profiled code had allocated at once beyond what it started with, and
+    when (ns)."""
+    live = top = at = 0
+    for t, n in allocations(prof):
+        live += n
+        if live > top:
+            top, at = live, t
+    return top, at
+
+
+def running(prof: profile, at: int) -> list[str]:
+    """The operators running at ``at`` (ns), innermost first."""
+    events = prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+    ops = sorted(
+        (e.end_ns() - e.start_ns(), e.name())
+        for e in events
+        if e.name() != "[memory]" and e.start_ns() <= at <= e.end_ns()
+    )
+    return [name for _, name in ops]
+
+
+def profiled_step(spec: Spec) -> tuple[int, profile]:
+    """One training step after a warm-up step, profiled with its allocations, and the bytes that
+    lived before it (weights, optimizer state, the batch)."""
     cpu, p = torch.device("cpu"), precision(spec.precision)
     model = spec.build()
     opt = torch.optim.AdamW(list(model.parameters()))
@@ -60,27 +96,56 @@ def allocator_peak(spec: Spec) -> tuple[int, list[str]]:
         _loss(model, x, y, cpu, p).backward()
         opt.step()
         opt.zero_grad()
-    events = prof.profiler.kineto_results.events()  # type: ignore[union-attr]
-    live = top = at = 0
-    for t, n in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"):
+    return before, prof
+
+
+def allocator_peak(spec: Spec) -> tuple[int, list[str]]:
+    """Bytes live at the step's allocator peak (what lived before it included) and the innermost
+    operators running then."""
+    before, prof = profiled_step(spec)
+    top, at = peak_of(prof)
+    return before + top, running(prof, at)[:3]
+
+
+def _report(name: str) -> float:
+    spec, tensors = sampled(name)
+    peak, ops = allocator_peak(spec)
+    print(f"{name}: allocator peak {peak / 1e6:.1f} MB, tensors estimated {tensors / 1e6:.1f} MB "
+          f"({tensors / peak:.3f}); at the peak: {', '.join(ops)}", flush=True)  # fmt: skip
+    return tensors / peak
+
+
+def _first(n: int, row: str) -> None:
+    family, prec = row.split(":")
+    found: list[float] = []
+    for seed in range(20 * n):
+        if len(found) == n:
+            break
+        if MIN_BYTES <= sampled(f"{family}:{seed}:{prec}")[1] <= MAX_BYTES:
+            found.append(_report(f"{family}:{seed}:{prec}"))
+    print(f"{row}: {len(found)} specs, estimated tensors / allocator peak {min(found):.3f}.."
+          f"{max(found):.3f}, median {statistics.median(found):.3f}")  # fmt: skip
+
+
+def _timeline(threshold: float, name: str) -> None:
+    before, prof = profiled_step(sampled(name)[0])
+    live = before
+    for t, n in allocations(prof):
         live += n
-        if live > top:
-            top, at = live, t
-    ops = sorted(
-        (e.end_ns() - e.start_ns(), e.name())
-        for e in events
-        if e.name() != "[memory]" and e.start_ns() <= at <= e.end_ns()
-    )
-    return before + top, [name for _, name in ops[:3]]
+        if abs(n) >= threshold:
+            print(f"{live / 1e6:9.2f} MB {n / 1e6:+8.2f}  {', '.join(running(prof, t)[:2])}")
+    print(f"{name}: {before / 1e6:.2f} MB of weights, optimizer state and batch before the step")
 
 
-def main() -> None:
-    for name in sys.argv[1:]:
-        spec, tensors = sampled(name)
-        peak, ops = allocator_peak(spec)
-        print(f"{name}: allocator peak {peak / 1e6:.1f} MB, tensors estimated {tensors / 1e6:.1f} MB "
-              f"({tensors / peak:.2f}); at the peak: {', '.join(ops)}", flush=True)  # fmt: skip
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--first"]:
+        _first(int(argv[1]), argv[2])
+    elif argv[:1] == ["--timeline"]:
+        _timeline(float(argv[1]), argv[2])
+    else:
+        for name in argv:
+            _report(name)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -17,26 +17,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
+from memory_allocator import peak_of
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from hpcdl.device import _malloc_trim, pin_mmap_threshold
+from hpcdl.device import _malloc_trim, pin_mmap_threshold, reset_peak_memory
+from hpcdl.measure.trial import _status_kb
 from hpcdl.workloads.recurrent import fused_lstm_wide_input
 
 SHAPES = [(64, 64), (128, 64), (256, 64), (512, 64), (1024, 64), (1312, 64), (1536, 64), (2048, 64),
           (2592, 64), (2592, 128), (256, 256), (512, 256), (1024, 256), (1312, 256), (2592, 256)]  # fmt: skip
 """(inputs, units) of the LSTM layers measured"""
 STEPS, BATCH = 100, 32
-
-
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise OSError(key)
 
 
 def lstm_outside(fan_in: int, hidden: int, dtype: str) -> float:
@@ -54,18 +48,12 @@ def lstm_outside(fan_in: int, hidden: int, dtype: str) -> float:
         forward = loss()
         x.grad = None  # as a training step's backward finds them: no gradient yet
         layer.zero_grad(set_to_none=True)
-        _malloc_trim()
-        Path("/proc/self/clear_refs").write_text("5")
-        base = _status("VmRSS")
+        reset_peak_memory(torch.device("cpu"))  # freed memory back to the system, VmHWM := VmRSS
+        base = _status_kb("VmRSS")
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             forward.backward()
-        rise = _status("VmHWM") - base
-        live = top = 0
-        events = prof.profiler.kineto_results.events()  # type: ignore[union-attr]
-        for _, n in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"):
-            live += n
-            top = max(top, live)
-    return (rise - top) / (4 * (STEPS + 1) * BATCH)
+        rise = (_status_kb("VmHWM") - base) * 1024
+    return (rise - peak_of(prof)[0]) / (4 * (STEPS + 1) * BATCH)
 
 
 def primitives() -> None:
@@ -73,12 +61,15 @@ def primitives() -> None:
     torch.nn.functional.linear(torch.randn(3, 256).bfloat16(), w)
     for n in (50, 200):
         _malloc_trim()
-        base = _status("VmRSS")
+        base = _status_kb("VmRSS") * 1024
         for m in range(1000 * n, 1000 * n + n):  # shapes no earlier call made
             torch.nn.functional.linear(torch.randn(m % 997 + 5 + n, 256).bfloat16(), w)
         _malloc_trim()
-        print(f"{n} new bf16 matmul shapes: resident set +{(_status('VmRSS') - base) / 1e6:.1f} MB, "
-              f"{(_status('VmRSS') - base) / n / 1e6:.2f} MB a shape", flush=True)  # fmt: skip
+        rise = _status_kb("VmRSS") * 1024 - base
+        print(
+            f"{n} new bf16 matmul shapes: resident set +{rise / 1e6:.1f} MB, {rise / n / 1e6:.2f} MB a shape",
+            flush=True,
+        )
 
 
 def main(argv: list[str]) -> None:

@@ -42,10 +42,11 @@ takes the input's dtype: data or an embedding, not a convolution's 16-bit output
 family): the GRU's products are 16-bit, but its gate arithmetic meets the fp32 state, so of the
 elements it saves per step and unit seven are 16-bit and one fp32 (``saved_tensors_hooks``, bf16,
 2 layers of 512 units over 64 steps: 17.9 bytes, against 16 counted). Its forward's outputs are
-fp32 too (the output sequence: 4.19 MB for 64 steps of 512 units at batch 32, the profiler's
-allocations; a speech GRU's over 16-bit input, 1.64 MB for 100 steps of 256, is 16-bit), its
-input projection 16-bit. An Elman RNN's tanh stays 16-bit. Counted on every device,
-as the CPU runs it: on a GPU cuDNN runs the layer (an overestimate there, as ``FUSED_LSTM_BACKWARD``)"""
+fp32 too (the output sequence: 4.19 MB for 64 steps of 512 units at batch 32, rnn seed 17,
+``benchmarks/memory_allocator.py --timeline``; a speech GRU's over 16-bit input, 1.64 MB for
+100 steps of 256, is 16-bit), its input projection 16-bit. An Elman RNN's tanh stays 16-bit.
+Counted on every device, as the CPU runs it: on a GPU cuDNN runs the layer (an overestimate
+there, as ``FUSED_LSTM_BACKWARD``)"""
 FORWARD_TEMPORARIES = 1
 """per step and unit, beside the cell's gate blocks: while an unfused layer's forward runs, its
 input projection for every step (``GATES`` per unit, computed at once) and its output sequence
@@ -159,12 +160,14 @@ def _layer(
     # gradients). An unfused layer's peak is its input projection's backward, after the steps':
     # every step's gate gradients stacked and its input's gradient, its own saved state freed
     # step by step (the profiler's allocations: a GRU's stack of 3 H per step beside an input
-    # gradient of 656 features per step, and nothing of the state, on a speech model)
-    if cell != "lstm":
-        t.transient(steps * (GATES[cell] * hidden + (0 if data_input else fan_in)) + alive)
-    t.keep(saved)
+    # gradient of 656 features per step, and nothing of the state, on speech seed 14:
+    # ``benchmarks/memory_allocator.py --timeline``)
     if cell == "lstm":  # oneDNN's fused LSTM: its workspace beside its input's and output's gradients
         # and its buffers as wide as a wider input (fp32 in every precision)
+        t.keep(saved)
         wide = fused_lstm_wide_input(fan_in, hidden) * (FP32_IN_16BIT if autocast else 1)
         extra = int(FUSED_LSTM_BACKWARD - SAVED_PER_STEP[cell]) * hidden + int(wide)
         t.transient(steps * (extra + GRADIENT_BUFFERS * max(hidden, fan_in)) + alive)
+    else:  # placed before its keep: its state is freed by then
+        t.transient(steps * (GATES[cell] * hidden + (0 if data_input else fan_in)) + alive)
+        t.keep(saved)
