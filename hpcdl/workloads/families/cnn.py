@@ -3,12 +3,12 @@ SqueezeNet-like networks, the classic convolution-bound workloads.
 
 The layout (channels, strides and feature-map sizes of every block) is planned once by
 :meth:`CNNSpec.plan`; :meth:`CNNSpec.build_module` and :meth:`CNNSpec.count` both walk that
-plan, so the network and its analytic count cannot drift apart.
+plan, so the network and its analytic count cannot drift apart. Each block kind is built and
+counted side by side in ``workloads/conv_blocks.py``.
 """
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -17,56 +17,23 @@ import torch
 from torch import nn
 
 from hpcdl.errors import SpecError
-from hpcdl.workloads.counting import GRADIENT_BUFFERS, Count, Tally, conv_out
+from hpcdl.workloads.conv_blocks import BLOCKS, NORMS, BlockPlan, Blocks
+from hpcdl.workloads.counting import Count, Tally, conv_out
 from hpcdl.workloads.precision import precision
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
 
 STEMS = ("none", "simple", "imagenet")
-BLOCKS = ("plain", "basic", "bottleneck", "separable", "inverted", "fire")
 DOWNSAMPLES = ("stride", "maxpool", "none")
-NORMS = ("batch", "group", "none")
 HEAD_POOLS = ("global", "flatten")
 POOLS = ("standard", "ceil3")
 CLASSIFIERS = ("linear", "conv")
 
 FLATTEN_SIZE = 7
 """side of the map that the "flatten" head pools to, as torchvision's VGG does"""
-GROUPS = 32
-"""GroupNorm groups (fewer when the channels are not a multiple of it)"""
 INDEX_BYTES = 8
 """bytes of each int64 index a max pool keeps for backward per output element (its input is the
 previous ReLU's output, kept already)"""
-
-
-@dataclass(frozen=True)
-class BlockPlan:
-    """One block of the body: its channels, stride and input/output map sides."""
-
-    c_in: int
-    width: int
-    """inner width: the 3x3 (kxk) conv's channels for a bottleneck, else ``c_out``"""
-    c_out: int
-    stride: int
-    size_in: int
-    size_out: int
-    kernel: int = 3
-    """side of the block's spatial (kxk) convolution"""
-    hidden: int = 0
-    """inverted: channels of the expanded (depthwise) layer, ``c_in`` x the stage's expansion;
-    fire: channels of the 1x1 squeeze"""
-    spatial: int = 0
-    """fire only: output channels of the kxk expand (the 1x1 expand gives the other ``c_out - spatial``)"""
-
-    @property
-    def projects(self) -> bool:
-        """Whether a residual block needs a 1x1 projection on its shortcut (shape changes)."""
-        return self.stride != 1 or self.c_in != self.c_out
-
-    @property
-    def expands(self) -> bool:
-        """Inverted only: whether a 1x1 conv expands the input (MobileNetV2's first block does not)."""
-        return self.hidden != self.c_in
 
 
 @dataclass(frozen=True)
@@ -382,86 +349,29 @@ class CNNSpec(Spec):
     def num_classes(self) -> int:
         return self.classes
 
+    def _blocks(self) -> Blocks:
+        """How this network's blocks are built and counted (``workloads/conv_blocks.py``)."""
+        return Blocks(self.block, self.norm)
+
     def build_module(self) -> nn.Module:
-        plan = self.plan()
+        plan, kit = self.plan(), self._blocks()
         mods: list[nn.Module] = []
         if self.stem != "none":
             kernel, stride, padding = self.stem_conv()
-            stem = self._conv_norm_relu(self.in_channels, plan.stem_channels, kernel, stride, padding=padding)
+            stem = kit.conv_norm_relu(self.in_channels, plan.stem_channels, kernel, stride, padding=padding)
             mods += stem
             if self.stem == "imagenet":
                 mods.append(self._max_pool(stem=True))
         for stage, pool in zip(plan.stages, plan.stage_pools, strict=True):
-            mods += [self._block(b) for b in stage]
+            mods += [kit.build(b) for b in stage]
             if pool:
                 mods.append(self._max_pool())
         channels = plan.channels
         if self.head_conv:
-            mods += self._conv_norm_relu(channels, self.head_conv, 1)
+            mods += kit.conv_norm_relu(channels, self.head_conv, 1)
             channels = self.head_conv
         mods += self._head(channels)
         return nn.Sequential(*mods)
-
-    def _conv(
-        self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1, padding: int = -1
-    ) -> nn.Conv2d:
-        # a bias right before a norm would be cancelled by its mean subtraction
-        padding = kernel // 2 if padding < 0 else padding
-        return nn.Conv2d(
-            c_in, c_out, kernel, stride=stride, padding=padding, groups=groups, bias=self.norm == "none"
-        )
-
-    def _norm(self, c: int) -> nn.Module:
-        if self.norm == "batch":
-            return nn.BatchNorm2d(c)
-        if self.norm == "group":
-            return nn.GroupNorm(math.gcd(GROUPS, c), c)
-        return nn.Identity()
-
-    def _conv_norm_relu(
-        self, c_in: int, c_out: int, kernel: int, stride: int = 1, groups: int = 1, padding: int = -1
-    ) -> list[nn.Module]:
-        return [self._conv(c_in, c_out, kernel, stride, groups, padding), self._norm(c_out), nn.ReLU()]
-
-    def _block(self, b: BlockPlan) -> nn.Module:
-        k = b.kernel
-        if self.block == "inverted":
-            expand = self._conv_norm_relu(b.c_in, b.hidden, 1) if b.expands else []
-            inverted = nn.Sequential(
-                *expand,
-                *self._conv_norm_relu(b.hidden, b.hidden, k, b.stride, groups=b.hidden),
-                self._conv(b.hidden, b.c_out, 1),
-                self._norm(b.c_out),
-            )
-            return inverted if b.projects else Residual(inverted, nn.Identity(), relu=False)
-        if self.block == "plain":
-            return nn.Sequential(*self._conv_norm_relu(b.c_in, b.c_out, k, b.stride))
-        if self.block == "fire":  # a strided block strides its squeeze
-            return Fire(
-                nn.Sequential(*self._conv_norm_relu(b.c_in, b.hidden, 1, b.stride)),
-                nn.Sequential(*self._conv_norm_relu(b.hidden, b.c_out - b.spatial, 1)),
-                nn.Sequential(*self._conv_norm_relu(b.hidden, b.spatial, k)),
-            )
-        if self.block == "separable":
-            return nn.Sequential(
-                *self._conv_norm_relu(b.c_in, b.c_in, k, b.stride, groups=b.c_in),
-                *self._conv_norm_relu(b.c_in, b.c_out, 1),
-            )
-        if self.block == "basic":
-            body = [*self._conv_norm_relu(b.c_in, b.c_out, k, b.stride), self._conv(b.c_out, b.c_out, k)]
-        else:  # bottleneck, v1.5: the stride sits on the kxk conv, not on the first 1x1
-            body = [
-                *self._conv_norm_relu(b.c_in, b.width, 1),
-                *self._conv_norm_relu(b.width, b.width, k, b.stride),
-                self._conv(b.width, b.c_out, 1),
-            ]
-        body.append(self._norm(b.c_out))
-        shortcut = (
-            nn.Sequential(self._conv(b.c_in, b.c_out, 1, b.stride), self._norm(b.c_out))
-            if b.projects
-            else nn.Identity()
-        )
-        return Residual(nn.Sequential(*body), shortcut)
 
     def _head(self, channels: int) -> list[nn.Module]:
         if self.classifier == "conv":
@@ -485,7 +395,7 @@ class CNNSpec(Spec):
 
     # --- analytic count ------------------------------------------------------------------
     def count(self) -> Count:
-        plan = self.plan()
+        plan, kit = self.plan(), self._blocks()
         t = Tally()
         # the image itself is kept by the first conv for its weight gradient; under autocast it
         # keeps a 16-bit copy, and the fp32 batch stays beside it
@@ -495,7 +405,7 @@ class CNNSpec(Spec):
         first = True  # the next conv reads the data: autograd computes no input gradient
         if self.stem != "none":
             kernel, _, _ = self.stem_conv()
-            self._count_conv(
+            kit.count_conv(
                 t,
                 plan.stem_conv_size,
                 self.in_channels,
@@ -513,96 +423,16 @@ class CNNSpec(Spec):
             zip(plan.stages, plan.stage_sizes, plan.stage_pools, strict=True)
         ):
             for b in stage:
-                self._count_block(t, b, data=first)
+                kit.count(t, b, data=first)
                 first = False
             if pool:
                 self._count_pool(t, stage[-1].c_out * size**2, kept=head_keeps or i + 1 < len(plan.stages))
         channels = plan.channels
         if self.head_conv:
-            self._count_conv(t, plan.stage_sizes[-1], channels, self.head_conv, 1)
+            kit.count_conv(t, plan.stage_sizes[-1], channels, self.head_conv, 1)
             channels = self.head_conv
         self._count_head(t, channels, plan.stage_sizes[-1])
         return t.result()
-
-    def _count_conv(
-        self,
-        t: Tally,
-        size: int,
-        c_in: int,
-        c_out: int,
-        kernel: int,
-        *,
-        groups: int = 1,
-        data: bool = False,
-        relu: bool = True,
-        size_in: int = 0,
-        alive: int = 0,
-    ) -> None:
-        """A conv, its norm and (optionally) its ReLU. A norm keeps the conv's output; the ReLU
-        keeps its own (the next layer's input). ``size_in``: the input's map side (default
-        ``size``); ``alive``: elements of other gradients alive during their backward."""
-        t.conv2d(
-            (size, size),
-            c_in,
-            c_out,
-            (kernel, kernel),
-            groups=groups,
-            bias=self.norm == "none",
-            data_input=data,
-            in_hw=(size_in or size, size_in or size),
-            keep_output=self.norm != "none",
-            alive=alive,
-        )
-        out = c_out * size * size
-        if self.norm != "none":
-            t.add_params(2 * c_out)  # scale and shift; BatchNorm's running stats are buffers
-            t.transient(GRADIENT_BUFFERS * out + alive)  # its output's and its input's gradients
-        if relu:
-            t.keep(out)
-            t.transient(GRADIENT_BUFFERS * out + alive)
-
-    def _count_block(self, t: Tally, b: BlockPlan, *, data: bool) -> None:
-        k, s, size_in = b.kernel, b.size_out, b.size_in
-        # a residual block's input gradient from its shortcut is alive while its body's backward
-        # runs (the shortcut, made last in forward, runs its backward first)
-        shortcut = b.c_in * size_in * size_in
-        if self.block == "inverted":
-            alive = 0 if b.projects else shortcut
-            if b.expands:
-                self._count_conv(t, size_in, b.c_in, b.hidden, 1, data=data, alive=alive)
-            dw_data = data and not b.expands
-            self._count_conv(
-                t, s, b.hidden, b.hidden, k, groups=b.hidden, data=dw_data, size_in=size_in, alive=alive
-            )
-            self._count_conv(t, s, b.hidden, b.c_out, 1, relu=False, alive=alive)
-            # the block's output, the next layer's input: the residual sum (no ReLU after it) or
-            # the last norm's output (the last conv's with no norm)
-            t.keep(b.c_out * s * s)
-            return
-        if self.block == "plain":
-            self._count_conv(t, s, b.c_in, b.c_out, k, data=data, size_in=size_in)
-            return
-        if self.block == "fire":
-            self._count_conv(t, s, b.c_in, b.hidden, 1, data=data, size_in=size_in)
-            self._count_conv(t, s, b.hidden, b.c_out - b.spatial, 1)
-            self._count_conv(t, s, b.hidden, b.spatial, k)
-            t.keep(b.c_out * s * s)  # the concatenation, a tensor of its own that the next layer keeps
-            return
-        if self.block == "separable":
-            self._count_conv(t, s, b.c_in, b.c_in, k, groups=b.c_in, data=data, size_in=size_in)
-            self._count_conv(t, s, b.c_in, b.c_out, 1)
-            return
-        if self.block == "basic":
-            self._count_conv(t, s, b.c_in, b.c_out, k, data=data, size_in=size_in, alive=shortcut)
-            self._count_conv(t, s, b.c_out, b.c_out, k, relu=False, alive=shortcut)
-        else:
-            self._count_conv(t, size_in, b.c_in, b.width, 1, data=data, alive=shortcut)
-            self._count_conv(t, s, b.width, b.width, k, size_in=size_in, alive=shortcut)
-            self._count_conv(t, s, b.width, b.c_out, 1, relu=False, alive=shortcut)
-        if b.projects:
-            self._count_conv(t, s, b.c_in, b.c_out, 1, data=data, relu=False, size_in=size_in)
-        t.keep(b.c_out * s * s)  # the ReLU after the residual sum
-        t.transient(GRADIENT_BUFFERS * b.c_out * s * s)
 
     def _count_pool(self, t: Tally, out: int, *, kept: bool) -> None:
         """A max pool of ``out`` output elements: its int64 indices (in elements of the spec's
@@ -629,30 +459,3 @@ class CNNSpec(Spec):
                 t.keep(self.head_width // 4)  # the dropout mask, booleans: a quarter element each
             fan_in = self.head_width
         t.linear(1, fan_in, self.classes)
-
-
-class Fire(nn.Module):
-    """SqueezeNet's fire module: ``cat(expand1(s), expand_k(s))`` with ``s = squeeze(x)``."""
-
-    def __init__(self, squeeze: nn.Module, expand1: nn.Module, expand_k: nn.Module) -> None:
-        super().__init__()
-        self.squeeze = squeeze
-        self.expand1 = expand1
-        self.expand_k = expand_k
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        s = self.squeeze(x)
-        return torch.cat([self.expand1(s), self.expand_k(s)], 1)
-
-
-class Residual(nn.Module):
-    """``relu(body(x) + shortcut(x))``: the ResNet residual connection (MobileNetV2's has no ReLU)."""
-
-    def __init__(self, body: nn.Module, shortcut: nn.Module, *, relu: bool = True) -> None:
-        super().__init__()
-        self.body = body
-        self.shortcut = shortcut
-        self.relu = nn.ReLU() if relu else nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.relu(self.body(x) + self.shortcut(x))
