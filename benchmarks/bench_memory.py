@@ -9,9 +9,11 @@ whose tensors are estimated above 30 MB (below that what the libraries hold domi
 the peak's excess over the estimate's tensors per precision, with and without an unfused recurrent
 layer (what ``metrics.CPU_LIBRARY_BYTES`` stands for), and the allowance of that form these specs
 would choose, for METRICS.md. ``--skip N`` measures each row's specs after its first N instead:
-specs the allowance was not chosen on.
+specs the allowance was not chosen on. ``--fill-mb M`` measures the same specs each at the batch
+whose estimate fills M MB, where auto-fit uses the estimate (the batch it starts from).
 
     .venv/bin/python benchmarks/bench_memory.py [--seeds 4] [--skip 0] [--batch 32] [--fit-mb 300]
+        [--fill-mb 0] [--save specs.json]   # --save: every spec's tensors and peak, for memory_residual.py
     .venv/bin/python benchmarks/bench_memory.py --device cuda
 
 On a GPU a step is measured as auto-fit measures there: the rise of the caching allocator's
@@ -22,7 +24,9 @@ live tensors (``max_memory_allocated``), what the estimate models.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -44,6 +48,8 @@ EXCESS: dict[tuple[str, bool], list[float]] = {}
 """bytes measured over the estimate's tensors, by (precision, has an unfused recurrent layer)"""
 MEASURED: list[tuple[int, int, bool, bool]] = []
 """every spec's (estimated tensors, measured peak, autocast, unfused recurrent layer), bytes"""
+SPECS: list[dict[str, object]] = []
+"""every spec measured, for ``--save``: family, precision, seed, batch, tensors and measured bytes"""
 
 
 def trial(spec: Spec, limit: int, device: torch.device) -> Trial:
@@ -55,22 +61,31 @@ def trial(spec: Spec, limit: int, device: torch.device) -> Trial:
 
 
 def ratios(
-    family: str, precision: str, seeds: int, batch: int, device: torch.device, skip: int = 0
+    family: str, precision: str, seeds: int, batch: int, device: torch.device, skip: int = 0, fill: int = 0
 ) -> list[float]:
     """measured / estimated of the ``seeds`` specs after the first ``skip`` large enough to
-    measure (``skip``: held-out specs, unseen by an allowance chosen on the first ones)"""
+    measure (``skip``: held-out specs, unseen by an allowance chosen on the first ones); with
+    ``fill``, each of the same specs at the batch whose estimate fills ``fill`` bytes, the batch
+    auto-fit starts from (``measure.fit.estimated_batch``)"""
     out: list[float] = []
     passed = 0
     for seed in range((seeds + skip) * 4):  # draw until enough specs are large enough to measure
         spec = sample_spec(family, seed, batch_size=batch, precision=precision)
         parts = spec.memory_parts(batch, "adamw", device.type)
-        estimate = sum(parts.values())
-        tensors = estimate - parts["libraries"]  # the libraries' allowance does not decide the sample
+        tensors = sum(parts.values()) - parts["libraries"]  # the allowance does not decide the sample
         if not MIN_BYTES <= tensors <= MAX_BYTES:
             continue
         passed += 1
         if passed <= skip:
             continue
+        if fill:
+            if spec.memory_estimate(1, "adamw", device.type) > fill:
+                print(f"  {family} {precision} seed {seed}: batch 1 over {si(fill, 'B')}", flush=True)
+                continue
+            spec = spec.replace(batch_size=estimated_batch(spec, "adamw", 1.0, fill, device.type))
+            parts = spec.memory_parts(spec.batch_size, "adamw", device.type)
+            tensors = sum(parts.values()) - parts["libraries"]
+        estimate = sum(parts.values())
         measured = trial(spec, 4 * estimate + (1 << 30), device).peak_bytes
         if measured is None:  # past the trial's limit (4x the estimate and 1 GiB): a ratio above 4
             print(f"  {family} {precision} seed {seed}: {si(estimate, 'B')} estimated, over 4x", flush=True)
@@ -79,8 +94,13 @@ def ratios(
         out.append(measured / estimate)
         EXCESS.setdefault((precision, spec.unfused_recurrent), []).append(measured - tensors)
         MEASURED.append((tensors, measured, precision_of(precision).autocast, spec.unfused_recurrent))
+        SPECS.append(
+            dict(family=family, precision=precision, seed=seed, batch=spec.batch_size, tensors=tensors,
+                 measured=measured)
+        )  # fmt: skip
         line = (
-            f"  {family} {precision} seed {seed}: {si(estimate, 'B')} estimated, ratio {out[-1]:.2f},"
+            f"  {family} {precision} seed {seed}, batch {spec.batch_size}: {si(estimate, 'B')} estimated,"
+            f" ratio {out[-1]:.2f},"
             f" {(measured - tensors) / 1e6:.1f} MB over its tensors"
         )
         if device.type == "cuda":  # the trial reset the peak statistics; nothing else is on the GPU
@@ -142,21 +162,27 @@ def main() -> None:
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--device", default="cpu", help="cpu (default) | cuda | cuda:N")
     p.add_argument("--skip", type=int, default=0, help="leave out each row's first N specs")
+    p.add_argument(
+        "--fill-mb", type=int, default=0, help="measure each spec at the batch whose estimate fills this"
+    )
+    p.add_argument("--save", help="write every spec's estimated tensors and measured peak to this JSON file")
     a = p.parse_args()
     device = resolve_device(a.device)
     families = a.families.split(",")
     rows = []
     for family in families:
         for precision in ("fp32", "bf16"):
-            r = ratios(family, precision, a.seeds, a.batch, device, a.skip)
+            r = ratios(family, precision, a.seeds, a.batch, device, a.skip, a.fill_mb * 10**6)
             if r:
                 rows.append(
                     [family, precision, str(len(r))]
                     + [f"{x:.2f}" for x in (min(r), statistics.median(r), max(r))]
                 )
     print(
-        f"measured / estimated memory of a training step, batch {a.batch}, tensors estimated >= "
-        f"{si(MIN_BYTES, 'B')}, on {device}"
+        f"measured / estimated memory of a training step, specs whose tensors are estimated >= "
+        f"{si(MIN_BYTES, 'B')} at batch {a.batch}"
+        + (f", each measured at the batch whose estimate fills {a.fill_mb} MB" if a.fill_mb else "")
+        + f", on {device}"
         + (f", each row's first {a.skip} specs left out" if a.skip else "")
     )
     print(table(["family", "precision", "specs", "min", "median", "max"], rows), flush=True)
@@ -172,6 +198,8 @@ def main() -> None:
     ]  # fmt: skip
     print("\nmeasured over the estimate's tensors (what the libraries' allowance stands for), MB")
     print(table(["precision", "unfused recurrent layer", "specs", "median", "range"], excess), flush=True)
+    if a.save:
+        Path(a.save).write_text(json.dumps(SPECS, indent=1) + "\n")
     if device.type == "cpu" and MEASURED:
         base, auto, unf, worst = minimax_allowance(MEASURED)
         has_autocast = any(autocast for _, _, autocast, _ in MEASURED)

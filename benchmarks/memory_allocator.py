@@ -80,9 +80,10 @@ def running(prof: profile, at: int) -> list[str]:
     return [name for _, name in ops]
 
 
-def profiled_step(spec: Spec) -> tuple[int, profile]:
-    """One training step after a warm-up step, profiled with its allocations, and the bytes that
-    lived before it (weights, optimizer state, the batch)."""
+def profiled_step(spec: Spec, shapes: bool = False) -> tuple[int, profile]:
+    """One training step after a warm-up step, profiled with its allocations (and with
+    ``shapes`` the operators' input shapes), and the bytes that lived before it (weights,
+    optimizer state, the batch)."""
     cpu, p = torch.device("cpu"), precision(spec.precision)
     model = spec.build()
     opt = torch.optim.AdamW(list(model.parameters()))
@@ -92,7 +93,7 @@ def profiled_step(spec: Spec) -> tuple[int, profile]:
     opt.zero_grad()
     state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
     before = sum(t.numel() * t.element_size() for t in [*model.parameters(), *state, x, y])
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=shapes) as prof:
         _loss(model, x, y, cpu, p).backward()
         opt.step()
         opt.zero_grad()
