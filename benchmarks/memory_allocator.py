@@ -5,13 +5,16 @@ tensor model checked without what the libraries hold outside the allocator.
 
     .venv/bin/python benchmarks/memory_allocator.py speech:0:fp32 rnn:4:fp32 [...]
     .venv/bin/python benchmarks/memory_allocator.py --first 24 attention:fp32  # a row's first specs
+    .venv/bin/python benchmarks/memory_allocator.py --first 24 rnn:bf16 --fill-mb 300
     .venv/bin/python benchmarks/memory_allocator.py --timeline 1e6 speech:14:fp32
 
 A spec is FAMILY:SEED:PRECISION, sampled at batch 32 as ``bench_memory.py`` samples it, with
 knobs changed after a fourth colon: ``speech:0:bf16:conv_layers=1,cell=lstm``. ``--first N``
 measures the first N specs of a family and precision that ``bench_memory.py`` would measure and
-prints the range of their ratios; ``--timeline BYTES`` prints every allocation and free of at
-least BYTES in the step, with the bytes live after it and the operators running.
+prints the range of their ratios (with ``--fill-mb M`` each at the batch whose estimate fills M
+MB, as ``bench_memory.py --fill-mb``, where a step's activations outweigh its weights);
+``--timeline BYTES`` prints every allocation and free of at least BYTES in the step, with the
+bytes live after it and the operators running.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from hpcdl.measure.data import make_batch
+from hpcdl.measure.fit import estimated_batch
 from hpcdl.measure.trial import _loss
 from hpcdl.workloads.precision import precision
 from hpcdl.workloads.sampling import sample_spec
@@ -116,14 +120,21 @@ def _report(name: str) -> float:
     return tensors / peak
 
 
-def _first(n: int, row: str) -> None:
+def _first(n: int, row: str, fill: int = 0) -> None:
     family, prec = row.split(":")
     found: list[float] = []
     for seed in range(20 * n):
         if len(found) == n:
             break
-        if MIN_BYTES <= sampled(f"{family}:{seed}:{prec}")[1] <= MAX_BYTES:
-            found.append(_report(f"{family}:{seed}:{prec}"))
+        name = f"{family}:{seed}:{prec}"
+        spec, tensors = sampled(name)
+        if not MIN_BYTES <= tensors <= MAX_BYTES:
+            continue
+        if fill:  # at the batch whose estimate fills ``fill`` bytes, as bench_memory.py --fill-mb
+            if spec.memory_estimate(1, "adamw") > fill:
+                continue
+            name += f":batch_size={estimated_batch(spec, 'adamw', 1.0, fill)}"
+        found.append(_report(name))
     print(f"{row}: {len(found)} specs, estimated tensors / allocator peak {min(found):.3f}.."
           f"{max(found):.3f}, median {statistics.median(found):.3f}")  # fmt: skip
 
@@ -140,7 +151,7 @@ def _timeline(threshold: float, name: str) -> None:
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--first"]:
-        _first(int(argv[1]), argv[2])
+        _first(int(argv[1]), argv[2], int(argv[4]) * 10**6 if argv[3:4] == ["--fill-mb"] else 0)
     elif argv[:1] == ["--timeline"]:
         _timeline(float(argv[1]), argv[2])
     else:

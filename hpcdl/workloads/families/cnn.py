@@ -453,9 +453,11 @@ class CNNSpec(Spec):
         fan_in = channels * side * side
         t.keep(fan_in)  # pooled features, the first linear's input
         for _ in range(self.head_layers):
+            # the linear's output, as counted, is the ReLU's (which keeps it; the linear's own is
+            # freed once the ReLU has run); the ReLU's backward holds two gradients beside it
             t.linear(1, fan_in, self.head_width)
-            t.keep(self.head_width)  # ReLU output
-            if self.dropout:
-                t.keep(self.head_width // 4)  # the dropout mask, booleans: a quarter element each
+            t.keep(0, gradients=2 * self.head_width)
+            if self.dropout:  # the dropped output (the next linear's input) and its boolean mask
+                t.keep(self.head_width + self.head_width // 4)
             fan_in = self.head_width
         t.linear(1, fan_in, self.classes)

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from hpcdl.workloads.counting import Count, Tally
+from hpcdl.workloads.precision import precision
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
 
@@ -49,6 +50,8 @@ class MLPSpec(Spec):
         ``tp`` ranks (``hpcdl.parallel.tensor``: the layers in column/row-parallel pairs, a last
         unpaired layer whole)."""
         t = Tally()
+        if precision(self.precision).autocast:  # the first linear keeps a 16-bit copy of the data
+            t.keep(self.input_size)  # (the fp32 batch beside it is the run's inputs)
         sizes = [self.input_size] + [self.width] * self.layers + [self.output_size]
         linears = len(sizes) - 1
         for i in range(linears):
@@ -60,6 +63,8 @@ class MLPSpec(Spec):
             # a hidden linear's output, as counted, is the ReLU's: the ReLU keeps its own output
             # (the next linear's input) and the linear's is freed once the ReLU has run
             t.linear(1, fan_in, fan_out, data_input=i == 0)
+            if i + 1 < linears:  # the ReLU's backward: its output's and its input's gradients
+                t.keep(0, gradients=2 * fan_out)  # beside its own output, which it keeps
         return t.result()
 
     def sample_inputs(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
