@@ -66,6 +66,10 @@ def mfu(achieved_flops_per_s: float, peak_flops_per_s: float) -> float:
 LOSS_COPIES = 3
 """fp32 tensors of the logits' size alive when backward starts: the log-softmax output the loss
 keeps, its gradient and the logits' gradient"""
+HEAD_BACKWARD_COPIES = 1
+"""fp32 tensors of the logits' size alive while the head's backward runs: the logits' gradient
+(the loss's backward has freed its output and its own gradient; the profiler's allocations,
+``benchmarks/memory_allocator.py --timeline 4e6 mlp:37:fp32:batch_size=9868``)"""
 ADAMW_TEMPORARIES = 2
 """fp32 temporaries of one parameter's size that AdamW's per-tensor step allocates (the square
 root of the second moment and its bias-corrected quotient): PyTorch's CPU default, one tensor at
@@ -93,11 +97,14 @@ AUTOCAST_COPY_BYTES = 2
 backward (bf16/fp16)"""
 
 
-def sample_memory(activation_bytes: int, logits_elements: int, workspace_bytes: int = 0) -> int:
+def sample_memory(
+    activation_bytes: int, logits_elements: int, workspace_bytes: int = 0, copies: int = LOSS_COPIES
+) -> int:
     """Bytes one sample adds to a training step: the activations kept for backward, the
-    workspace alive during it (activation gradients, backend workspaces) and the loss's fp32
-    tensors of the logits' size (dominant for language models' vocabularies)."""
-    return activation_bytes + workspace_bytes + LOSS_COPIES * 4 * logits_elements
+    workspace alive during it (activation gradients, backend workspaces) and ``copies`` fp32
+    tensors of the logits' size (the loss's as backward begins: dominant for language models'
+    vocabularies)."""
+    return activation_bytes + workspace_bytes + copies * 4 * logits_elements
 
 
 def memory_parts(

@@ -99,13 +99,18 @@ class Spec(Knobs):
         return _largest_sample(self._moment_bytes(self.count()))
 
     def _moment_bytes(self, c: Count) -> list[tuple[int, int, int, int]]:
-        """``c.moments`` in bytes per sample (``metrics.memory_parts``'s ``moments``); the
-        first, as backward begins, holds the loss's copies of the logits."""
+        """``c.moments`` in bytes per sample (``metrics.memory_parts``'s ``moments``). The
+        first, as backward begins, is two: the loss's backward, with its copies of the logits
+        (``metrics.LOSS_COPIES``), then the head's, with the logits' gradient (the loss has freed
+        the others) and the head's input gradient."""
         size = precision(self.precision).bytes
         loss = metrics.sample_memory(0, self.logits_elements)
+        head = metrics.sample_memory(0, self.logits_elements, copies=metrics.HEAD_BACKWARD_COPIES)
+        first, *placed = c.moments
         return [
-            (p.kept * size + (loss if i == 0 else 0), p.workspace * size, p.grads, p.copies)
-            for i, p in enumerate(c.moments)
+            (first.kept * size + loss, 0, first.grads, first.copies),
+            (first.kept * size + head, first.workspace * size, first.grads, first.copies),
+            *((p.kept * size, p.workspace * size, p.grads, p.copies) for p in placed),
         ]
 
     def input_bytes(self) -> int:
