@@ -14,6 +14,7 @@ whose estimate fills M MB, where auto-fit uses the estimate (the batch it starts
 
     .venv/bin/python benchmarks/bench_memory.py [--seeds 4] [--skip 0] [--batch 32] [--fit-mb 300]
         [--fill-mb 0] [--save specs.json]   # --save: every spec's tensors and peak, for memory_residual.py
+    .venv/bin/python benchmarks/bench_memory.py --rescore specs.json   # those peaks, today's estimates
     .venv/bin/python benchmarks/bench_memory.py --device cuda
 
 On a GPU a step is measured as auto-fit measures there: the rise of the caching allocator's
@@ -152,6 +153,24 @@ def fit_error(family: str, target: int, device: torch.device) -> tuple[int, int,
     return int(start), batch, len(trials), (peak or 0) / target
 
 
+def rescore(path: str) -> None:
+    """The peaks a ``--save`` file holds over today's estimates of the same specs at the same
+    batches (fp32 and bf16 rows; a spec's peak does not depend on the estimate): what a change to
+    the estimate does to measured specs, without measuring them again."""
+    found: dict[tuple[str, str], list[float]] = {}
+    for s in json.loads(Path(path).read_text()):
+        spec = sample_spec(s["family"], s["seed"], batch_size=s["batch"], precision=s["precision"])
+        estimate = spec.memory_estimate(s["batch"], "adamw", "cpu")
+        found.setdefault((s["family"], s["precision"]), []).append(s["measured"] / estimate)
+        if not 0.85 <= s["measured"] / estimate <= 1.15:
+            print(f"  {s['family']} {s['precision']} seed {s['seed']}, batch {s['batch']}: "
+                  f"{si(estimate, 'B')} estimated, ratio {s['measured'] / estimate:.3f}")  # fmt: skip
+    rows = [[f, p, str(len(r)), *(f"{x:.2f}" for x in (min(r), statistics.median(r), max(r))),
+             str(sum(not 0.85 <= x <= 1.15 for x in r))] for (f, p), r in found.items()]  # fmt: skip
+    print(f"measured peaks in {path} over today's estimates")
+    print(table(["family", "precision", "specs", "min", "median", "max", "outside 0.85-1.15"], rows))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=4)
@@ -166,7 +185,11 @@ def main() -> None:
         "--fill-mb", type=int, default=0, help="measure each spec at the batch whose estimate fills this"
     )
     p.add_argument("--save", help="write every spec's estimated tensors and measured peak to this JSON file")
+    p.add_argument("--rescore", help="measure nothing: a --save file's peaks over today's estimates")
     a = p.parse_args()
+    if a.rescore:
+        rescore(a.rescore)
+        return
     device = resolve_device(a.device)
     families = a.families.split(",")
     rows = []
