@@ -207,7 +207,8 @@ class Tally:
         # layer's backward is a moment of its own (``_backward_point``, ``transient``). As
         # backward begins everything is kept, the head's gradients exist (its weight's and its
         # input's) and every weight's copy; the loss's copies hold the logits' gradient
-        # (metrics.LOSS_COPIES): a linear head's own moment is this one
+        # (metrics.LOSS_COPIES): a linear head's own moment is this one (``Spec._moment_bytes``
+        # splits it: the loss's backward, then the head's)
         points = [p for i, p in enumerate(self.points) if not (self.last_linear and i == self.linear_point)]
         first = Moment(kept, self.last_input, self.head_params, self.params)
         placed = [
