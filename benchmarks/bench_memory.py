@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from memory_allocator import MAX_BYTES, MIN_BYTES
+from memory_allocator import BAND, MAX_BYTES, MIN_BYTES, fill_batch
 
 from hpcdl.device import resolve_device
 from hpcdl.measure.fit import estimate_line, estimated_batch, search
@@ -80,10 +80,11 @@ def ratios(
         if passed <= skip:
             continue
         if fill:
-            if spec.memory_estimate(1, "adamw", device.type) > fill:
+            batch = fill_batch(spec, fill, device.type)
+            if batch is None:
                 print(f"  {family} {precision} seed {seed}: batch 1 over {si(fill, 'B')}", flush=True)
                 continue
-            spec = spec.replace(batch_size=estimated_batch(spec, "adamw", 1.0, fill, device.type))
+            spec = spec.replace(batch_size=batch)
             parts = spec.memory_parts(spec.batch_size, "adamw", device.type)
             tensors = sum(parts.values()) - parts["libraries"]
         estimate = sum(parts.values())
@@ -161,14 +162,17 @@ def rescore(path: str) -> None:
     for s in json.loads(Path(path).read_text()):
         spec = sample_spec(s["family"], s["seed"], batch_size=s["batch"], precision=s["precision"])
         estimate = spec.memory_estimate(s["batch"], "adamw", "cpu")
-        found.setdefault((s["family"], s["precision"]), []).append(s["measured"] / estimate)
-        if not 0.85 <= s["measured"] / estimate <= 1.15:
+        ratio = s["measured"] / estimate
+        found.setdefault((s["family"], s["precision"]), []).append(ratio)
+        if not BAND[0] <= ratio <= BAND[1]:
             print(f"  {s['family']} {s['precision']} seed {s['seed']}, batch {s['batch']}: "
-                  f"{si(estimate, 'B')} estimated, ratio {s['measured'] / estimate:.3f}")  # fmt: skip
+                  f"{si(estimate, 'B')} estimated, ratio {ratio:.3f}")  # fmt: skip
     rows = [[f, p, str(len(r)), *(f"{x:.2f}" for x in (min(r), statistics.median(r), max(r))),
-             str(sum(not 0.85 <= x <= 1.15 for x in r))] for (f, p), r in found.items()]  # fmt: skip
+             str(sum(not BAND[0] <= x <= BAND[1] for x in r))] for (f, p), r in found.items()]  # fmt: skip
     print(f"measured peaks in {path} over today's estimates")
-    print(table(["family", "precision", "specs", "min", "median", "max", "outside 0.85-1.15"], rows))
+    print(
+        table(["family", "precision", "specs", "min", "median", "max", f"outside {BAND[0]}-{BAND[1]}"], rows)
+    )
 
 
 def main() -> None:

@@ -23,14 +23,20 @@ from memory_allocator import peak_of
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from hpcdl.device import _malloc_trim, pin_mmap_threshold, reset_peak_memory
-from hpcdl.measure.trial import _status_kb
+from hpcdl.device import malloc_trim, pin_mmap_threshold, reset_peak_memory, status_bytes
 from hpcdl.workloads.recurrent import fused_lstm_wide_input
 
 SHAPES = [(64, 64), (128, 64), (256, 64), (512, 64), (1024, 64), (1312, 64), (1536, 64), (2048, 64),
           (2592, 64), (2592, 128), (256, 256), (512, 256), (1024, 256), (1312, 256), (2592, 256)]  # fmt: skip
 """(inputs, units) of the LSTM layers measured"""
 STEPS, BATCH = 100, 32
+
+
+def _resident(key: str) -> int:
+    found = status_bytes(key)
+    if found is None:
+        sys.exit(f"no {key} in /proc/self/status: this benchmark needs Linux")
+    return found
 
 
 def lstm_outside(fan_in: int, hidden: int, dtype: str) -> float:
@@ -49,10 +55,10 @@ def lstm_outside(fan_in: int, hidden: int, dtype: str) -> float:
         x.grad = None  # as a training step's backward finds them: no gradient yet
         layer.zero_grad(set_to_none=True)
         reset_peak_memory(torch.device("cpu"))  # freed memory back to the system, VmHWM := VmRSS
-        base = _status_kb("VmRSS")
+        base = _resident("VmRSS")
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             forward.backward()
-        rise = (_status_kb("VmHWM") - base) * 1024
+        rise = _resident("VmHWM") - base
     return (rise - peak_of(prof)[0]) / (4 * (STEPS + 1) * BATCH)
 
 
@@ -60,12 +66,12 @@ def primitives() -> None:
     w = torch.randn(256, 256).bfloat16()
     torch.nn.functional.linear(torch.randn(3, 256).bfloat16(), w)
     for n in (50, 200):
-        _malloc_trim()
-        base = _status_kb("VmRSS") * 1024
+        malloc_trim()
+        base = _resident("VmRSS")
         for m in range(1000 * n, 1000 * n + n):  # shapes no earlier call made
             torch.nn.functional.linear(torch.randn(m % 997 + 5 + n, 256).bfloat16(), w)
-        _malloc_trim()
-        rise = _status_kb("VmRSS") * 1024 - base
+        malloc_trim()
+        rise = _resident("VmRSS") - base
         print(
             f"{n} new bf16 matmul shapes: resident set +{rise / 1e6:.1f} MB, {rise / n / 1e6:.2f} MB a shape",
             flush=True,

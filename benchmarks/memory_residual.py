@@ -27,7 +27,7 @@ import json
 import sys
 
 import numpy as np
-from memory_allocator import allocations, profiled_step
+from memory_allocator import BAND, allocations, profiled_step
 
 from hpcdl.device import MMAP_THRESHOLD_BYTES
 from hpcdl.results.text import table
@@ -42,7 +42,6 @@ ONEDNN_ALWAYS = frozenset(
 ONEDNN_UNDER_AUTOCAST = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
 SMALL_SPEC_BYTES = 160e6
 """below this, specs are counted apart: where the libraries' memory is a large share"""
-BAND = (0.85, 1.15)
 
 
 def counts(spec: Spec) -> tuple[int, int]:

@@ -224,7 +224,7 @@ def reset_peak_memory(device: torch.device, *, pin: bool = False) -> None:
         return
     if pin:
         pin_mmap_threshold()
-    _malloc_trim()
+    malloc_trim()
     global _rss_peak_reset
     try:
         Path("/proc/self/clear_refs").write_text("5")
@@ -250,19 +250,21 @@ def pin_mmap_threshold() -> bool:
         return False
 
 
-def _malloc_trim() -> None:
+def malloc_trim() -> None:
+    """Give the heap's free pages back to the system (glibc), so that the resident set is what is live."""
     try:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: its freed memory stays counted
         pass
 
 
-def _vm_hwm_bytes() -> int | None:
+def status_bytes(key: str) -> int | None:
+    """A ``/proc/self/status`` figure in bytes (``VmRSS``, ``VmHWM``); None where there is none."""
     try:
         status = Path("/proc/self/status").read_text()
     except OSError:
         return None
-    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    found = re.search(rf"^{key}:\s+(\d+) kB", status, re.MULTILINE)
     return int(found.group(1)) * 1024 if found else None
 
 
@@ -273,7 +275,7 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
     where the peak cannot be reset."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
-    hwm = _vm_hwm_bytes()
+    hwm = status_bytes("VmHWM")
     if hwm is not None and _rss_peak_reset:
         return hwm, "host_peak_rss"
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host_max_rss"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hpcdl.device import reset_peak_memory, synchronize
+from hpcdl.device import reset_peak_memory, status_bytes, synchronize
 from hpcdl.errors import RunFailed
 from hpcdl.workloads.precision import Precision, precision
 from hpcdl.workloads.spec import Spec
@@ -152,14 +152,6 @@ def _rss(pid: int) -> int | None:
     return None
 
 
-def _status_kb(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise OSError(f"no {key} in /proc/self/status")
-
-
 def main(argv: list[str]) -> None:
     """The child: load the kernels with a one-sample step, then measure the trial's steps as the
     rise of the peak resident set (``VmHWM``, reset through ``clear_refs`` after ``malloc_trim``)
@@ -173,9 +165,12 @@ def main(argv: list[str]) -> None:
     # what the warm-up freed goes back to the system (else the trial reuses it unseen) and
     # VmHWM := VmRSS, as the run resets its peak
     reset_peak_memory(cpu, pin=True)
-    base = _status_kb("VmRSS")
+    base = status_bytes("VmRSS")
     train_steps(spec, optimizer, pool, cpu)
-    peak = (_status_kb("VmHWM") - base) * 1024
+    hwm = status_bytes("VmHWM")
+    if base is None or hwm is None:
+        raise OSError("no VmRSS or VmHWM in /proc/self/status: a trial cannot measure its peak")
+    peak = hwm - base
     print(json.dumps({"peak_bytes": peak, "threads": torch.get_num_threads()}))
 
 
