@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hpcdl.errors import SpecError
+from hpcdl.workloads import recurrent
 from hpcdl.workloads.crosscheck import counted_flops, saved_activation_elements
 from hpcdl.workloads.families.rnn import CELLS, RNNSpec
 from hpcdl.workloads.precision import needs_loss_scaling, precision
@@ -131,3 +132,23 @@ def test_recurrent_layers_get_a_loss_scaler_under_bf16_on_cuda() -> None:
     assert not needs_loss_scaling(precision("bf16"), cuda, mlp)
     assert not needs_loss_scaling(precision("fp32"), cuda, rnn)
     assert needs_loss_scaling(precision("fp16"), cpu, mlp)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["this-cpu", "unfused-fallback"])
+def test_an_lstm_trains_under_cpu_bf16_autocast(fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN has no bf16 LSTM on a CPU without AVX-512: torch 2.13 on an AVX2-only EPYC raised
+    "could not create a primitive descriptor for the LSTM forward propagation primitive" and
+    ``hpcdl run --workload rnn precision=bf16`` ended in that traceback. hpcdl's LSTM takes
+    PyTorch's unfused path there (``recurrent.fused_lstm_runs``). ``this-cpu`` runs whichever
+    path this CPU has; ``unfused-fallback`` forces the fallback on any CPU."""
+    if not fused:
+        monkeypatch.setattr(recurrent, "fused_lstm_runs", lambda dtype: False)
+    spec = RNNSpec(cell="lstm", layers=2, hidden=16, vocab=32, embedding=8, seq_len=5, classes=7)
+    model = spec.build()
+    x = spec.sample_inputs(4, torch.Generator().manual_seed(0), torch.device("cpu"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(x)
+    logits.float().sum().backward()
+    grads = [p.grad for p in model.rnn.parameters()]
+    assert all(g is not None and bool(torch.isfinite(g).all()) and bool(g.any()) for g in grads)
+    assert torch.backends.mkldnn.enabled  # the fallback gives oneDNN back to every other layer

@@ -17,14 +17,51 @@ FLOP convention for one layer and direction over ``T`` steps, ``G`` gate blocks 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
 from hpcdl.workloads.counting import GRADIENT_BUFFERS, Tally
 from hpcdl.workloads.precision import FP32_IN_16BIT
 
-CELLS: dict[str, Callable[..., nn.RNNBase]] = {"lstm": nn.LSTM, "gru": nn.GRU, "vanilla": nn.RNN}
+
+@functools.cache
+def fused_lstm_runs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's fused CPU LSTM runs under CPU autocast to ``dtype`` on this machine. It
+    has no such primitive on a CPU without AVX-512 (an AMD EPYC with AVX2 only, torch 2.13, bf16
+    and fp16: "could not create a primitive descriptor for the LSTM forward propagation
+    primitive"), where PyTorch still chooses it; a tiny layer tells."""
+    layer = nn.LSTM(8, 8)
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+            layer(torch.zeros(2, 1, 8))
+    except RuntimeError:
+        return False
+    return True
+
+
+class LSTM(nn.LSTM):
+    """``nn.LSTM`` that runs under CPU autocast where oneDNN's fused LSTM cannot
+    (:func:`fused_lstm_runs`): there it takes PyTorch's unfused path, with oneDNN off for the
+    layer, which computes in fp32 (autocast casts nothing for it). Elsewhere it is ``nn.LSTM``."""
+
+    def forward(  # type: ignore[override]
+        self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        dtype = torch.get_autocast_dtype("cpu")
+        if not (input.is_cpu and torch.is_autocast_enabled("cpu")) or fused_lstm_runs(dtype):
+            return super().forward(input, hx)
+        was = torch.backends.mkldnn.enabled
+        torch.backends.mkldnn.enabled = False  # type: ignore[assignment]  # a ContextProp: sets the flag
+        try:
+            return super().forward(input, hx)
+        finally:
+            torch.backends.mkldnn.enabled = was  # type: ignore[assignment]
+
+
+CELLS: dict[str, Callable[..., nn.RNNBase]] = {"lstm": LSTM, "gru": nn.GRU, "vanilla": nn.RNN}
 """cell name -> PyTorch module (vanilla: Elman RNN with tanh)"""
 GATES = {"lstm": 4, "gru": 3, "vanilla": 1}
 """gate blocks of ``hidden`` units that each input and recurrent product produces"""
