@@ -13,7 +13,7 @@ specs the allowance was not chosen on. ``--fill-mb M`` measures the same specs e
 whose estimate fills M MB, where auto-fit uses the estimate (the batch it starts from).
 
     .venv/bin/python benchmarks/bench_memory.py [--seeds 4] [--skip 0] [--batch 32] [--fit-mb 300]
-        [--fill-mb 0] [--save specs.json]   # --save: every spec's tensors and peak, for memory_residual.py
+        [--fill-mb 0] [--families rnn,speech] [--precisions fp32,bf16] [--save specs.json]   # --save: every spec's tensors and peak, for memory_residual.py
     .venv/bin/python benchmarks/bench_memory.py --rescore specs.json   # those peaks, today's estimates
     .venv/bin/python benchmarks/bench_memory.py --device cuda
 
@@ -183,6 +183,7 @@ def main() -> None:
         "--fit-mb", type=int, default=300, help="auto-fit's target in MB of model memory (0: skip)"
     )
     p.add_argument("--families", default=",".join(FAMILIES))
+    p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--device", default="cpu", help="cpu (default) | cuda | cuda:N")
     p.add_argument("--skip", type=int, default=0, help="leave out each row's first N specs")
     p.add_argument(
@@ -198,7 +199,7 @@ def main() -> None:
     families = a.families.split(",")
     rows = []
     for family in families:
-        for precision in ("fp32", "bf16"):
+        for precision in a.precisions.split(","):
             r = ratios(family, precision, a.seeds, a.batch, device, a.skip, a.fill_mb * 10**6)
             if r:
                 rows.append(
