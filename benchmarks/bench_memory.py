@@ -13,7 +13,8 @@ specs the allowance was not chosen on. ``--fill-mb M`` measures the same specs e
 whose estimate fills M MB, where auto-fit uses the estimate (the batch it starts from).
 
     .venv/bin/python benchmarks/bench_memory.py [--seeds 4] [--skip 0] [--batch 32] [--fit-mb 300]
-        [--fill-mb 0] [--families rnn,speech] [--precisions fp32,bf16] [--save specs.json]   # --save: every spec's tensors and peak, for memory_residual.py
+        [--fill-mb 0] [--families rnn,speech] [--precisions fp32,bf16]
+        [--save specs.json]   # --save: every spec's tensors and peak, for memory_residual.py
     .venv/bin/python benchmarks/bench_memory.py --rescore specs.json   # those peaks, today's estimates
     .venv/bin/python benchmarks/bench_memory.py --device cuda
 
