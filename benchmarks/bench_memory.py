@@ -81,11 +81,11 @@ def ratios(
         if passed <= skip:
             continue
         if fill:
-            batch = fill_batch(spec, fill, device.type)
-            if batch is None:
+            filled = fill_batch(spec, fill, device.type)
+            if filled is None:
                 print(f"  {family} {precision} seed {seed}: batch 1 over {si(fill, 'B')}", flush=True)
                 continue
-            spec = spec.replace(batch_size=batch)
+            spec = spec.replace(batch_size=filled)
             parts = spec.memory_parts(spec.batch_size, "adamw", device.type)
             tensors = sum(parts.values()) - parts["libraries"]
         estimate = sum(parts.values())
