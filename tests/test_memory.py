@@ -172,10 +172,12 @@ def test_backward_moments_follow_the_layers_order() -> None:
     assert grads == sorted(grads, reverse=True), "the earlier the layer, the more gradients exist"
     kept = [p.kept for p in placed]
     assert kept == sorted(kept), "the later the layer, the more activations are kept"
-    # an unfused recurrent layer's forward is a moment of its own: no gradient exists yet
+    # an unfused recurrent layer's forward is a moment of its own, and so is the head's copy of the
+    # output (a linear over every step): no gradient exists yet, nor the head's weights' copies
     gru = spec_from_dict({"family": "rnn", "cell": "gru", "layers": 2, "hidden": 64, "seq_len": 16})
     forward = [m for m in gru.count().moments if m.grads == 0]
-    assert len(forward) == 2 and all(m.copies < gru.count().params for m in forward)
+    assert len(forward) == 3 and all(m.copies < gru.count().params for m in forward)
+    assert [m.kept for m in forward] == sorted(m.kept for m in forward)
 
 
 def test_generate_prints_where_the_memory_goes() -> None:

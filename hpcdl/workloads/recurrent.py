@@ -65,13 +65,14 @@ CELLS: dict[str, Callable[..., nn.RNNBase]] = {"lstm": LSTM, "gru": nn.GRU, "van
 """cell name -> PyTorch module (vanilla: Elman RNN with tanh)"""
 GATES = {"lstm": 4, "gru": 3, "vanilla": 1}
 """gate blocks of ``hidden`` units that each input and recurrent product produces"""
-SAVED_PER_STEP: dict[str, float] = {"lstm": 8, "gru": 8, "vanilla": 1.5}
-"""elements per step and unit the unfused cell saves for backward: about 7.5 for an LSTM or a
-GRU (gate activations, pre-activations and states), rounded up, and 1.5 for an Elman RNN (the
-new state and the previous one; rounded up to 2, its specs in ``benchmarks/bench_memory.py``
-read 0.83-0.91 x their estimate), measured with ``saved_tensors_hooks``. oneDNN's fused CPU LSTM
-keeps an opaque workspace instead, of which about as much is resident after the forward pass (the
-rise of the resident set: 6-10 elements per step and unit), the rest only in its backward
+SAVED_PER_STEP: dict[str, float] = {"lstm": 8, "gru": 7, "vanilla": 1}
+"""elements per step and unit a cell saves for backward in one direction. Unfused (GRU, Elman
+RNN), beside the layer's input and output, which ``count_stack`` counts apart: 7 for a GRU (gate
+activations, pre-activations and states) and 1 for an Elman RNN (the new state), measured with
+``saved_tensors_hooks`` (fp32, batch 64, 32 steps, 64 to 256 units and inputs: 7.2-7.5 and
+1.1-1.2 per unit in one direction and in two, with the weights). oneDNN's fused CPU LSTM keeps an
+opaque workspace instead, of which about 8 per unit, its input and output included, are resident
+after the forward pass (the rise of the resident set: 6-10), the rest only in its backward
 (``FUSED_LSTM_BACKWARD``)."""
 FP32_STATE_UNDER_AUTOCAST = {"gru"}
 """cells whose state stays fp32 under CPU autocast when their input is fp32 (the initial state
@@ -84,15 +85,6 @@ fp32 too (the output sequence: 4.19 MB for 64 steps of 512 units at batch 32, rn
 100 steps of 256, is 16-bit), its input projection 16-bit. An Elman RNN's tanh stays 16-bit.
 Counted on every device, as the CPU runs it: on a GPU cuDNN runs the layer (an overestimate
 there, as ``FUSED_LSTM_BACKWARD``)"""
-FORWARD_TEMPORARIES = 1
-"""per step and unit, beside the cell's gate blocks: while an unfused layer's forward runs, its
-input projection for every step (``GATES`` per unit, computed at once) and its output sequence
-(1) are alive beside what it keeps; a bidirectional layer's second direction also beside the
-first's output, its own stacked one and their concatenation (3 more). Measured with the
-profiler's allocations (fp32, batch 32, 25 and 64 steps, 128 and 512 units): 3.0 and 1.0 units
-above the kept ones and the output for a GRU and an Elman RNN in one direction, 2.5 and 1.5 per
-direction in two. A speech model's peak of allocated bytes is there, in the last recurrent
-layer's concatenation (seeds 0, 4, 6)"""
 FUSED_LSTM_BACKWARD = 17
 """elements per step and unit resident while oneDNN's fused CPU LSTM runs one layer's and
 direction's backward: its whole workspace (allocated: 15.6 per step and unit on one direction;
@@ -137,20 +129,36 @@ def count_stack(
     data_input: bool,
     autocast: bool = False,
     fp32_input: bool = True,
+    batch_first: bool = True,
+    input_alive: int = 0,
 ) -> int:
-    """Parameters, FLOPs and saved activations of a stack like :func:`recurrent_stack`;
+    """Parameters, FLOPs and saved activations of a stack like :func:`recurrent_stack`, its
+    first layer's input and each later layer's included (whatever made them keeps nothing of
+    them); its last layer's output is left to what reads it (:func:`keep_output_copy`).
     ``data_input``: the first layer reads data that needs no gradient; ``autocast``: it runs
     under autocast (elements are of the compute precision); ``fp32_input``: its input is fp32
     there (data, an embedding), not a 16-bit product's output: a layer's state takes its input's
-    dtype (``FP32_STATE_UNDER_AUTOCAST``). Returns the width of the stack's output per step
-    (``directions * hidden``)."""
+    dtype (``FP32_STATE_UNDER_AUTOCAST``); ``batch_first``: the input is batch-first, so each
+    direction of an unfused first layer copies it time-major for its input projection (the
+    copies are what it keeps: ``saved_tensors_hooks``, one per direction); ``input_alive``:
+    elements per step of the first layer's input that its maker holds until the forward pass
+    ends (an embedding's output: the embedding keeps only the ids). Returns the width of the
+    stack's output per step (``directions * hidden``)."""
     fp32_state = autocast and fp32_input and cell in FP32_STATE_UNDER_AUTOCAST
+    scale = FP32_IN_16BIT if fp32_state else 1  # a GRU's outputs are fp32 where its state is
+    fused = cell == "lstm"
+    if fused:  # oneDNN keeps one time-major copy of its input in its workspace; data in the batch
+        t.keep(0 if data_input else steps * input_size)
+    else:
+        t.keep(steps * input_size * (directions if batch_first else 1))
     fan_in = input_size
     for layer in range(layers):
         for direction in range(directions):
             # a later direction's backward runs beside the input gradient the earlier ones made
-            # (summed into the layer's once all are done)
-            earlier = 0 if data_input and layer == 0 else direction * steps * fan_in
+            # (summed into the layer's once all are done), but where each direction has its own
+            # copy of the input, that of an earlier one was freed with its backward
+            copies = layer == 0 and not fused and batch_first
+            earlier = 0 if (data_input and layer == 0) or copies else direction * steps * fan_in
             _layer(
                 t,
                 cell,
@@ -162,12 +170,26 @@ def count_stack(
                 autocast=autocast,
                 fp32_state=fp32_state,
             )
-        if cell != "lstm":  # its forward's moment (oneDNN's fused LSTM computes in its workspace)
-            # its outputs are as wide as its state: fp32 where the state is
-            extra = (FORWARD_TEMPORARIES + 3 * (directions - 1)) * (FP32_IN_16BIT if fp32_state else 1)
-            t.forward_transient(steps * hidden * (GATES[cell] + extra))
+        output = steps * directions * hidden * scale
+        if not fused:
+            # its forward's moment, at the last direction's end: that direction's input projection
+            # (every step's at once), each direction's stacked output beside their concatenation
+            # when there are two, and the layer's output, which the next layer keeps as its input
+            # (the last layer's is alive until the forward ends)
+            stacked = output if directions > 1 else 0
+            t.forward_transient(steps * GATES[cell] * hidden + stacked + output + input_alive)
+            if layer < layers - 1:
+                t.keep(output)
         fan_in = directions * hidden
     return fan_in
+
+
+def keep_output_copy(t: Tally, steps: int, width: int, alive: int = 0) -> None:
+    """A linear over every step of a recurrent stack's batch-first output, a time-major tensor
+    seen transposed: it copies the output contiguous and keeps the copy, while the original is
+    alive until the forward pass ends (with ``alive`` more elements per sample)."""
+    t.keep(steps * width)
+    t.forward_transient(steps * width + alive)
 
 
 def _layer(

@@ -13,8 +13,8 @@ from torch import nn
 
 from hpcdl.errors import SpecError
 from hpcdl.workloads.counting import Count, Tally
-from hpcdl.workloads.precision import precision
-from hpcdl.workloads.recurrent import CELLS, count_stack, recurrent_stack
+from hpcdl.workloads.precision import FP32_IN_16BIT, precision
+from hpcdl.workloads.recurrent import CELLS, count_stack, keep_output_copy, recurrent_stack
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
 
@@ -95,9 +95,9 @@ class RNNSpec(Spec):
     def count(self) -> Count:
         t = Tally()
         T = self.seq_len
+        autocast = precision(self.precision).autocast
         if self.vocab > 0:
-            t.add_params(self.vocab * self.embedding)  # a lookup: no FLOPs
-            t.keep(T * self.embedding)
+            t.add_params(self.vocab * self.embedding)  # a lookup: no FLOPs, keeps the ids only
         width = count_stack(
             t,
             self.cell,
@@ -107,14 +107,17 @@ class RNNSpec(Spec):
             layers=self.layers,
             directions=self.directions,
             data_input=self.vocab == 0,  # raw features need no gradient; an embedding's output does
-            autocast=precision(self.precision).autocast,
+            autocast=autocast,
+            # the embedding's output, fp32 (autocast casts no lookup)
+            input_alive=T * self.embedding * (FP32_IN_16BIT if autocast else 1) if self.vocab > 0 else 0,
         )
         if self.dropout:
             # masks of the input dropout, the dropout between layers and the output dropout,
             # booleans: a quarter element each (as attention's)
             t.keep(T * (self.input_size + (self.layers - 1) * width + width) // 4)
-        head_rows = T if self.output == "step" else 1
-        t.linear(head_rows, width, self.classes)
+        if self.output == "step":
+            keep_output_copy(t, T, width)
+        t.linear(T if self.output == "step" else 1, width, self.classes)
         return t.result()
 
     def sample_inputs(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:

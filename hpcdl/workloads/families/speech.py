@@ -15,7 +15,7 @@ from torch import nn
 
 from hpcdl.workloads.counting import Count, Tally, conv_out
 from hpcdl.workloads.precision import precision
-from hpcdl.workloads.recurrent import CELLS, count_stack, recurrent_stack
+from hpcdl.workloads.recurrent import CELLS, count_stack, keep_output_copy, recurrent_stack
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
 
@@ -146,16 +146,18 @@ class SpeechSpec(Spec):
             t.add_params(2 * self.conv_channels)  # batch norm scale and shift
             t.keep(self.conv_channels * f * frames)  # the activation's input (batch norm output)
             if i < len(self.conv_sizes()) - 1:  # its output, the next conv's input (the last one's
-                t.keep(self.conv_channels * f * frames)  # is made contiguous for the RNN, below)
+                t.keep(self.conv_channels * f * frames)  # is the recurrent layers', below)
             c_in = self.conv_channels
         frames = self.target_shape()[0]
-        t.keep(frames * self.rnn_input)  # (channels x freq, time) made contiguous for the RNN
-        # the convolutions' output needs its gradient: no layer reads data. Summed directions
-        # are layers of their own: each next one reads hidden features (the sum keeps nothing)
+        # the convolutions' output needs its gradient: no layer reads data. Hardtanh keeps its
+        # input, so its output, what the first recurrent layer reads (batch-first), is held only
+        # until the forward pass ends (a ReLU keeps its output: counted above). Summed directions
+        # are layers of their own: each next one reads the sum (time-major), which keeps nothing
+        conv_out = frames * self.rnn_input if self.conv_activation == "hardtanh" else 0
         stacks = [(self.rnn_layers, self.rnn_input)]
         if self.summed:
             stacks = [(1, self.rnn_input if i == 0 else self.hidden) for i in range(self.rnn_layers)]
-        for layers, fan_in in stacks:
+        for i, (layers, fan_in) in enumerate(stacks):
             count_stack(
                 t,
                 self.cell,
@@ -167,7 +169,11 @@ class SpeechSpec(Spec):
                 data_input=False,
                 autocast=precision(self.precision).autocast,
                 fp32_input=False,  # the convolutions' output: 16-bit under autocast
+                batch_first=i == 0,
+                # a summed layer's output (both directions) lives on through the next one's forward
+                input_alive=conv_out + (frames * self.directions * self.hidden if i else 0),
             )
+        keep_output_copy(t, frames, self.rnn_output)
         t.linear(frames, self.rnn_output, self.classes)
         return t.result()
 
