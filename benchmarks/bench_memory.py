@@ -74,7 +74,8 @@ def ratios(
     for seed in range((seeds + skip) * 4):  # draw until enough specs are large enough to measure
         spec = sample_spec(family, seed, batch_size=batch, precision=precision)
         parts = spec.memory_parts(batch, "adamw", device.type)
-        tensors = sum(parts.values()) - parts["libraries"]  # the allowance does not decide the sample
+        # what stands outside the tensors (the allowance, glibc's heap) does not decide the sample
+        tensors = sum(parts.values()) - parts["libraries"] - parts["heap"]
         if not MIN_BYTES <= tensors <= MAX_BYTES:
             continue
         passed += 1
@@ -87,7 +88,7 @@ def ratios(
                 continue
             spec = spec.replace(batch_size=filled)
             parts = spec.memory_parts(spec.batch_size, "adamw", device.type)
-            tensors = sum(parts.values()) - parts["libraries"]
+            tensors = sum(parts.values()) - parts["libraries"] - parts["heap"]
         estimate = sum(parts.values())
         measured = trial(spec, 4 * estimate + (1 << 30), device).peak_bytes
         if measured is None:  # past the trial's limit (4x the estimate and 1 GiB): a ratio above 4

@@ -50,7 +50,7 @@ def sampled(name: str) -> tuple[Spec, int]:
         knobs = dict(kv.split("=", 1) for kv in changed[0].split(","))
         spec = spec.replace(**{k: _value(v) for k, v in knobs.items()})
     parts = spec.memory_parts(spec.batch_size, "adamw")
-    return spec, sum(parts.values()) - parts["libraries"]
+    return spec, sum(parts.values()) - parts["libraries"] - parts["heap"]
 
 
 def fill_batch(spec: Spec, fill: int, device_type: str = "cpu") -> int | None:

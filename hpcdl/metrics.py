@@ -116,7 +116,7 @@ def memory_parts(
     largest_param: int = 0,
     autocast: bool = False,
     sample_workspace_bytes: int = 0,
-    moments: Sequence[tuple[int, int, int, int]] = (),
+    moments: Sequence[tuple[int, int, int, int, int]] = (),
     device_type: str = "cpu",
     input_bytes: int = 0,
     unfused_recurrent: bool = False,
@@ -127,16 +127,18 @@ def memory_parts(
     SGD's momentum), ``activations`` (kept for backward, and the loss's copies of the logits),
     ``workspace`` (activation gradients and backend workspaces, or the optimizer step's
     temporaries) and, on a CPU, ``libraries`` (``CPU_LIBRARY_BYTES``, more with
-    ``unfused_recurrent``: a recurrent layer the CPU runs step by step).
+    ``unfused_recurrent``: a recurrent layer the CPU runs step by step) and ``heap`` (pages of
+    glibc's heap that per-step layers leave resident beyond their live tensors).
 
     The peak is the largest of the step's moments: each of ``moments``, as (activation bytes per
     sample, workspace bytes per sample, parameters with a gradient, parameters whose autocast
-    copy is saved; ``workloads.counting.Moment``): backward runs from the last layer to the
-    first, so while a layer's runs only the layers from it on have gradients and only those before
-    it keep activations (those up to it, copies); in forward no gradient exists. Empty: one moment with
-    everything (``sample_bytes``, of which ``sample_workspace_bytes`` workspace). At the
-    optimizer step every gradient exists and AdamW's per-tensor temporaries, but no activation
-    and no copy.
+    copy is saved, heap bytes per sample; ``workloads.counting.Moment``): backward runs from the
+    last layer to the first, so while a layer's runs only the layers from it on have gradients
+    and only those before it keep activations (those up to it, copies); in forward no gradient
+    exists. Empty: one moment with everything (``sample_bytes``, of which
+    ``sample_workspace_bytes`` workspace). At the optimizer step every gradient exists and
+    AdamW's per-tensor temporaries, but no activation and no copy; the heap's pages are still
+    resident (the most of any moment).
     Nothing is added for the allocator: on a CPU auto-fit's trials fix glibc's mmap threshold
     (``hpcdl.device.pin_mmap_threshold``), so their resident set holds the live tensors."""
     state = params * (8 if optimizer == "adamw" else 4)
@@ -150,9 +152,10 @@ def memory_parts(
             "activations": kept * batch,
             "workspace": workspace * batch,
             "libraries": libraries,
+            "heap": heap * batch,
         }
-        for kept, workspace, grads, copies in (
-            moments or [(sample_bytes - sample_workspace_bytes, sample_workspace_bytes, params, params)]
+        for kept, workspace, grads, copies, heap in (
+            moments or [(sample_bytes - sample_workspace_bytes, sample_workspace_bytes, params, params, 0)]
         )
     ]
     step = {
@@ -163,6 +166,7 @@ def memory_parts(
         "activations": 0,
         "workspace": ADAMW_TEMPORARIES * 4 * largest_param if optimizer == "adamw" else 0,
         "libraries": libraries,
+        "heap": max((m[4] for m in moments), default=0) * batch,
     }
     return max([*during, step], key=lambda parts: sum(parts.values()))
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from hpcdl import metrics
+from hpcdl.measure.fit import estimated_batch
 from hpcdl.workloads.counting import Tally
-from hpcdl.workloads.recurrent import count_stack, fused_lstm_wide_input, recurrent_stack
+from hpcdl.workloads.recurrent import HEAP_RESIDENT, count_stack, fused_lstm_wide_input, recurrent_stack
 from hpcdl.workloads.registry import spec_from_dict
 
 MLP = {"family": "mlp", "layers": 2, "width": 64, "input_size": 32, "output_size": 10, "batch_size": 4}
@@ -26,8 +27,17 @@ def test_the_parts_add_up_and_each_follows_its_term() -> None:
     mib = 1 << 20
     # one sample: the optimizer step is the peak (every gradient, AdamW's temporaries, no activation)
     step = spec.memory_parts(1, "adamw")
-    parts = {"inputs", "weights", "gradients", "optimizer_state", "activations", "workspace", "libraries"}
-    assert set(step) == parts
+    parts = {
+        "inputs",
+        "weights",
+        "gradients",
+        "optimizer_state",
+        "activations",
+        "workspace",
+        "libraries",
+        "heap",
+    }
+    assert set(step) == parts and step["heap"] == 0  # no layer runs step by step
     # the batches of inputs the run keeps on the device: 32 fp32 features and an int64 label a
     # sample, in each of them (a trial keeps one, a run RunConfig.pool_batches)
     assert spec.input_bytes() == 32 * 4 + 8 and step["inputs"] == spec.input_bytes()
@@ -158,6 +168,34 @@ def test_the_estimates_tensors_meet_the_allocators_peak(name: str, within: float
     spec, tensors = allocator.sampled(name)
     peak, _ = allocator.allocator_peak(spec)
     assert tensors / peak == pytest.approx(1.0, abs=within), (tensors, peak)
+
+
+def test_an_elman_rnns_heap_pages_count_where_glibc_holds_its_states() -> None:
+    """An Elman RNN's per-step states below glibc's mmap threshold live in its heap, whose pages
+    its layers leave resident (recurrent.HEAP_RESIDENT: half a state per step and unit from each
+    layer's forward, then twice the largest layer's from backward). Above the threshold glibc maps
+    each state on its own and nothing is left; on a GPU there is no such heap. Auto-fit's
+    starting batch stays within its target across the threshold."""
+    spec = spec_from_dict(
+        {"family": "rnn", "cell": "vanilla", "layers": 2, "hidden": 256, "seq_len": 32, "vocab": 1000}
+    )
+    forward, backward = HEAP_RESIDENT["vanilla"]
+    state = 32 * 256  # elements of one layer's states of one sample: a step's row is 1 KiB in fp32
+    first, *placed = spec.count().moments
+    assert first.heap == 2 * forward * state  # both layers' forward, as backward begins
+    made = [m.heap for m in placed if m.grads == 0]  # in forward, layer by layer, then at the head
+    assert made == [forward * state, 2 * forward * state, 2 * forward * state]
+    assert {m.heap for m in placed if m.grads} == {(2 * forward + backward) * state}
+    in_heap, mapped = 1000, 1100  # 1,024,000 and 1,126,400 bytes a row; glibc maps 1 MiB and up
+    assert spec.memory_parts(in_heap, "adamw")["heap"] == in_heap * 4 * first.heap  # its peak: the loss
+    assert spec.memory_parts(mapped, "adamw")["heap"] == 0
+    assert spec.memory_parts(in_heap, "adamw", "cuda")["heap"] == 0
+    assert spec.replace(cell="gru").memory_parts(in_heap, "adamw")["heap"] == 0
+    for target in (200e6, 260e6, 320e6):  # the fill batch either side of the threshold
+        batch = estimated_batch(spec, "adamw", 1.0, int(target))
+        assert spec.memory_estimate(batch, "adamw") <= target < spec.memory_estimate(batch + 1, "adamw") or (
+            batch + 1 >= mapped  # past the threshold the estimate drops: the line's batch
+        )
 
 
 def test_backward_moments_follow_the_layers_order() -> None:

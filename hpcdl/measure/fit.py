@@ -121,7 +121,20 @@ def estimated_batch(
             "sharding it)",
         )
     fixed, per_sample = estimate_line(spec, optimizer, device_type, pool_batches)
-    return max(1, math.floor((target - fixed) / per_sample))
+    batch = max(1, math.floor((target - fixed) / per_sample))
+    if spec.memory_estimate(batch, optimizer, device_type, pool_batches) <= target:
+        return batch
+    # the line, read at far batches, leaves out what only small batches hold (per-step states in
+    # glibc's heap, ``Spec._in_heap``); below the line's batch the estimate grows with the batch
+    lo, hi = 1, batch
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (
+            (mid, hi)
+            if spec.memory_estimate(mid, optimizer, device_type, pool_batches) <= target
+            else (lo, mid)
+        )
+    return lo
 
 
 def search(

@@ -30,6 +30,9 @@ class Moment:
     workspace: int
     grads: int
     copies: int
+    heap: int = 0
+    """heap pages per-step layers have left resident by this moment beside what is live, where
+    glibc's heap holds their rows (``Count.heap_row``; ``Tally.heap_states``)"""
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,10 @@ class Count:
     moments: tuple[Moment, ...] = ()
     """moments of the step where the memory may peak, the first as backward begins (the loss's
     copies of the logits alive); empty: one moment with everything (``metrics.memory_parts``)"""
+    heap_row: int = 0
+    """elements per sample of one step's state of the layers whose backward leaves heap pages
+    resident (``Moment.heap``): where a batch of them is below glibc's mmap threshold, its heap
+    holds them"""
 
     @property
     def train_flops(self) -> int:
@@ -80,11 +87,15 @@ class Tally:
         self.last_linear = 0  # the latest linear's output: the logits if nothing follows it
         self.last_input = 0  # the head's input gradient, the first made as backward begins
         # each layer's backward (and each forward that needs temporaries) as (kept, workspace,
-        # parameters before the layer or None in forward, parameters up to it): Moment's
-        self.points: list[tuple[int, int, int | None, int]] = []
+        # parameters before the layer or None in forward, parameters up to it, and the layers
+        # that leave heap resident so far with what their forward left): Moment's
+        self.points: list[tuple[int, int, int | None, int, tuple[int, int]]] = []
         self.linear_point = 0  # the latest linear's: the head's, if nothing follows it
         self.layer_start = 0  # parameters before the latest layer that has some
         self.head_params = 0  # the latest layer's parameters: the head's, once the network ends
+        self.heaps: list[int] = []  # each layer's heap left resident by its backward (heap_states)
+        self.heap_forward = 0  # what the forward of such layers has left resident so far
+        self.heap_row = 0
 
     def matmul(self, m: int, k: int, n: int, *, grads: int = 2, times: int = 1) -> None:
         """A product of an (m x k) and a (k x n) matrix, ``times`` times.
@@ -152,7 +163,9 @@ class Tally:
         """``elements`` alive only while the latest layer's backward runs, beside what is kept so
         far (the layers after it have run their backward and freed theirs; placed before the
         layer's ``keep``, its own saved tensors are left out: freed before that moment)."""
-        self.points.append((self.activations, elements, self.layer_start, self.params))
+        self.points.append(
+            (self.activations, elements, self.layer_start, self.params, (len(self.heaps), self.heap_forward))
+        )
 
     def _backward_point(self, gradients: int, before: int) -> None:
         """The backward of a layer about to be counted: the gradients of its output and input
@@ -160,12 +173,16 @@ class Tally:
         their backward and freed what they saved; what it saved itself is left out, as the next
         layer's input is freed by then); ``before``: parameters whose gradient does not exist
         yet."""
-        self.points.append((self.activations, gradients, before, self.params))
+        self.points.append(
+            (self.activations, gradients, before, self.params, (len(self.heaps), self.heap_forward))
+        )
 
     def forward_transient(self, elements: int) -> None:
         """``elements`` alive only while the latest layer's forward runs, beside what the layers up
         to it keep (no gradient exists yet)."""
-        self.points.append((self.activations, elements, None, self.params))
+        self.points.append(
+            (self.activations, elements, None, self.params, (len(self.heaps), self.heap_forward))
+        )
 
     def _layer(self, params: int) -> None:
         """A layer with ``params`` parameters starts (in forward order)."""
@@ -185,6 +202,18 @@ class Tally:
         self.head_params = params
         self.last_input = inputs
         self.last_linear = 0
+
+    def heap_states(self, elements: int, row: int, *, forward: int, backward: int) -> None:
+        """Per-step states kept for backward (``elements`` per sample in all, ``row`` per step)
+        of a layer that leaves heap pages resident until the step ends where glibc's heap holds
+        such rows (``Moment.heap``): ``forward`` elements its forward leaves beside its states
+        (every later moment counts them), ``backward`` its backward leaves (its backward's moment
+        and those of the layers before it count the most any such layer left: an earlier layer's
+        backward reuses those pages)."""
+        self.keep(elements)
+        self.heap_forward += forward
+        self.heaps.append(backward)
+        self.heap_row = max(self.heap_row, row)
 
     def keep(self, elements: int, *, gradients: int = 0) -> None:
         """Activations kept for backward by element-wise layers (norms, activations, dropout) or
@@ -210,11 +239,18 @@ class Tally:
         # (metrics.LOSS_COPIES): a linear head's own moment is this one (``Spec._moment_bytes``
         # splits it: the loss's backward, then the head's)
         points = [p for i, p in enumerate(self.points) if not (self.last_linear and i == self.linear_point)]
-        first = Moment(kept, self.last_input, self.head_params, self.params)
+        first = Moment(kept, self.last_input, self.head_params, self.params, heap=self.heap_forward)
+        # a backward moment comes with and after the backward of the layers from it on: the heap
+        # they left is resident; in forward it is yet to be made
         placed = [
-            Moment(k, w, 0 if before is None else self.params - before, upto) for k, w, before, upto in points
+            Moment(k, w, 0, upto, heap=made)
+            if before is None
+            else Moment(
+                k, w, self.params - before, upto, heap=self.heap_forward + max(self.heaps[n:], default=0)
+            )
+            for k, w, before, upto, (n, made) in points
         ]
-        backward = [k + w - kept for k, w, before, _ in points if before is not None]
+        backward = [k + w - kept for k, w, before, _, _ in points if before is not None]
         return Count(
             self.params,
             self.forward,
@@ -223,6 +259,7 @@ class Tally:
             self.largest_param,
             max([self.last_input, *backward]),
             moments=(first, *placed),
+            heap_row=self.heap_row,
         )
 
 

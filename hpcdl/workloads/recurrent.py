@@ -77,14 +77,28 @@ after the forward pass (the rise of the resident set: 6-10), the rest only in it
 FP32_STATE_UNDER_AUTOCAST = {"gru"}
 """cells whose state stays fp32 under CPU autocast when their input is fp32 (the initial state
 takes the input's dtype: data or an embedding, not a convolution's 16-bit output, as in the speech
-family): the GRU's products are 16-bit, but its gate arithmetic meets the fp32 state, so of the
-elements it saves per step and unit seven are 16-bit and one fp32 (``saved_tensors_hooks``, bf16,
-2 layers of 512 units over 64 steps: 17.9 bytes, against 16 counted). Its forward's outputs are
-fp32 too (the output sequence: 4.19 MB for 64 steps of 512 units at batch 32, rnn seed 17,
-``benchmarks/memory_allocator.py --timeline``; a speech GRU's over 16-bit input, 1.64 MB for
-100 steps of 256, is 16-bit), its input projection 16-bit. An Elman RNN's tanh stays 16-bit.
+family): the GRU's products are 16-bit, but its gate arithmetic meets the fp32 state, so one
+element it saves per step and unit is fp32 where a 16-bit one is counted, with its input and
+output eight per unit (``saved_tensors_hooks``, bf16, 2 layers of 512 units over 64 steps: 17.9
+bytes, against 16 counted). Its forward's outputs are fp32 too (the output sequence: 4.19 MB for
+64 steps of 512 units at batch 32, rnn seed 17, ``benchmarks/memory_allocator.py --timeline``;
+a speech GRU's over 16-bit input, 1.64 MB for 100 steps of 256, is 16-bit), its input projection
+16-bit. An Elman RNN's tanh stays 16-bit.
 Counted on every device, as the CPU runs it: on a GPU cuDNN runs the layer (an overestimate
 there, as ``FUSED_LSTM_BACKWARD``)"""
+HEAP_RESIDENT = {"vanilla": (0.5, 2.0)}
+"""cells whose per-step tensors leave glibc's heap pages resident beyond what is live, where the
+heap holds them (a batch's state below its mmap threshold, ``device.MMAP_THRESHOLD_BYTES``, as
+auto-fit's trials fix it), in elements per step and unit of the state: (what a layer's forward
+leaves, until the step ends; what its backward leaves, the most of any layer: an earlier layer's
+backward reuses those pages) (``Tally.heap_states``). An Elman RNN at batch 362 (rnn seed 0:
+2 layers of 512 units over 64 steps, a step's state 0.74 MB; VmRSS sampled every 0.5 ms beside
+the profiler's allocations): the resident set rose 48 MB above the allocator's live bytes in the
+forward pass and 145 more, steadily, through the later layer's backward while the live bytes
+stayed flat, and not again in the earlier layer's; rnn seed 11 (3 layers, 0.29 MB a step) 42 MB
+in the forward. The two factors were chosen on the 8 Elman RNN specs of ``bench_memory.py
+--families rnn --fill-mb 300`` (fp32: 0.88-1.08 of their estimate with 0.5 and 2 to 3; they read
+1.17-1.30 without). A GRU showed no such rise: its specs at those batches read 0.97-1.05."""
 FUSED_LSTM_BACKWARD = 17
 """elements per step and unit resident while oneDNN's fused CPU LSTM runs one layer's and
 direction's backward: its whole workspace (allocated: 15.6 per step and unit on one direction;
@@ -229,4 +243,8 @@ def _layer(
         t.transient(steps * (extra + GRADIENT_BUFFERS * max(hidden, fan_in)) + alive)
     else:  # placed before its keep: its state is freed by then
         t.transient(steps * (GATES[cell] * hidden + (0 if data_input else fan_in)) + alive)
-        t.keep(saved)
+        if cell in HEAP_RESIDENT:
+            forward, backward = HEAP_RESIDENT[cell]
+            t.heap_states(saved, saved // steps, forward=int(forward * saved), backward=int(backward * saved))
+        else:
+            t.keep(saved)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from hpcdl import metrics
+from hpcdl.device import MMAP_THRESHOLD_BYTES
 from hpcdl.workloads.counting import Count
 from hpcdl.workloads.knobs import Knobs, knob
 from hpcdl.workloads.precision import PRECISIONS, precision
@@ -98,20 +99,33 @@ class Spec(Knobs):
         (``metrics.sample_memory``)."""
         return _largest_sample(self._moment_bytes(self.count()))
 
-    def _moment_bytes(self, c: Count) -> list[tuple[int, int, int, int]]:
+    def _moment_bytes(self, c: Count, heap: bool = False) -> list[tuple[int, int, int, int, int]]:
         """``c.moments`` in bytes per sample (``metrics.memory_parts``'s ``moments``). The
         first, as backward begins, is two: the loss's backward, with its copies of the logits
         (``metrics.LOSS_COPIES``), then the head's, with the logits' gradient (the loss has freed
-        the others) and the head's input gradient."""
+        the others) and the head's input gradient. ``heap``: the heap pages per-step layers leave
+        resident count (``Moment.heap``)."""
         size = precision(self.precision).bytes
         loss = metrics.sample_memory(0, self.logits_elements)
         head = metrics.sample_memory(0, self.logits_elements, copies=metrics.HEAD_BACKWARD_COPIES)
         first, *placed = c.moments
         return [
-            (first.kept * size + loss, 0, first.grads, first.copies),
-            (first.kept * size + head, first.workspace * size, first.grads, first.copies),
-            *((p.kept * size, p.workspace * size, p.grads, p.copies) for p in placed),
+            (first.kept * size + loss, 0, first.grads, first.copies, first.heap * size * heap),
+            (
+                first.kept * size + head,
+                first.workspace * size,
+                first.grads,
+                first.copies,
+                first.heap * size * heap,
+            ),
+            *((p.kept * size, p.workspace * size, p.grads, p.copies, p.heap * size * heap) for p in placed),
         ]
+
+    def _in_heap(self, c: Count, batch: int, device_type: str) -> bool:
+        """Whether glibc's heap holds a batch of the per-step states of ``Count.heap_row`` (a CPU,
+        and below the mmap threshold auto-fit's trials fix)."""
+        row = batch * c.heap_row * precision(self.precision).bytes
+        return device_type == "cpu" and 0 < row < MMAP_THRESHOLD_BYTES
 
     def input_bytes(self) -> int:
         """Bytes of one sample's inputs and labels (int64), as the run's pool of batches and the
@@ -126,7 +140,7 @@ class Spec(Knobs):
         batches of inputs kept there (``RunConfig.pool_batches``; a trial keeps one), would put
         its memory at its peak (``metrics.memory_parts``)."""
         c = self.count()
-        moments = self._moment_bytes(c)
+        moments = self._moment_bytes(c, heap=self._in_heap(c, batch, device_type))
         return metrics.memory_parts(
             c.params,
             _largest_sample(moments),
@@ -158,6 +172,6 @@ class Spec(Knobs):
             return self.build_module()
 
 
-def _largest_sample(moments: list[tuple[int, int, int, int]]) -> int:
+def _largest_sample(moments: list[tuple[int, int, int, int, int]]) -> int:
     """The most bytes one sample holds at any of the step's moments (``Spec._moment_bytes``)."""
-    return max(kept + workspace for kept, workspace, _, _ in moments)
+    return max(kept + workspace + heap for kept, workspace, _, _, heap in moments)
