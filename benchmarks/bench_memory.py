@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from memory_allocator import BAND, MAX_BYTES, MIN_BYTES, fill_batch
+from memory_allocator import BAND, MAX_BYTES, MIN_BYTES, fill_batch, tensor_bytes
 
 from hpcdl.device import resolve_device
 from hpcdl.measure.fit import estimate_line, estimated_batch, search
@@ -73,9 +73,7 @@ def ratios(
     passed = 0
     for seed in range((seeds + skip) * 4):  # draw until enough specs are large enough to measure
         spec = sample_spec(family, seed, batch_size=batch, precision=precision)
-        parts = spec.memory_parts(batch, "adamw", device.type)
-        # what stands outside the tensors (the allowance, glibc's heap) does not decide the sample
-        tensors = sum(parts.values()) - parts["libraries"] - parts["heap"]
+        tensors = tensor_bytes(spec, batch)  # the allowance and glibc's heap do not decide the sample
         if not MIN_BYTES <= tensors <= MAX_BYTES:
             continue
         passed += 1
@@ -87,9 +85,8 @@ def ratios(
                 print(f"  {family} {precision} seed {seed}: batch 1 over {si(fill, 'B')}", flush=True)
                 continue
             spec = spec.replace(batch_size=filled)
-            parts = spec.memory_parts(spec.batch_size, "adamw", device.type)
-            tensors = sum(parts.values()) - parts["libraries"] - parts["heap"]
-        estimate = sum(parts.values())
+            tensors = tensor_bytes(spec, filled)
+        estimate = spec.memory_estimate(spec.batch_size, "adamw", device.type)
         measured = trial(spec, 4 * estimate + (1 << 30), device).peak_bytes
         if measured is None:  # past the trial's limit (4x the estimate and 1 GiB): a ratio above 4
             print(f"  {family} {precision} seed {seed}: {si(estimate, 'B')} estimated, over 4x", flush=True)

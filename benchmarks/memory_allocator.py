@@ -49,8 +49,14 @@ def sampled(name: str) -> tuple[Spec, int]:
     if changed:
         knobs = dict(kv.split("=", 1) for kv in changed[0].split(","))
         spec = spec.replace(**{k: _value(v) for k, v in knobs.items()})
-    parts = spec.memory_parts(spec.batch_size, "adamw")
-    return spec, sum(parts.values()) - parts["libraries"] - parts["heap"]
+    return spec, tensor_bytes(spec, spec.batch_size)
+
+
+def tensor_bytes(spec: Spec, batch: int) -> int:
+    """The estimate's live tensors at its peak moment: without what stands outside PyTorch's
+    allocator on a CPU (the libraries' allowance, glibc's heap pages), as on a GPU, which has
+    neither."""
+    return spec.memory_estimate(batch, "adamw", "cuda")
 
 
 def fill_batch(spec: Spec, fill: int, device_type: str = "cpu") -> int | None:

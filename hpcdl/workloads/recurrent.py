@@ -97,8 +97,10 @@ the profiler's allocations): the resident set rose 48 MB above the allocator's l
 forward pass and 145 more, steadily, through the later layer's backward while the live bytes
 stayed flat, and not again in the earlier layer's; rnn seed 11 (3 layers, 0.29 MB a step) 42 MB
 in the forward. The two factors were chosen on the 8 Elman RNN specs of ``bench_memory.py
---families rnn --fill-mb 300`` (fp32: 0.88-1.08 of their estimate with 0.5 and 2 to 3; they read
-1.17-1.30 without). A GRU showed no such rise: its specs at those batches read 0.97-1.05."""
+--families rnn --fill-mb 300`` (fp32: 0.99-1.08 of their estimate with 0.5 and 2; 1.00-1.30
+without). A GRU's are not counted: the rnn family's GRUs read 0.97-1.05 at 300 and 500 MB, but
+three speech GRUs 1.13-1.14 at 500 MB (0.74 MB a step), their tensors 1.02-1.03 of the
+allocator's peak."""
 FUSED_LSTM_BACKWARD = 17
 """elements per step and unit resident while oneDNN's fused CPU LSTM runs one layer's and
 direction's backward: its whole workspace (allocated: 15.6 per step and unit on one direction;
@@ -155,7 +157,7 @@ def count_stack(
     dtype (``FP32_STATE_UNDER_AUTOCAST``); ``batch_first``: the input is batch-first, so each
     direction of an unfused first layer copies it time-major for its input projection (the
     copies are what it keeps: ``saved_tensors_hooks``, one per direction); ``input_alive``:
-    elements per step of the first layer's input that its maker holds until the forward pass
+    elements per sample of the first layer's input that its maker holds until the forward pass
     ends (an embedding's output: the embedding keeps only the ids). Returns the width of the
     stack's output per step (``directions * hidden``)."""
     fp32_state = autocast and fp32_input and cell in FP32_STATE_UNDER_AUTOCAST

@@ -96,8 +96,10 @@ class RNNSpec(Spec):
         t = Tally()
         T = self.seq_len
         autocast = precision(self.precision).autocast
+        embedded = 0  # the embedding's output: fp32 (autocast casts no lookup), alive in forward
         if self.vocab > 0:
             t.add_params(self.vocab * self.embedding)  # a lookup: no FLOPs, keeps the ids only
+            embedded = T * self.embedding * (FP32_IN_16BIT if autocast else 1)
         width = count_stack(
             t,
             self.cell,
@@ -108,15 +110,14 @@ class RNNSpec(Spec):
             directions=self.directions,
             data_input=self.vocab == 0,  # raw features need no gradient; an embedding's output does
             autocast=autocast,
-            # the embedding's output, fp32 (autocast casts no lookup)
-            input_alive=T * self.embedding * (FP32_IN_16BIT if autocast else 1) if self.vocab > 0 else 0,
+            input_alive=embedded,
         )
         if self.dropout:
             # masks of the input dropout, the dropout between layers and the output dropout,
             # booleans: a quarter element each (as attention's)
             t.keep(T * (self.input_size + (self.layers - 1) * width + width) // 4)
         if self.output == "step":
-            keep_output_copy(t, T, width)
+            keep_output_copy(t, T, width, alive=embedded)
         t.linear(T if self.output == "step" else 1, width, self.classes)
         return t.result()
 

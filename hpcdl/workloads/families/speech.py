@@ -173,7 +173,7 @@ class SpeechSpec(Spec):
                 # a summed layer's output (both directions) lives on through the next one's forward
                 input_alive=conv_out + (frames * self.directions * self.hidden if i else 0),
             )
-        keep_output_copy(t, frames, self.rnn_output)
+        keep_output_copy(t, frames, self.rnn_output, alive=conv_out)
         t.linear(frames, self.rnn_output, self.classes)
         return t.result()
 
