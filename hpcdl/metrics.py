@@ -75,7 +75,7 @@ ADAMW_TEMPORARIES = 2
 root of the second moment and its bias-corrected quotient): PyTorch's CPU default, one tensor at
 a time; SGD's momentum updates in place"""
 # the three terms of CPU_LIBRARY_BYTES: every CPU step's, autocast's, an unfused recurrent layer's
-CPU_LIBRARY_BASE, CPU_LIBRARY_AUTOCAST, CPU_LIBRARY_UNFUSED = 9 << 19, 4 << 20, 15 << 19  # 4.5, 4, 7.5 MiB
+CPU_LIBRARY_BASE, CPU_LIBRARY_AUTOCAST, CPU_LIBRARY_UNFUSED = 9 << 19, 4 << 20, 5 << 20  # 4.5, 4, 5 MiB
 CPU_LIBRARY_BYTES = {
     (autocast, unfused): CPU_LIBRARY_BASE + autocast * CPU_LIBRARY_AUTOCAST + unfused * CPU_LIBRARY_UNFUSED
     for autocast in (False, True)
@@ -85,13 +85,18 @@ CPU_LIBRARY_BYTES = {
 layer): MKL's GEMM buffers; oneDNN's primitives built for the step's shapes (in bf16 every
 linear's products are oneDNN matmuls: 0.6-0.7 MB resident per new shape on an AMX CPU,
 ``benchmarks/memory_onednn.py primitives``; 15 in a transformer's step); glibc's heap among the
-tensors under its mmap threshold (a GRU's or Elman RNN's per-step tensors). A base, more with
+tensors under its mmap threshold (a GRU's per-step tensors; an Elman RNN's are its own part,
+``heap``). A base, more with
 autocast, more with an unfused recurrent layer: the values that kept the 80 specs of
 ``benchmarks/bench_memory.py --seeds 8`` nearest their estimate (the greatest deviation least,
 as the benchmark prints it), chosen on 2026-11-27 once each layer's backward was a moment of its
-own, and checked on 160 held-out specs (``--skip 8``, ``--skip 16``; METRICS.md). What one spec
-holds outside the allocator spreads from -32 to +51 MB; a GPU's libraries live outside the
-allocator's peak that auto-fit measures there"""
+own, and checked on 160 held-out specs (``--skip 8``, ``--skip 16``; METRICS.md). The unfused
+term was chosen again (7.5 to 5 MiB) once the estimate counted what an unfused stack keeps and
+glibc's heap pages of an Elman RNN (``recurrent.HEAP_RESIDENT``): over the 144 rnn and speech
+specs of ``--families rnn,speech --precisions fp32 --fit-mb 0`` at batch 32 and filling 300 and
+500 MB (``--fill-mb``), on an AVX2 AMD EPYC, the greatest deviation least. What one spec holds
+outside the allocator spreads from -32 to +51 MB; a GPU's libraries live outside the allocator's
+peak that auto-fit measures there"""
 AUTOCAST_COPY_BYTES = 2
 """bytes per parameter of the 16-bit weight copies autocast makes and its products keep for
 backward (bf16/fp16)"""
