@@ -163,9 +163,7 @@ class Tally:
         """``elements`` alive only while the latest layer's backward runs, beside what is kept so
         far (the layers after it have run their backward and freed theirs; placed before the
         layer's ``keep``, its own saved tensors are left out: freed before that moment)."""
-        self.points.append(
-            (self.activations, elements, self.layer_start, self.params, (len(self.heaps), self.heap_forward))
-        )
+        self._point(elements, self.layer_start)
 
     def _backward_point(self, gradients: int, before: int) -> None:
         """The backward of a layer about to be counted: the gradients of its output and input
@@ -173,15 +171,18 @@ class Tally:
         their backward and freed what they saved; what it saved itself is left out, as the next
         layer's input is freed by then); ``before``: parameters whose gradient does not exist
         yet."""
-        self.points.append(
-            (self.activations, gradients, before, self.params, (len(self.heaps), self.heap_forward))
-        )
+        self._point(gradients, before)
 
     def forward_transient(self, elements: int) -> None:
         """``elements`` alive only while the latest layer's forward runs, beside what the layers up
         to it keep (no gradient exists yet)."""
+        self._point(elements, None)
+
+    def _point(self, elements: int, before: int | None) -> None:
+        """A moment at the latest layer: what is kept so far beside ``elements``; ``before``:
+        parameters whose gradient does not exist yet (None: in forward, no gradient at all)."""
         self.points.append(
-            (self.activations, elements, None, self.params, (len(self.heaps), self.heap_forward))
+            (self.activations, elements, before, self.params, (len(self.heaps), self.heap_forward))
         )
 
     def _layer(self, params: int) -> None:

@@ -106,19 +106,20 @@ class Spec(Knobs):
         the others) and the head's input gradient. ``heap``: the heap pages per-step layers leave
         resident count (``Moment.heap``)."""
         size = precision(self.precision).bytes
+        heap_size = size if heap else 0
         loss = metrics.sample_memory(0, self.logits_elements)
         head = metrics.sample_memory(0, self.logits_elements, copies=metrics.HEAD_BACKWARD_COPIES)
         first, *placed = c.moments
         return [
-            (first.kept * size + loss, 0, first.grads, first.copies, first.heap * size * heap),
+            (first.kept * size + loss, 0, first.grads, first.copies, first.heap * heap_size),
             (
                 first.kept * size + head,
                 first.workspace * size,
                 first.grads,
                 first.copies,
-                first.heap * size * heap,
+                first.heap * heap_size,
             ),
-            *((p.kept * size, p.workspace * size, p.grads, p.copies, p.heap * size * heap) for p in placed),
+            *((p.kept * size, p.workspace * size, p.grads, p.copies, p.heap * heap_size) for p in placed),
         ]
 
     def _in_heap(self, c: Count, batch: int, device_type: str) -> bool:
