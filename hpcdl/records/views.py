@@ -283,8 +283,9 @@ class Metrics:
     memory: dict[str, Any] = field(default_factory=dict)
     """where the memory goes: ``estimated`` (``Spec.memory_parts`` at the batch that ran, at the
     step's peak: weights, gradients, optimizer_state, activations, workspace, libraries in
-    records from 2026-11-26 on, and inputs from 2026-11-27 on) and ``measured`` (what the
-    device tells: the peak and its kind; records before 2026-11 leave it out)"""
+    records from 2026-11-26 on, inputs from 2026-11-27 on, heap later that day) and
+    ``measured`` (what the device tells: the peak and its kind; records before 2026-11 leave it
+    out)"""
     target: Target | None = None
     """time to target, when the run had one"""
     window_start_unix: float | None = None
