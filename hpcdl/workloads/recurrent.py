@@ -70,7 +70,8 @@ SAVED_PER_STEP: dict[str, float] = {"lstm": 8, "gru": 7, "vanilla": 1}
 RNN), beside the layer's input and output, which ``count_stack`` counts apart: 7 for a GRU (gate
 activations, pre-activations and states) and 1 for an Elman RNN (the new state), measured with
 ``saved_tensors_hooks`` (fp32, batch 64, 32 steps, 64 to 256 units and inputs: 7.2-7.5 and
-1.1-1.2 per unit in one direction and in two, with the weights). oneDNN's fused CPU LSTM keeps an
+1.1-1.2 per unit in one direction and in two, with the weights; ``benchmarks/memory_rss.py
+saved``). oneDNN's fused CPU LSTM keeps an
 opaque workspace instead, of which about 8 per unit, its input and output included, are resident
 after the forward pass (the rise of the resident set: 6-10), the rest only in its backward
 (``FUSED_LSTM_BACKWARD``)."""
@@ -93,14 +94,15 @@ auto-fit's trials fix it), in elements per step and unit of the state: (what a l
 leaves, until the step ends; what its backward leaves, the most of any layer: an earlier layer's
 backward reuses those pages) (``Tally.heap_states``). An Elman RNN at batch 362 (rnn seed 0:
 2 layers of 512 units over 64 steps, a step's state 0.74 MB; VmRSS sampled every 0.5 ms beside
-the profiler's allocations): the resident set rose 48 MB above the allocator's live bytes in the
-forward pass and 145 more, steadily, through the later layer's backward while the live bytes
-stayed flat, and not again in the earlier layer's; rnn seed 11 (3 layers, 0.29 MB a step) 42 MB
-in the forward. The two factors were chosen on the 8 Elman RNN specs of ``bench_memory.py
---families rnn --fill-mb 300`` (fp32: 0.99-1.08 of their estimate with 0.5 and 2; 1.00-1.30
-without). A GRU's are not counted: the rnn family's GRUs read 0.97-1.05 at 300 and 500 MB, but
-three speech GRUs 1.13-1.14 at 500 MB (0.74 MB a step), their tensors 1.02-1.03 of the
-allocator's peak."""
+the profiler's allocations, ``benchmarks/memory_rss.py trace rnn:0:fp32:batch_size=362``): the
+resident set rose 45-48 MB above the allocator's live bytes in the forward pass and 145-153
+more, steadily, through the later layer's backward while the live bytes stayed flat, and not
+again in the earlier layer's (two runs); rnn seed 11 (3 layers, 0.29 MB a step, ``trace
+rnn:11:fp32:batch_size=142``) 42 MB in the forward. The two factors were chosen on the 8 Elman
+RNN specs of ``bench_memory.py --families rnn --fill-mb 300`` (fp32: 0.99-1.08 of their
+estimate with 0.5 and 2; 1.00-1.30 without). A GRU's are not counted: the rnn family's GRUs
+read 0.97-1.05 at 300 and 500 MB, but three speech GRUs 1.13-1.14 at 500 MB (0.74 MB a step),
+their tensors 1.02-1.03 of the allocator's peak."""
 FUSED_LSTM_BACKWARD = 17
 """elements per step and unit resident while oneDNN's fused CPU LSTM runs one layer's and
 direction's backward: its whole workspace (allocated: 15.6 per step and unit on one direction;
@@ -169,12 +171,12 @@ def count_stack(
         t.keep(steps * input_size * (directions if batch_first else 1))
     fan_in = input_size
     for layer in range(layers):
+        # a later direction's backward runs beside the input gradient the earlier ones made
+        # (summed into the layer's once all are done), but where each direction has its own
+        # copy of the input, that of an earlier one was freed with its backward
+        own_copies = layer == 0 and not fused and batch_first
         for direction in range(directions):
-            # a later direction's backward runs beside the input gradient the earlier ones made
-            # (summed into the layer's once all are done), but where each direction has its own
-            # copy of the input, that of an earlier one was freed with its backward
-            copies = layer == 0 and not fused and batch_first
-            earlier = 0 if (data_input and layer == 0) or copies else direction * steps * fan_in
+            earlier = 0 if (data_input and layer == 0) or own_copies else direction * steps * fan_in
             _layer(
                 t,
                 cell,

@@ -1,0 +1,117 @@
+"""On-demand: the resident set beside PyTorch's allocator on a CPU, for the figures behind
+``recurrent.SAVED_PER_STEP``, ``recurrent.HEAP_RESIDENT`` and auto-fit's trial noise
+(METRICS.md, "Unfused recurrent layers at the fill batches").
+
+    .venv/bin/python benchmarks/memory_rss.py saved                       # per-step saved state
+    .venv/bin/python benchmarks/memory_rss.py trace rnn:0:fp32:batch_size=362
+    .venv/bin/python benchmarks/memory_rss.py trials speech:0:fp32:batch_size=203 4
+
+``saved``: what one unfused layer saves for backward (``saved_tensors_hooks``, distinct storages)
+per step, unit and direction, less its input's copies, fp32, batch 64, 32 steps. ``trace``: one
+training step of a spec (named as ``memory_allocator.py`` names it) with glibc's mmap threshold
+fixed as auto-fit's trials fix it, its ``VmRSS`` sampled every 0.5 ms beside the profiler's live
+bytes (the profiler's own buffers are in the resident set too). ``trials``: the same spec's trial
+(``measure.trial.cpu_trial``) N times in a row, each peak in MiB.
+"""
+
+from __future__ import annotations
+
+import bisect
+import sys
+import threading
+import time
+
+import torch
+from memory_allocator import allocations, running, sampled
+from torch.profiler import ProfilerActivity, profile
+
+from hpcdl.device import malloc_trim, reset_peak_memory, status_bytes
+from hpcdl.measure.data import make_batch
+from hpcdl.measure.trial import _loss, cpu_trial, train_steps
+from hpcdl.workloads.precision import precision
+from hpcdl.workloads.recurrent import recurrent_stack
+
+STEPS, BATCH = 32, 64
+
+
+def saved() -> None:
+    for cell in ("vanilla", "gru"):
+        for fan_in, hidden in ((64, 64), (256, 64), (64, 256)):
+            for directions in (1, 2):
+                layer = recurrent_stack(cell, fan_in, hidden, 1, directions == 2)
+                seen: dict[int, int] = {}
+
+                def pack(t: torch.Tensor, seen: dict[int, int] = seen) -> torch.Tensor:
+                    seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+                    return t
+
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    layer(torch.randn(BATCH, STEPS, fan_in, requires_grad=True))
+                copies = directions * STEPS * BATCH * fan_in * 4  # each direction's time-major input
+                per_unit = (sum(seen.values()) - copies) / (4 * STEPS * BATCH * hidden * directions)
+                print(f"{cell} {fan_in} inputs, {hidden} units, {directions} direction(s): "
+                      f"{per_unit:.2f} per step and unit (with the weights)")  # fmt: skip
+
+
+def trace(name: str) -> None:
+    spec, _ = sampled(name)
+    cpu, p = torch.device("cpu"), precision(spec.precision)
+    train_steps(spec.replace(batch_size=1), "adamw", 1, cpu)
+    reset_peak_memory(cpu, pin=True)
+    model = spec.build()
+    opt = torch.optim.AdamW(model.parameters())
+    x, y = make_batch(spec, spec.batch_size, cpu)
+    _loss(model, x, y, cpu, p).backward()  # warm-up
+    opt.step()
+    opt.zero_grad()
+    malloc_trim()
+    samples: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append((time.time_ns(), status_bytes("VmRSS") or 0))
+            time.sleep(0.0005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        _loss(model, x, y, cpu, p).backward()
+        opt.step()
+        opt.zero_grad()
+    done.set()
+    sampler.join()
+    live, times, total = [], [], 0
+    for t, n in allocations(prof):
+        total += n
+        times.append(t)
+        live.append(total)
+    base, start = samples[0][1], times[0]
+    for t, rss in samples[:: max(1, len(samples) // 40)]:
+        i = bisect.bisect_right(times, t) - 1
+        allocated = live[i] if i >= 0 else 0
+        ops = ", ".join(running(prof, t)[:2])
+        print(f"{(t - start) / 1e6:8.1f} ms  resident +{(rss - base) / 1e6:7.1f} MB  "
+              f"allocator {allocated / 1e6:7.1f} MB  {ops}")  # fmt: skip
+
+
+def trials(name: str, n: int) -> None:
+    spec, _ = sampled(name)
+    limit = 4 * spec.memory_estimate(spec.batch_size, "adamw")
+    peaks = [cpu_trial(spec, "adamw", 1, limit).peak_bytes for _ in range(n)]
+    print(f"{name}: trial peaks " + ", ".join(f"{(b or 0) / 2**20:.1f}" for b in peaks) + " MiB")
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["saved"]:
+        saved()
+    elif argv[:1] == ["trace"] and len(argv) == 2:
+        trace(argv[1])
+    elif argv[:1] == ["trials"] and len(argv) == 3:
+        trials(argv[1], int(argv[2]))
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
