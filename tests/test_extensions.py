@@ -54,6 +54,18 @@ def test_a_family_from_one_file(tmp_path: Path) -> None:
     assert bare.returncode == 2 and "family='tiny' is invalid: allowed:" in bare.stderr
 
 
+def test_a_kernel_that_fails_mid_run_is_one_line_and_its_traceback_a_file(tmp_path: Path) -> None:
+    plugin = str(PLUGINS / "faulty_family.py")
+    p = hpcdl("run", "--workload", "faulty", "--steps", "2", "-o", str(tmp_path), plugins=plugin)
+    lines = [line for line in p.stderr.splitlines() if "failed" in line]
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert len(lines) == 2 and "mat1 and mat2 shapes cannot be multiplied" in lines[0], p.stderr
+    assert "1 of 1 run(s) failed (faulty)" in lines[1]
+    (saved,) = tmp_path.glob("*-faulty-failed.txt")
+    assert str(saved) in lines[0] and "Traceback" in saved.read_text()
+    assert not list(tmp_path.glob("*.json"))  # no record of a run that did not finish
+
+
 def test_a_plugin_that_does_not_import_is_one_line(tmp_path: Path) -> None:
     broken = tmp_path / "broken.py"
     broken.write_text("import no_such_module_anywhere\n")

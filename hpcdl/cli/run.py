@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -46,18 +47,20 @@ def gpus_for(local: World, cfg: RunConfig) -> None:
 
 def class_run(
     args: argparse.Namespace, specs: dict[str, Spec], cfg: RunConfig
-) -> tuple[dict[str, Spec], RunConfig]:
+) -> tuple[dict[str, Spec], RunConfig, str]:
     """For a size class's suite: the class and version in the run settings, and bf16 where the
-    hardware computes it, fp32 elsewhere (said, and recorded in each record's precision)."""
+    hardware computes it, fp32 elsewhere (recorded in each record's precision, and a note to say
+    once the input is found good; else the note)."""
     size_class = suite_class(args)
     if not size_class:
-        return specs, cfg
+        return specs, cfg, ""
     cfg = cfg.replace(suite_class=size_class, suite_version=recipes.suite(size_class).version)
     device = resolve_device(cfg.device)
     if any(s.precision == "bf16" for s in specs.values()) and not has_bf16(device):
-        err(f"class {size_class}: {device} has no bf16 arithmetic; running its bf16 workloads in fp32")
         specs = {n: s.replace(precision="fp32") if s.precision == "bf16" else s for n, s in specs.items()}
-    return specs, cfg
+        note = f"class {size_class}: {device} has no bf16 arithmetic; running its bf16 workloads in fp32"
+        return specs, cfg, note
+    return specs, cfg, ""
 
 
 def class_settings(cfg: RunConfig, name: str, world: World, lr_given: bool = False) -> RunConfig:
@@ -109,7 +112,7 @@ def peak_lines(results: dict[str, RunResult]) -> list[str]:
 def cmd_run(args: argparse.Namespace) -> int:
     if not 1 <= args.repeat <= MAX_REPEAT:  # before anything is built: 10^9 runs listed up front
         raise InputError("repeat", args.repeat, f"runs of each workload, 1 to {MAX_REPEAT}")
-    specs, cfg = class_run(args, workload_specs(args), run_config(args))
+    specs, cfg, note = class_run(args, workload_specs(args), run_config(args))
     if len(specs) > 1 and args.duration is None and args.steps is None:
         cfg = cfg.replace(duration_s=12.0)  # the default suite: ~2 minutes on a 2-core CPU
     local = World(size=args.np, local_size=1 if under_mpi() else args.np)  # --np: all ranks here
@@ -124,10 +127,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         return launch(args.np, args.argv, timeout_s=args.timeout)
     world = init_world()
     say = err if world.rank == 0 else (lambda _m: None)
+    if note:  # after the input is found good: a refusal stays the one line printed
+        say(note)
     out = Path(args.output)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     stamp = world.bcast(stamp)
     results: dict[str, RunResult] = {}
+    failed: list[str] = []
     log_failed = 0
     runs = [(name, spec, r) for name, spec in specs.items() for r in range(1, args.repeat + 1)]
     for i, (name, spec, r) in enumerate(runs, 1):
@@ -141,22 +147,36 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         base = args.name if args.name and len(specs) == 1 else f"{stamp}-{name}"
         started = time.time()
-        with LiveLine(prefix, cfg.steps, cfg.duration_s) as line:
-            res = run(
-                spec,
-                class_settings(cfg, name, world, lr_given),
-                output_dir=out,
-                name=repeats.repeat_name(base, r, args.repeat),
-                progress=line.say,
-                world=world,
-                ticks=line.timed,
-            )
+        try:
+            with LiveLine(prefix, cfg.steps, cfg.duration_s) as line:
+                res = run(
+                    spec,
+                    class_settings(cfg, name, world, lr_given),
+                    output_dir=out,
+                    name=repeats.repeat_name(base, r, args.repeat),
+                    progress=line.say,
+                    world=world,
+                    ticks=line.timed,
+                )
+        except torch.OutOfMemoryError:
+            raise  # the CLI's one line: lower batch_size
+        except RuntimeError as e:  # a kernel this machine cannot run: the other workloads go on
+            if world.size > 1:
+                raise  # the other ranks wait in a collective: the CLI ends them all
+            failed.append(label)
+            say(f"{prefix}: failed: {failure_line(e, out / f'{base}-failed.txt')}")
+            continue
         results[label] = res
         say(f"{prefix}: {res.result.metrics.samples_per_s:.1f} samples/s -> {res.path}")
         if args.mllog and world.rank == 0 and res.steps_path is not None:
             log_failed += log_run(Path(args.mllog), res, started, say)
     if world.rank != 0:
         return 0  # rank 0 reports, and its exit code is the run's
+    if failed:
+        kept = "; the others' records are kept" if results else ""
+        err(f"hpcdl: {len(failed)} of {len(runs)} run(s) failed ({', '.join(failed)}){kept}")
+    if not results:
+        return 1
     headers = [
         "workload",
         "params",
@@ -189,7 +209,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_record(summary, out / f"{stamp}-suite.json")
     if log_failed:
         err(f"hpcdl: --mllog {args.mllog}: the lines of {log_failed} run(s) were not written (said above)")
-    return 0 if all(r.passed for r in results.values()) and not log_failed else 1
+    return 0 if all(r.passed for r in results.values()) and not log_failed and not failed else 1
+
+
+def failure_line(e: RuntimeError, path: Path) -> str:
+    """A run's error in one line: its first line, and where its traceback was written (for a
+    bug report), or that it could not be."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    try:
+        path.write_text("".join(traceback.format_exception(e)))
+        return f"{first} (traceback in {path})"
+    except OSError as why:
+        return f"{first} (its traceback could not be written to {path}: {why.strerror})"
 
 
 def log_run(path: Path, res: RunResult, started: float, say: Any) -> int:
