@@ -214,10 +214,11 @@ def reset_peak_memory(device: torch.device, *, pin: bool = False) -> None:
     made before (the correctness check's, the weights FSDP replaced) sit in reference cycles
     (module hooks), and memory glibc keeps after a free still counts in the RSS. Without
     this, FSDP's peak per rank on a 25 M-parameter MLP read 1.25 GB instead of 1.09. With
-    ``pin`` (auto-fit's trials) glibc's mmap threshold is fixed from here on
-    (``pin_mmap_threshold``), so that the peak follows the tensors and the memory estimate; runs
-    do not pin it: every mapped tensor is faulted in again each step, which doubled a small
-    CNN's step time (166 against 332 ms, batch 16)."""
+    ``pin`` (auto-fit's trials, and the runs whose batch they fitted) glibc's mmap threshold is
+    fixed from here on (``pin_mmap_threshold``), so that the peak follows the tensors and the
+    memory estimate. Other runs do not pin it: every mapped tensor is faulted in again each step,
+    which doubled a small CNN's step time (166 against 332 ms, batch 16); at the batches that fill
+    300 MB it cost 6-9 % (METRICS.md, "Size classes and auto-fit")."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -231,6 +232,18 @@ def reset_peak_memory(device: torch.device, *, pin: bool = False) -> None:
         _rss_peak_reset = True
     except OSError:
         _rss_peak_reset = False  # peak_memory then reports the process-wide peak, and says so
+
+
+def held_bytes(device: torch.device) -> int | None:
+    """What this process holds on ``device`` before a model is built, the base a run's peak rises
+    from: on the CPU its resident set once garbage is freed and given back (``malloc_trim``), as an
+    auto-fit trial takes its base; 0 on CUDA, whose allocator counts only the tensors made after;
+    None where the CPU's resident set cannot be read."""
+    if device.type == "cuda":
+        return 0
+    gc.collect()
+    malloc_trim()
+    return status_bytes("VmRSS")
 
 
 def pin_mmap_threshold() -> bool:

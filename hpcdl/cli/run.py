@@ -18,6 +18,7 @@ from hpcdl.device import resolve_device
 from hpcdl.errors import InputError
 from hpcdl.harness.runner import RunResult, preflight, run
 from hpcdl.measure.config import RunConfig
+from hpcdl.measure.fit import WINDOW
 from hpcdl.measure.peaks import has_bf16
 from hpcdl.parallel.launch import launch
 from hpcdl.parallel.layout import parse_layout
@@ -261,9 +262,14 @@ def layout_text(result: Result) -> str:
 
 
 def fit_text(fit: dict[str, Any]) -> str:
-    """How --fit chose the batch, in words, for the run's summary."""
+    """How --fit chose the batch, in words, for the run's summary: the chosen batch's trial and
+    the run's own peak against the target, marked (!) when the run passed it (``Fit.run_over_target``)."""
     peak, target = fit.get("measured_peak_bytes"), fit.get("target_bytes") or 0
-    measured = f", measured peak {si(peak, 'B')} = {peak / target:.1%} of it" if peak and target else ""
+    measured = f", its trial's peak {si(peak, 'B')} = {peak / target:.1%} of it" if peak and target else ""
+    ran = fit.get("run_peak_bytes")
+    if ran is not None and target:
+        over = " (!)" if ran > (1 + WINDOW) * target else ""
+        measured += f", the run's own peak {si(ran, 'B')} = {ran / target:.1%}{over}"
     return (
         f"--fit {fit['fraction']:g}: batch {fit['batch']}/rank (the estimate chose {fit['estimated_batch']}) "
         f"after {len(fit.get('trials') or [])} trials; target {si(target, 'B')}{measured}"

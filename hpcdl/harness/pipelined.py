@@ -243,7 +243,7 @@ def measure_pipeline_rank(
         pipe, make_optimizer(own, cfg), source, device, spec.precision, cfg.phase_sync, groups.pp
     )
     trainer.before_window = before_window
-    reset_peak_memory(device)
+    reset_peak_memory(device, pin=cfg.fit_fraction > 0)  # as runner.measure_rank: a fitted run as its trials
     report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
     sampler, descheduled = TelemetrySampler(device), Descheduled()
     guard: contextlib.AbstractContextManager[object] = contextlib.nullcontext()

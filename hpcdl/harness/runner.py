@@ -21,6 +21,7 @@ import torch
 from hpcdl import metrics
 from hpcdl.device import (
     device_name,
+    held_bytes,
     ieee_fp32,
     peak_memory,
     rank_threads,
@@ -196,6 +197,7 @@ def measure_rank(
     world.barrier()  # every rank probes at once, sharing the node as in training
     ceiling = measured_ceiling(device, spec.precision, torch.get_num_threads())
     report.say(f"building {spec.family} model and {cfg.data} data")
+    held = held_bytes(device)
     model = spec.build().to(device)
     in_step = spread(model, world.rank, world.size, backend, device)
     traffic, grad_bytes = backend.traffic(model, spec.accumulation_steps), gradient_bytes(model)
@@ -225,7 +227,9 @@ def measure_rank(
     )
     trainer.target = (cfg.target_loss_fraction, cfg.pool_batches) if cfg.target_loss_fraction else None
     trainer.before_window = before_window
-    reset_peak_memory(device)
+    # a fitted run keeps glibc's mmap threshold where its trials fixed it, or the heap keeps what
+    # they did not: a CNN's run peaked at 1.74x its target unfixed, 1.15x fixed (METRICS.md)
+    reset_peak_memory(device, pin=cfg.fit_fraction > 0)
     report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
     local_backward = trainer.local_backward_s(CALIBRATION_STEPS)
     sampler, descheduled = TelemetrySampler(device), Descheduled()
@@ -260,6 +264,7 @@ def measure_rank(
         traffic=traffic,
         peak_memory_bytes=mem_bytes,
         peak_memory_kind=mem_kind,
+        held_before_model_bytes=held,
         threads=torch.get_num_threads(),
         energy=sampler.summary(),
         power_trace=sampler.trace(),
@@ -393,6 +398,8 @@ def finish(
 ) -> RunResult:
     """Rank 0: build, seal and write the record and the per-step file (rank 0's steps), unless
     the run's launcher no longer wants it (``launch.not_stopped``, checked at the last moment)."""
+    if fit is not None:
+        fit = fit.with_run_peak(ranks)
     record = build_record(spec, cfg, device, ranks, backend, name, fit)
     if output_dir is None:
         return RunResult(seal(record), None, None)

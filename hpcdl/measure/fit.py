@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from hpcdl.device import memory_capacity, rank_threads
 from hpcdl.errors import InputError, SpecError
 from hpcdl.measure.config import RunConfig
+from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.trial import Trial, cpu_trial, cuda_trial
 from hpcdl.parallel.world import World
 from hpcdl.workloads.spec import Spec
@@ -86,6 +87,22 @@ class Fit:
     """rank 0's trials in order: ``batch`` and ``peak_bytes`` (None: too large, stopped)"""
     measured_by: str = "cpu child process peak RSS"
     """how a trial's peak was measured"""
+    run_peak_bytes: int | None = None
+    """the run's own peak above what its rank held before the model (``device.held_bytes``), the
+    largest over ranks: what the trials promised to keep within ``target_bytes``. On a CPU it holds
+    what a run's longer life adds (glibc's heap, the kernels built in its first steps); None where
+    a rank could not say"""
+
+    def with_run_peak(self, ranks: list[RankMeasurement]) -> Fit:
+        """This fit with the run's own peak, from each rank's peak and what it held before its model."""
+        held = [r.held_before_model_bytes for r in ranks]
+        rises = [r.peak_memory_bytes - h for r, h in zip(ranks, held, strict=True) if h is not None]
+        return replace(self, run_peak_bytes=max(rises)) if len(rises) == len(ranks) else self
+
+    @property
+    def run_over_target(self) -> bool:
+        """The run's own peak passed the target by more than a trial's ``WINDOW``."""
+        return self.run_peak_bytes is not None and self.run_peak_bytes > (1 + WINDOW) * self.target_bytes
 
 
 def estimate_line(spec: Spec, optimizer: str, device_type: str, pool_batches: int) -> tuple[int, int]:

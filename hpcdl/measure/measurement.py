@@ -76,6 +76,9 @@ class RankMeasurement:
     collective_s: dict[str, float] = field(default_factory=dict)
     """per collective of ``traffic``: median blocking call of its bytes per step, after
     training (several ranks)"""
+    held_before_model_bytes: int | None = None
+    """what the rank held before its model was built (``device.held_bytes``): the base the run's
+    own peak rises from, compared with ``--fit``'s target (None: not taken)"""
     pipeline: StageLog | None = None
     """what this rank's pipeline stages did (pipeline-parallel runs only)"""
 
