@@ -5,24 +5,34 @@
     .venv/bin/python benchmarks/memory_rss.py saved                       # per-step saved state
     .venv/bin/python benchmarks/memory_rss.py trace rnn:0:fp32:batch_size=362
     .venv/bin/python benchmarks/memory_rss.py trials speech:0:fp32:batch_size=203 4
+    .venv/bin/python benchmarks/memory_rss.py threshold "cnn:0:fp32;speech:0:fp32" 10
 
 ``saved``: what one unfused layer saves for backward (``saved_tensors_hooks``, distinct storages)
 per step, unit and direction, less its input's copies, fp32, batch 64, 32 steps. ``trace``: one
 training step of a spec (named as ``memory_allocator.py`` names it) with glibc's mmap threshold
 fixed as auto-fit's trials fix it, its ``VmRSS`` sampled every 0.5 ms beside the profiler's live
 bytes (the profiler's own buffers are in the resident set too). ``trials``: the same spec's trial
-(``measure.trial.cpu_trial``) N times in a row, each peak in MiB.
+(``measure.trial.cpu_trial``) N times in a row, each peak in MiB. ``threshold``: each spec
+(``;``-separated; without a batch, the batch whose estimate fills 300 MB) trained STEPS steps in
+a child process as a trial trains it, once with glibc's mmap threshold left dynamic (as a run
+without ``--fit``) and once fixed at 1 MiB (as a trial and a fitted run), one after the other:
+the median step time after the third step, and the peak's rise over the child's base after 2, 5
+and STEPS steps.
 """
 
 from __future__ import annotations
 
 import bisect
+import json
+import os
+import statistics
+import subprocess
 import sys
 import threading
 import time
 
 import torch
-from memory_allocator import allocations, running, sampled
+from memory_allocator import allocations, fill_batch, running, sampled
 from torch.profiler import ProfilerActivity, profile
 
 from hpcdl.device import malloc_trim, reset_peak_memory, status_bytes
@@ -102,6 +112,45 @@ def trials(name: str, n: int) -> None:
     print(f"{name}: trial peaks " + ", ".join(f"{(b or 0) / 2**20:.1f}" for b in peaks) + " MiB")
 
 
+def threshold_child(name: str, steps: int, pin: bool) -> None:
+    """One child of ``threshold``: prints its step times and its peak after each step."""
+    spec, _ = sampled(name)
+    cpu, p = torch.device("cpu"), precision(spec.precision)
+    train_steps(spec.replace(batch_size=1), "adamw", 1, cpu)
+    reset_peak_memory(cpu, pin=pin)
+    base = status_bytes("VmRSS") or 0
+    model = spec.build()
+    opt = torch.optim.AdamW(list(model.parameters()))
+    x, y = make_batch(spec, spec.batch_size, cpu)
+    times, peaks = [], []
+    for _ in range(steps):
+        start = time.perf_counter()
+        _loss(model, x, y, cpu, p).backward()
+        opt.step()
+        opt.zero_grad()
+        times.append(time.perf_counter() - start)
+        peaks.append(((status_bytes("VmHWM") or 0) - base) / 2**20)
+    print(json.dumps({"s": times, "peaks": peaks}))
+
+
+def threshold(names: str, steps: int) -> None:
+    for name in names.split(";"):
+        if name.count(":") == 2:
+            spec, _ = sampled(name)
+            name += f":batch_size={fill_batch(spec, 300 << 20)}"
+        seen = {}
+        for mode in ("dynamic", "fixed"):
+            args = [sys.executable, __file__, "threshold-child", name, str(steps), mode]
+            env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+            out = subprocess.run(args, capture_output=True, text=True, env=env, check=True)
+            seen[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+        base = statistics.median(seen["dynamic"]["s"][3:])
+        for mode, got in seen.items():
+            step, peaks = statistics.median(got["s"][3:]), got["peaks"]
+            print(f"{name} {mode:7s}: step {step * 1e3:.0f} ms ({step / base:.2f}x), peak after 2/5/{steps} "
+                  f"steps {peaks[1]:.0f}/{peaks[4]:.0f}/{peaks[-1]:.0f} MiB", flush=True)  # fmt: skip
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["saved"]:
         saved()
@@ -109,6 +158,10 @@ def main(argv: list[str]) -> None:
         trace(argv[1])
     elif argv[:1] == ["trials"] and len(argv) == 3:
         trials(argv[1], int(argv[2]))
+    elif argv[:1] == ["threshold"] and len(argv) == 3 and int(argv[2]) >= 5:
+        threshold(argv[1], int(argv[2]))
+    elif argv[:1] == ["threshold-child"]:
+        threshold_child(argv[1], int(argv[2]), argv[3] == "fixed")
     else:
         sys.exit(__doc__)
 

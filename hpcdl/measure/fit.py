@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from hpcdl.device import memory_capacity, rank_threads
+from hpcdl.device import MMAP_THRESHOLD_BYTES, memory_capacity, rank_threads
 from hpcdl.errors import InputError, SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.measurement import RankMeasurement
@@ -87,6 +87,10 @@ class Fit:
     """rank 0's trials in order: ``batch`` and ``peak_bytes`` (None: too large, stopped)"""
     measured_by: str = "cpu child process peak RSS"
     """how a trial's peak was measured"""
+    mmap_threshold_bytes: int | None = None
+    """CPU: glibc's mmap threshold that the trials and the run fixed (``device.pin_mmap_threshold``),
+    which moves the run's step time by -15 to +37 % at batches that fill 300 MB (METRICS.md); None
+    on a GPU"""
     run_peak_bytes: int | None = None
     """the run's own peak above what its rank held before the model (``device.held_bytes``), the
     largest over ranks: what the trials promised to keep within ``target_bytes``. On a CPU it holds
@@ -271,4 +275,5 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
         per_sample_bytes=slope,
         trials=[{"batch": t.batch, "peak_bytes": t.peak_bytes} for t in trials],
         measured_by="torch.cuda.max_memory_reserved" if gpu else "peak RSS of a child process",
+        mmap_threshold_bytes=None if gpu else MMAP_THRESHOLD_BYTES,
     )
