@@ -263,7 +263,8 @@ def layout_text(result: Result) -> str:
 
 def fit_text(fit: dict[str, Any]) -> str:
     """How --fit chose the batch, in words, for the run's summary: the chosen batch's trial and
-    the run's own peak against the target, marked (!) when the run passed it (``Fit.run_over_target``)."""
+    the run's own peak against the target, marked (!) when the run passed it by more than a
+    trial's ``WINDOW``."""
     peak, target = fit.get("measured_peak_bytes"), fit.get("target_bytes") or 0
     measured = f", its trial's peak {si(peak, 'B')} = {peak / target:.1%} of it" if peak and target else ""
     ran = fit.get("run_peak_bytes")

@@ -228,7 +228,7 @@ def measure_rank(
     trainer.target = (cfg.target_loss_fraction, cfg.pool_batches) if cfg.target_loss_fraction else None
     trainer.before_window = before_window
     # a fitted run keeps glibc's mmap threshold where its trials fixed it, or the heap keeps what
-    # they did not: a CNN's run peaked at 1.74x its target unfixed, 1.15x fixed (METRICS.md)
+    # they did not: a CNN's run peaked at 1.76x its target unfixed, 1.15x fixed (METRICS.md)
     reset_peak_memory(device, pin=cfg.fit_fraction > 0)
     report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
     local_backward = trainer.local_backward_s(CALIBRATION_STEPS)

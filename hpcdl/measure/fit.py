@@ -89,8 +89,8 @@ class Fit:
     """how a trial's peak was measured"""
     mmap_threshold_bytes: int | None = None
     """CPU: glibc's mmap threshold that the trials and the run fixed (``device.pin_mmap_threshold``),
-    which moves the run's step time by -15 to +37 % at batches that fill 300 MB (METRICS.md); None
-    on a GPU"""
+    which took 0.85-1.37x the step time of a dynamic one at batches that fill 300 MB (METRICS.md);
+    None on a GPU"""
     run_peak_bytes: int | None = None
     """the run's own peak above what its rank held before the model (``device.held_bytes``), the
     largest over ranks: what the trials promised to keep within ``target_bytes``. On a CPU it holds
@@ -102,11 +102,6 @@ class Fit:
         held = [r.held_before_model_bytes for r in ranks]
         rises = [r.peak_memory_bytes - h for r, h in zip(ranks, held, strict=True) if h is not None]
         return replace(self, run_peak_bytes=max(rises)) if len(rises) == len(ranks) else self
-
-    @property
-    def run_over_target(self) -> bool:
-        """The run's own peak passed the target by more than a trial's ``WINDOW``."""
-        return self.run_peak_bytes is not None and self.run_peak_bytes > (1 + WINDOW) * self.target_bytes
 
 
 def estimate_line(spec: Spec, optimizer: str, device_type: str, pool_batches: int) -> tuple[int, int]:
