@@ -4,8 +4,9 @@ picks the starting batch; trial steps (``measure.trial``) at two smaller batches
 fixed part and the per-sample slope of the peak; the batch is extrapolated to the target and
 confirmed by a trial of its own, bracketing until a trial lands within ``WINDOW`` below the
 target. The batch moves up as well as down from the estimate's; the chosen batch is always one
-whose trial stayed within the target. The record keeps the target, the estimate, every trial
-and the measured peak of the chosen batch.
+whose trial stayed within the target. The record keeps the target, the estimate, every trial,
+the measured peak of the chosen batch and the run's own peak (``Fit.with_run_peak``): on a CPU
+the run keeps glibc's mmap threshold fixed as the trials did, so that it holds what they measured.
 
 Trials run before the ranks communicate on purpose: an out-of-memory error inside a collective
 would leave the other ranks waiting for the failed one.
