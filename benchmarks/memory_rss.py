@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/memory_rss.py saved                       # per-step saved state
     .venv/bin/python benchmarks/memory_rss.py trace rnn:0:fp32:batch_size=362
     .venv/bin/python benchmarks/memory_rss.py trials speech:0:fp32:batch_size=203 4
-    .venv/bin/python benchmarks/memory_rss.py threshold "cnn:0:fp32;speech:0:fp32" 10
+    .venv/bin/python benchmarks/memory_rss.py threshold "cnn:0:fp32;speech:0:fp32" 10 [ROUNDS]
 
 ``saved``: what one unfused layer saves for backward (``saved_tensors_hooks``, distinct storages)
 per step, unit and direction, less its input's copies, fp32, batch 64, 32 steps. ``trace``: one
@@ -14,10 +14,10 @@ fixed as auto-fit's trials fix it, its ``VmRSS`` sampled every 0.5 ms beside the
 bytes (the profiler's own buffers are in the resident set too). ``trials``: the same spec's trial
 (``measure.trial.cpu_trial``) N times in a row, each peak in MiB. ``threshold``: each spec
 (``;``-separated; without a batch, the batch whose estimate fills 300 MB) trained STEPS steps in
-a child process as a trial trains it, once with glibc's mmap threshold left dynamic (as a run
-without ``--fit``) and once fixed at 1 MiB (as a trial and a fitted run), one after the other:
-the median step time after the third step, and the peak's rise over the child's base after 2, 5
-and STEPS steps.
+a child process as a trial trains it, with glibc's mmap threshold left dynamic (as a run
+without ``--fit``) and fixed at 1 MiB (as a trial and a fitted run), ROUNDS (1) interleaved
+pairs: each pair's ratio of median step times after the third step, and each child's peak
+rise over its base after 2, 5 and STEPS steps.
 """
 
 from __future__ import annotations
@@ -133,22 +133,27 @@ def threshold_child(name: str, steps: int, pin: bool) -> None:
     print(json.dumps({"s": times, "peaks": peaks}))
 
 
-def threshold(names: str, steps: int) -> None:
+def threshold(names: str, steps: int, rounds: int) -> None:
+    """Per spec, ``rounds`` interleaved pairs of children (dynamic, then fixed): each pair's step
+    time ratio, and every child's peaks."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     for name in names.split(";"):
         if name.count(":") == 2:
             spec, _ = sampled(name)
             name += f":batch_size={fill_batch(spec, 300 << 20)}"
-        seen = {}
-        for mode in ("dynamic", "fixed"):
-            args = [sys.executable, __file__, "threshold-child", name, str(steps), mode]
-            env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
-            out = subprocess.run(args, capture_output=True, text=True, env=env, check=True)
-            seen[mode] = json.loads(out.stdout.strip().splitlines()[-1])
-        base = statistics.median(seen["dynamic"]["s"][3:])
-        for mode, got in seen.items():
-            step, peaks = statistics.median(got["s"][3:]), got["peaks"]
-            print(f"{name} {mode:7s}: step {step * 1e3:.0f} ms ({step / base:.2f}x), peak after 2/5/{steps} "
-                  f"steps {peaks[1]:.0f}/{peaks[4]:.0f}/{peaks[-1]:.0f} MiB", flush=True)  # fmt: skip
+        ratios, peaks = [], {"dynamic": [], "fixed": []}
+        for _ in range(rounds):
+            step = {}
+            for mode in ("dynamic", "fixed"):
+                args = [sys.executable, __file__, "threshold-child", name, str(steps), mode]
+                out = subprocess.run(args, capture_output=True, text=True, env=env, check=True)
+                got = json.loads(out.stdout.strip().splitlines()[-1])
+                step[mode] = statistics.median(got["s"][3:])
+                peaks[mode].append("/".join(f"{got['peaks'][k]:.0f}" for k in (1, 4, steps - 1)))
+            ratios.append(step["fixed"] / step["dynamic"])
+        print(f"{name}: step time fixed / dynamic {', '.join(f'{r:.2f}' for r in ratios)}; peak MiB after "
+              f"2/5/{steps} steps, dynamic {', '.join(peaks['dynamic'])}; fixed {', '.join(peaks['fixed'])}",
+              flush=True)  # fmt: skip
 
 
 def main(argv: list[str]) -> None:
@@ -158,8 +163,8 @@ def main(argv: list[str]) -> None:
         trace(argv[1])
     elif argv[:1] == ["trials"] and len(argv) == 3:
         trials(argv[1], int(argv[2]))
-    elif argv[:1] == ["threshold"] and len(argv) == 3 and int(argv[2]) >= 5:
-        threshold(argv[1], int(argv[2]))
+    elif argv[:1] == ["threshold"] and len(argv) in (3, 4) and int(argv[2]) >= 5:
+        threshold(argv[1], int(argv[2]), int(argv[3]) if len(argv) == 4 else 1)
     elif argv[:1] == ["threshold-child"]:
         threshold_child(argv[1], int(argv[2]), argv[3] == "fixed")
     else:
