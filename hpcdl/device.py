@@ -218,7 +218,7 @@ def reset_peak_memory(device: torch.device, *, pin: bool = False) -> None:
     fixed from here on (``pin_mmap_threshold``), so that the peak follows the tensors and the
     memory estimate. Other runs do not pin it: every mapped tensor is faulted in again each step,
     which doubled a small CNN's step time (166 against 332 ms, batch 16); at the batches that fill
-    300 MB it took 0.85-1.37x the step time (METRICS.md, "Size classes and auto-fit")."""
+    300 MB it took 0.87-1.26x the step time (METRICS.md, "Size classes and auto-fit")."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

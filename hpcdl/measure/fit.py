@@ -90,7 +90,7 @@ class Fit:
     """how a trial's peak was measured"""
     mmap_threshold_bytes: int | None = None
     """CPU: glibc's mmap threshold that the trials and the run fixed (``device.pin_mmap_threshold``),
-    which took 0.85-1.37x the step time of a dynamic one at batches that fill 300 MB (METRICS.md);
+    which took 0.87-1.26x the step time of a dynamic one at batches that fill 300 MB (METRICS.md);
     None on a GPU"""
     run_peak_bytes: int | None = None
     """the run's own peak above what its rank held before the model (``device.held_bytes``), the
