@@ -197,7 +197,7 @@ def measure_rank(
     world.barrier()  # every rank probes at once, sharing the node as in training
     ceiling = measured_ceiling(device, spec.precision, torch.get_num_threads())
     report.say(f"building {spec.family} model and {cfg.data} data")
-    held = held_bytes(device)
+    held = held_bytes(device) if cfg.fit_fraction > 0 else None  # only a fit compares the run's peak
     model = spec.build().to(device)
     in_step = spread(model, world.rank, world.size, backend, device)
     traffic, grad_bytes = backend.traffic(model, spec.accumulation_steps), gradient_bytes(model)

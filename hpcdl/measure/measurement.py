@@ -78,7 +78,7 @@ class RankMeasurement:
     training (several ranks)"""
     held_before_model_bytes: int | None = None
     """what the rank held before its model was built (``device.held_bytes``): the base the run's
-    own peak rises from, compared with ``--fit``'s target (None: not taken)"""
+    own peak rises from, compared with ``--fit``'s target (None: a run without ``--fit``)"""
     pipeline: StageLog | None = None
     """what this rank's pipeline stages did (pipeline-parallel runs only)"""
 
