@@ -116,6 +116,7 @@ def test_record_counts_samples_of_every_micro_batch(tmp_path: Path) -> None:
     assert audit(read_record(tmp_path / "a.json")).problems == ()  # the audit counts them too
 
 
+@pytest.mark.slow
 def test_memory_and_auto_fit_follow_the_micro_batch() -> None:
     """Accumulation runs the micro-batches one after the other: the fitted batch is the same,
     and the fitted spec keeps its accumulation."""

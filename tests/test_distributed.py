@@ -35,8 +35,10 @@ def only_record(out: Path) -> dict:
     return json.loads(path.read_text())
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("np", [2, 4])
+@pytest.mark.parametrize(
+    ("np", "backend"),
+    [(2, "torch"), (2, "horovod"), (4, "torch"), pytest.param(4, "horovod", marks=pytest.mark.slow)],
+)
 def test_every_rank_measured_and_checked(backend: str, np: int, tmp_path: Path) -> None:
     micro = 2 if np == 4 else 1  # 4 ranks also accumulate: 2 micro-batches per step
     p = hpcdl(
@@ -87,7 +89,7 @@ def test_every_rank_measured_and_checked(backend: str, np: int, tmp_path: Path) 
     assert rec["validity"]["passed"], rec["validity"]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["torch", pytest.param("horovod", marks=pytest.mark.slow)])
 def test_duration_window_ends_on_every_rank_together(backend: str, tmp_path: Path) -> None:
     """With a duration (steps=0) each rank's clock would end its window a step apart from the
     others and leave them waiting in an allreduce; the ranks agree instead, and only once every
@@ -281,7 +283,9 @@ def test_comm_benchmark_refuses_an_unknown_collective() -> None:
     assert p.returncode == 2 and "comm.collective='broadcast' is invalid: allowed: all, allreduce" in p.stderr
 
 
-@pytest.mark.parametrize("backend, slow", [("torch", 1), ("horovod", 0), ("torch", 3)])
+@pytest.mark.parametrize(
+    "backend, slow", [("torch", 1), ("horovod", 0), pytest.param("torch", 3, marks=pytest.mark.slow)]
+)
 def test_a_slowed_rank_is_named_the_straggler(backend: str, slow: int, tmp_path: Path) -> None:
     """One rank sleeps 40 ms before every forward pass. Under DDP the others wait for it inside
     backward, so every rank's forward + backward lasts alike; its computation alone names it."""

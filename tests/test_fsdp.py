@@ -55,7 +55,7 @@ def test_traffic_gathers_blocks_twice_and_the_root_once() -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np", [2, 4])
+@pytest.mark.parametrize("np", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_sharded_run_checks_itself_and_records_its_collectives(np: int, tmp_path: Path) -> None:
     p = hpcdl(
         "run",

@@ -198,7 +198,7 @@ with open(f"{sys.argv[2]}/rank{world.rank}.json", "w") as f:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_every_schedule_trains_as_one_process_does(tp: int, tmp_path: Path) -> None:
     """pp=2 with GPipe, 1F1B and interleaved 1F1B (two stages per rank), attention (also with a
     tied head, its table's gradients summed between the ends) and MLP; and tp=2 x pp=2 on 4

@@ -255,6 +255,7 @@ def four_ranks(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow  # the fixture's six jobs: about 2.5 minutes
 @pytest.mark.mpi
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("backend", ["torch", "horovod", "fsdp"])
@@ -276,6 +277,7 @@ def test_four_ranks_every_node_in_the_record(four_ranks: Path, backend: str, lay
     assert set(collectives) == (expected | {"all_to_all"} if per_node == 1 else expected)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_a_slow_rank_is_named_with_its_node(four_ranks: Path) -> None:
     rec = record(four_ranks, "torch-4x1-n4")
@@ -339,6 +341,7 @@ def test_node_down_mid_job_shows_the_failure(sweep: Path) -> None:
     wait_for(sweep, "nodefail-n2", lambda r: not r.active, left(15))
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_preempted_point_is_requeued_and_runs_again(sweep: Path) -> None:
     """USR2 is what Slurm sends before the time limit (--signal) or on preemption: submitit
