@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/memory_rss.py trace rnn:0:fp32:batch_size=362
     .venv/bin/python benchmarks/memory_rss.py trials speech:0:fp32:batch_size=203 4
     .venv/bin/python benchmarks/memory_rss.py threshold "cnn:0:fp32;speech:0:fp32" 10 [ROUNDS]
+    .venv/bin/python benchmarks/memory_rss.py growth "speech:0:fp32;rnn:4:fp32" 10
 
 ``saved``: what one unfused layer saves for backward (``saved_tensors_hooks``, distinct storages)
 per step, unit and direction, less its input's copies, fp32, batch 64, 32 steps. ``trace``: one
@@ -17,7 +18,8 @@ bytes (the profiler's own buffers are in the resident set too). ``trials``: the 
 a child process as a trial trains it, with glibc's mmap threshold left dynamic (as a run
 without ``--fit``) and fixed at 1 MiB (as a trial and a fitted run), ROUNDS (1) interleaved
 pairs: each pair's ratio of median step times after the third step, and each child's peak
-rise over its base after 2, 5 and STEPS steps.
+rise over its base after 2, 5 and STEPS steps. ``growth``: each spec's child with the threshold
+fixed, its peak after every one of STEPS steps (what ``trial.UNFUSED_STEPS`` is chosen from).
 """
 
 from __future__ import annotations
@@ -133,21 +135,39 @@ def threshold_child(name: str, steps: int, pin: bool) -> None:
     print(json.dumps({"s": times, "peaks": peaks}))
 
 
+def _steps_child(name: str, steps: int, mode: str) -> dict[str, list[float]]:
+    """A ``threshold-child`` of ``name`` (``mode``: dynamic or fixed), its step times and peaks."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    args = [sys.executable, __file__, "threshold-child", name, str(steps), mode]
+    out = subprocess.run(args, capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _at_fill(name: str) -> str:
+    """``name`` with the batch whose estimate fills 300 MB, unless it names a batch."""
+    if name.count(":") == 2:
+        spec, _ = sampled(name)
+        name += f":batch_size={fill_batch(spec, 300 << 20)}"
+    return name
+
+
+def growth(names: str, steps: int) -> None:
+    """Per spec, a child with the threshold fixed: its peak after every step."""
+    for name in map(_at_fill, names.split(";")):
+        got = _steps_child(name, steps, "fixed")
+        peaks = " ".join(f"{p:.0f}" for p in got["peaks"])
+        print(f"{name}: peak MiB after steps 1-{steps}: {peaks}", flush=True)
+
+
 def threshold(names: str, steps: int, rounds: int) -> None:
     """Per spec, ``rounds`` interleaved pairs of children (dynamic, then fixed): each pair's step
     time ratio, and every child's peaks."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    for name in names.split(";"):
-        if name.count(":") == 2:
-            spec, _ = sampled(name)
-            name += f":batch_size={fill_batch(spec, 300 << 20)}"
+    for name in map(_at_fill, names.split(";")):
         ratios, peaks = [], {"dynamic": [], "fixed": []}
         for _ in range(rounds):
             step = {}
             for mode in ("dynamic", "fixed"):
-                args = [sys.executable, __file__, "threshold-child", name, str(steps), mode]
-                out = subprocess.run(args, capture_output=True, text=True, env=env, check=True)
-                got = json.loads(out.stdout.strip().splitlines()[-1])
+                got = _steps_child(name, steps, mode)
                 step[mode] = statistics.median(got["s"][3:])
                 peaks[mode].append("/".join(f"{got['peaks'][k]:.0f}" for k in (1, 4, steps - 1)))
             ratios.append(step["fixed"] / step["dynamic"])
@@ -165,6 +185,8 @@ def main(argv: list[str]) -> None:
         trials(argv[1], int(argv[2]))
     elif argv[:1] == ["threshold"] and len(argv) in (3, 4) and int(argv[2]) >= 5:
         threshold(argv[1], int(argv[2]), int(argv[3]) if len(argv) == 4 else 1)
+    elif argv[:1] == ["growth"] and len(argv) == 3:
+        growth(argv[1], int(argv[2]))
     elif argv[:1] == ["threshold-child"]:
         threshold_child(argv[1], int(argv[2]), argv[3] == "fixed")
     else:

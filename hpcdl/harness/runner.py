@@ -21,7 +21,6 @@ import torch
 from hpcdl import metrics
 from hpcdl.device import (
     device_name,
-    held_bytes,
     ieee_fp32,
     peak_memory,
     rank_threads,
@@ -41,6 +40,7 @@ from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import theoretical_peak
 from hpcdl.measure.schedstat import Descheduled, together
 from hpcdl.measure.telemetry import TelemetrySampler
+from hpcdl.measure.trial import warm_base
 from hpcdl.measure.watchdog import Watchdog
 from hpcdl.parallel.backends import (
     Backend,
@@ -197,7 +197,7 @@ def measure_rank(
     world.barrier()  # every rank probes at once, sharing the node as in training
     ceiling = measured_ceiling(device, spec.precision, torch.get_num_threads())
     report.say(f"building {spec.family} model and {cfg.data} data")
-    held = held_bytes(device) if cfg.fit_fraction > 0 else None  # only a fit compares the run's peak
+    held = warm_base(spec, cfg.optimizer, device) if cfg.fit_fraction > 0 else None  # only a fit compares
     model = spec.build().to(device)
     in_step = spread(model, world.rank, world.size, backend, device)
     traffic, grad_bytes = backend.traffic(model, spec.accumulation_steps), gradient_bytes(model)

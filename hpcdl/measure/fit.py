@@ -39,9 +39,12 @@ MAX_GROWTH = 8
 read from small trials may be noise"""
 
 
-RANK_PROCESS_BYTES = 256 << 20
-"""what a rank process takes on a CPU before its model: Python, torch, mpi4py and Horovod
-(233-238 MiB resident here)"""
+RANK_PROCESS_BYTES = 384 << 20
+"""what a rank process takes on a CPU before its model: Python, torch, mpi4py, Horovod and what a
+first training step loads (the kernels' code, the libraries' buffers), as a fitted run takes its
+base (``trial.warm_base``): 358-374 MiB in a one-process ``hpcdl run --fit``, 383 in each of two
+Horovod ranks (each rank's ``peak_memory_bytes`` less ``fit.run_peak_bytes``; AVX2 EPYC). It was
+256 (233-238 measured before any step), which left some 120 MiB a rank uncounted."""
 
 
 def rank_memory(device: torch.device, world: World) -> int:
@@ -93,10 +96,10 @@ class Fit:
     which took 0.87-1.26x the step time of a dynamic one at batches that fill 300 MB (METRICS.md);
     None on a GPU"""
     run_peak_bytes: int | None = None
-    """the run's own peak above what its rank held before the model (``device.held_bytes``), the
-    largest over ranks: what the trials promised to keep within ``target_bytes``. On a CPU it holds
-    what a run's longer life adds (glibc's heap, the kernels built in its first steps); None where
-    a rank could not say"""
+    """the run's own peak above what its rank held before the model, its base taken as a trial's
+    (``trial.warm_base``), the largest over ranks: what the trials promised to keep within
+    ``target_bytes``. On a CPU it holds what a run's longer life adds (glibc's heap over more
+    steps); None where a rank could not say"""
 
     def with_run_peak(self, ranks: list[RankMeasurement]) -> Fit:
         """This fit with the run's own peak, from each rank's peak and what it held before its model."""

@@ -77,8 +77,9 @@ class RankMeasurement:
     """per collective of ``traffic``: median blocking call of its bytes per step, after
     training (several ranks)"""
     held_before_model_bytes: int | None = None
-    """what the rank held before its model was built (``device.held_bytes``): the base the run's
-    own peak rises from, compared with ``--fit``'s target (None: a run without ``--fit``)"""
+    """what the rank held before its model was built, after a one-sample step as a trial's base
+    (``trial.warm_base``): the base the run's own peak rises from, compared with ``--fit``'s
+    target (None: a run without ``--fit``)"""
     pipeline: StageLog | None = None
     """what this rank's pipeline stages did (pipeline-parallel runs only)"""
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hpcdl.device import reset_peak_memory, status_bytes, synchronize
+from hpcdl.device import held_bytes, reset_peak_memory, status_bytes, synchronize
 from hpcdl.errors import RunFailed
 from hpcdl.workloads.precision import Precision, precision
 from hpcdl.workloads.spec import Spec
@@ -30,6 +30,14 @@ from hpcdl.workloads.spec import Spec
 STEPS = 2
 """training steps per trial: the optimizer allocates its state in the first, so the second holds
 weights, gradients, state and activations at once, as every later step does"""
+UNFUSED_STEPS = 6
+"""training steps per CPU trial of a spec with a recurrent layer the CPU runs step by step
+(``Spec.unfused_recurrent``: GRU, Elman RNN). glibc's heap among their per-step tensors keeps
+growing after the second step, and a run holds what its later steps hold: of seven such specs at
+the batches that fill 300 MB, the second step's peak was 87.5-99.0 % of the tenth's, the sixth's
+98.4-100 % (speech seed 0: 329, 370, 376 MiB after steps 2, 6 and 10; ``benchmarks/memory_rss.py
+growth``, METRICS.md "Size classes and auto-fit"). A fused LSTM's and a CNN's were flat from the
+second step."""
 POLL_S = 0.02
 """how often the parent reads a CPU trial's resident set"""
 
@@ -54,8 +62,16 @@ class TrialFailed(RunFailed):
     line, exit code 1), not with a smaller batch."""
 
 
-def train_steps(spec: Spec, optimizer: str, pool_batches: int, device: torch.device) -> None:
-    """``STEPS`` forward, backward and optimizer steps of ``spec`` as ``measure.loop`` trains it
+def trial_steps(spec: Spec, device: torch.device) -> int:
+    """Training steps a trial of ``spec`` on ``device`` takes: ``STEPS``, or ``UNFUSED_STEPS`` on
+    a CPU for a recurrent layer run step by step."""
+    return UNFUSED_STEPS if device.type == "cpu" and spec.unfused_recurrent else STEPS
+
+
+def train_steps(
+    spec: Spec, optimizer: str, pool_batches: int, device: torch.device, steps: int = STEPS
+) -> None:
+    """``steps`` forward, backward and optimizer steps of ``spec`` as ``measure.loop`` trains it
     (autocast in bf16/fp16, the loss in fp32), with the run's pool of batches on the device."""
     from hpcdl.measure.data import make_batch
 
@@ -67,11 +83,23 @@ def train_steps(spec: Spec, optimizer: str, pool_batches: int, device: torch.dev
     x, y = make_batch(spec, spec.batch_size * max(pool_batches, 1), device)
     x, y = x[: spec.batch_size], y[: spec.batch_size]
     p = precision(spec.precision)
-    for _ in range(STEPS):
+    for _ in range(steps):
         _loss(model, x, y, device, p).backward()
         opt.step()
         opt.zero_grad()
     synchronize(device)
+
+
+def warm_base(spec: Spec, optimizer: str, device: torch.device) -> int | None:
+    """What this process holds before ``spec``'s model, taken as a CPU trial takes its base: after
+    a one-sample step has loaded the kernels' code and the libraries' buffers, what is garbage
+    then freed and given back (``device.held_bytes``). The base a fitted run's own peak rises
+    from, so that it compares with its trials': a speech GRU at batch 187 rose 348 MiB from a
+    cold base, 300 from a warm one (29 MiB more of mapped code, 34 of the libraries' own
+    memory). None where the resident set cannot be read; 0 on CUDA."""
+    if device.type == "cpu":
+        train_steps(spec.replace(batch_size=1), optimizer, 1, device)
+    return held_bytes(device)
 
 
 def _loss(
@@ -94,7 +122,7 @@ def cuda_trial(spec: Spec, optimizer: str, pool_batches: int, device: torch.devi
     before = torch.cuda.memory_reserved(device)
     torch.cuda.reset_peak_memory_stats(device)
     try:
-        train_steps(spec, optimizer, pool_batches, device)
+        train_steps(spec, optimizer, pool_batches, device, trial_steps(spec, device))
         return Trial(spec.batch_size, torch.cuda.max_memory_reserved(device) - before)
     except torch.OutOfMemoryError:
         return Trial(spec.batch_size, None)
@@ -166,7 +194,7 @@ def main(argv: list[str]) -> None:
     # VmHWM := VmRSS, as the run resets its peak
     reset_peak_memory(cpu, pin=True)
     base = status_bytes("VmRSS")
-    train_steps(spec, optimizer, pool, cpu)
+    train_steps(spec, optimizer, pool, cpu, trial_steps(spec, cpu))
     hwm = status_bytes("VmHWM")
     if base is None or hwm is None:
         raise OSError("no VmRSS or VmHWM in /proc/self/status: a trial cannot measure its peak")
