@@ -284,7 +284,12 @@ def test_comm_benchmark_refuses_an_unknown_collective() -> None:
 
 
 @pytest.mark.parametrize(
-    "backend, slow", [("torch", 1), ("horovod", 0), pytest.param("torch", 3, marks=pytest.mark.slow)]
+    "backend, slow",
+    [
+        ("torch", 1),
+        pytest.param("horovod", 0, marks=pytest.mark.slow),
+        pytest.param("torch", 3, marks=pytest.mark.slow),
+    ],
 )
 def test_a_slowed_rank_is_named_the_straggler(backend: str, slow: int, tmp_path: Path) -> None:
     """One rank sleeps 40 ms before every forward pass. Under DDP the others wait for it inside

@@ -239,7 +239,8 @@ def processes_with(mark: str) -> list[str]:
 @pytest.mark.parametrize(
     "sig, nodes",
     [
-        pytest.param(signal.SIGTERM, 2, marks=pytest.mark.mpi),  # mpirun and its ranks end too
+        # mpirun and its ranks end too
+        pytest.param(signal.SIGTERM, 2, marks=(pytest.mark.mpi, pytest.mark.slow)),
         (signal.SIGINT, 1),
         (signal.SIGHUP, 1),
     ],

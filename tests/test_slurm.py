@@ -308,6 +308,7 @@ def test_cancelled_point_is_reported_and_other_records_stay(sweep: Path) -> None
     assert valid_point(sweep / "torch-n1.json", spec, 1) and valid_point(sweep / "torch-n2.json", spec, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_node_down_mid_job_shows_the_failure(sweep: Path) -> None:
     """Bounded: 85 s from submission to the end, whatever Slurm does."""
