@@ -259,6 +259,9 @@ def test_signal_to_submit_cancels_the_point_running_here(tmp_path: Path, sig: in
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a shell without job control starts background commands with SIGINT ignored, and submit
+        # keeps a signal it inherits ignored (as a background job should): the case needs it heard
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         end = time.monotonic() + 120
