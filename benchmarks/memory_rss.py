@@ -7,6 +7,8 @@
     .venv/bin/python benchmarks/memory_rss.py trials speech:0:fp32:batch_size=203 4
     .venv/bin/python benchmarks/memory_rss.py threshold "cnn:0:fp32;speech:0:fp32" 10 [ROUNDS]
     .venv/bin/python benchmarks/memory_rss.py growth "speech:0:fp32;rnn:4:fp32" 10
+    .venv/bin/python benchmarks/memory_rss.py mapped "speech:0:fp32;rnn:7:fp32" 8 1048576,65536
+    .venv/bin/python benchmarks/memory_rss.py base speech:0:fp32:batch_size=187 [ROUNDS]
 
 ``saved``: what one unfused layer saves for backward (``saved_tensors_hooks``, distinct storages)
 per step, unit and direction, less its input's copies, fp32, batch 64, 32 steps. ``trace``: one
@@ -20,6 +22,13 @@ without ``--fit``) and fixed at 1 MiB (as a trial and a fitted run), ROUNDS (1) 
 pairs: each pair's ratio of median step times after the third step, and each child's peak
 rise over its base after 2, 5 and STEPS steps. ``growth``: each spec's child with the threshold
 fixed, its peak after every one of STEPS steps (what ``trial.UNFUSED_STEPS`` is chosen from).
+``mapped``: each spec's child with the threshold fixed at each of the sizes given (bytes), one
+after another: its peak after 2 and STEPS steps and its median step time from the third step
+(what ``device.MMAP_THRESHOLD_BYTES`` is chosen from).
+``base``: the spec's trial steps in a child whose base is taken before any step (cold) and in one
+whose base is taken after a one-sample step (warm, ``trial.warm_base``, as a trial and a fitted
+run take it), ROUNDS (1) interleaved pairs: each base's ``VmRSS``, ``RssAnon`` and ``RssFile``,
+the peak's rise over it, and how much of each the steps added (what ``trial.warm_base`` is for).
 """
 
 from __future__ import annotations
@@ -37,9 +46,10 @@ import torch
 from memory_allocator import allocations, fill_batch, running, sampled
 from torch.profiler import ProfilerActivity, profile
 
+import hpcdl.device
 from hpcdl.device import malloc_trim, reset_peak_memory, status_bytes
 from hpcdl.measure.data import make_batch
-from hpcdl.measure.trial import _loss, cpu_trial, train_steps
+from hpcdl.measure.trial import _loss, cpu_trial, train_steps, trial_steps, warm_base
 from hpcdl.workloads.precision import precision
 from hpcdl.workloads.recurrent import recurrent_stack
 
@@ -114,8 +124,12 @@ def trials(name: str, n: int) -> None:
     print(f"{name}: trial peaks " + ", ".join(f"{(b or 0) / 2**20:.1f}" for b in peaks) + " MiB")
 
 
-def threshold_child(name: str, steps: int, pin: bool) -> None:
-    """One child of ``threshold``: prints its step times and its peak after each step."""
+def threshold_child(name: str, steps: int, mode: str) -> None:
+    """One child of ``threshold``, ``growth`` or ``mapped``: prints its step times and its peak
+    after each step. ``mode``: dynamic, fixed (at ``MMAP_THRESHOLD_BYTES``) or a size in bytes."""
+    if mode.isdigit():
+        hpcdl.device.MMAP_THRESHOLD_BYTES = int(mode)
+    pin = mode != "dynamic"
     spec, _ = sampled(name)
     cpu, p = torch.device("cpu"), precision(spec.precision)
     train_steps(spec.replace(batch_size=1), "adamw", 1, cpu)
@@ -136,7 +150,7 @@ def threshold_child(name: str, steps: int, pin: bool) -> None:
 
 
 def _steps_child(name: str, steps: int, mode: str) -> dict[str, list[float]]:
-    """A ``threshold-child`` of ``name`` (``mode``: dynamic or fixed), its step times and peaks."""
+    """A ``threshold-child`` of ``name`` (``mode``: dynamic, fixed or bytes), its step times and peaks."""
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     args = [sys.executable, __file__, "threshold-child", name, str(steps), mode]
     out = subprocess.run(args, capture_output=True, text=True, env=env, check=True)
@@ -159,6 +173,18 @@ def growth(names: str, steps: int) -> None:
         print(f"{name}: peak MiB after steps 1-{steps}: {peaks}", flush=True)
 
 
+def mapped(names: str, steps: int, sizes: list[int]) -> None:
+    """Per spec, a child at each fixed threshold: its peaks after 2 and ``steps`` steps, and its
+    median step time from the third step."""
+    for name in map(_at_fill, names.split(";")):
+        cells = []
+        for size in sizes:
+            got = _steps_child(name, steps, str(size))
+            cells.append(f"{size >> 10} KiB {got['peaks'][1]:.0f}/{got['peaks'][-1]:.0f} MiB, "
+                         f"{statistics.median(got['s'][2:]):.2f} s")  # fmt: skip
+        print(f"{name}: peak after 2/{steps} steps, median step: {'; '.join(cells)}", flush=True)
+
+
 def threshold(names: str, steps: int, rounds: int) -> None:
     """Per spec, ``rounds`` interleaved pairs of children (dynamic, then fixed): each pair's step
     time ratio, and every child's peaks."""
@@ -176,6 +202,39 @@ def threshold(names: str, steps: int, rounds: int) -> None:
               flush=True)  # fmt: skip
 
 
+def _resident() -> dict[str, int]:
+    return {key: status_bytes(key) or 0 for key in ("VmRSS", "RssAnon", "RssFile")}
+
+
+def base_child(name: str, warm: bool) -> None:
+    """One child of ``base``: its base, taken cold or warm, and what the trial's steps added."""
+    spec, _ = sampled(name)
+    cpu = torch.device("cpu")
+    if warm:
+        warm_base(spec, "adamw", cpu)
+    reset_peak_memory(cpu, pin=True)
+    before = _resident()
+    train_steps(spec, "adamw", 1, cpu, trial_steps(spec, cpu))
+    print(json.dumps({"before": before, "after": _resident(), "hwm": status_bytes("VmHWM") or 0}))
+
+
+def base(name: str, rounds: int) -> None:
+    """``rounds`` interleaved pairs of children, cold then warm: each base and the rise over it."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    mib = 2**20
+    for _ in range(rounds):
+        for mode in ("cold", "warm"):
+            args = [sys.executable, __file__, "base-child", name, mode]
+            got = json.loads(subprocess.run(args, capture_output=True, text=True, env=env, check=True)
+                             .stdout.strip().splitlines()[-1])  # fmt: skip
+            b, a = got["before"], got["after"]
+            rise = (got["hwm"] - b["VmRSS"]) / mib
+            print(f"{name} {mode}: base VmRSS {b['VmRSS'] / mib:.0f} (RssAnon {b['RssAnon'] / mib:.0f}, "
+                  f"RssFile {b['RssFile'] / mib:.0f}) MiB; peak rise {rise:.0f} MiB; "
+                  f"the steps added RssAnon {(a['RssAnon'] - b['RssAnon']) / mib:.0f}, "
+                  f"RssFile {(a['RssFile'] - b['RssFile']) / mib:.0f} MiB", flush=True)  # fmt: skip
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["saved"]:
         saved()
@@ -187,8 +246,14 @@ def main(argv: list[str]) -> None:
         threshold(argv[1], int(argv[2]), int(argv[3]) if len(argv) == 4 else 1)
     elif argv[:1] == ["growth"] and len(argv) == 3:
         growth(argv[1], int(argv[2]))
+    elif argv[:1] == ["base"] and len(argv) in (2, 3):
+        base(argv[1], int(argv[2]) if len(argv) == 3 else 1)
+    elif argv[:1] == ["base-child"]:
+        base_child(argv[1], argv[2] == "warm")
+    elif argv[:1] == ["mapped"] and len(argv) == 4 and int(argv[2]) >= 3:
+        mapped(argv[1], int(argv[2]), [int(n) for n in argv[3].split(",")])
     elif argv[:1] == ["threshold-child"]:
-        threshold_child(argv[1], int(argv[2]), argv[3] == "fixed")
+        threshold_child(argv[1], int(argv[2]), argv[3])
     else:
         sys.exit(__doc__)
 

@@ -200,7 +200,12 @@ _rss_peak_reset = False
 MMAP_THRESHOLD_BYTES = 1 << 20
 """allocations from this size up are mapped on their own by glibc and unmapped when freed; set
 in auto-fit's trials (``pin_mmap_threshold``) so that their peak resident set is what the
-tensors hold, not what glibc's heap keeps of freed ones"""
+tensors hold, not what glibc's heap keeps of freed ones. Below it, the per-step tensors of a
+recurrent layer the CPU runs step by step still fragment the heap over a run's first steps
+(``measure.trial.UNFUSED_STEPS``). At 64 KiB they are mapped too and the peak is flat from the
+second step, 0.72-0.95 of the eighth step's at 1 MiB over five such specs, but their step time
+is 1.13-1.89 times as long (a CNN's 1.04; ``benchmarks/memory_rss.py mapped``, METRICS.md "Size
+classes and auto-fit"): a fitted run would score a slower allocator, not the machine."""
 _M_MMAP_THRESHOLD = -3
 """``mallopt``'s parameter number of the threshold (glibc's malloc.h)"""
 

@@ -37,7 +37,9 @@ growing after the second step, and a run holds what its later steps hold: of sev
 the batches that fill 300 MB, the second step's peak was 87.5-99.0 % of the tenth's, the sixth's
 98.4-100 % (speech seed 0: 329, 370, 376 MiB after steps 2, 6 and 10; ``benchmarks/memory_rss.py
 growth``, METRICS.md "Size classes and auto-fit"). A fused LSTM's and a CNN's were flat from the
-second step."""
+second step. Six steps are not a bound: speech seed 12 (batch 299) rose again at the seventh to
+ninth step in two runs of three (341 to 396 MiB, 344 to 359). A lower mmap threshold would end
+the growth, at a cost in step time (``device.MMAP_THRESHOLD_BYTES``)."""
 POLL_S = 0.02
 """how often the parent reads a CPU trial's resident set"""
 
@@ -94,9 +96,10 @@ def warm_base(spec: Spec, optimizer: str, device: torch.device) -> int | None:
     """What this process holds before ``spec``'s model, taken as a CPU trial takes its base: after
     a one-sample step has loaded the kernels' code and the libraries' buffers, what is garbage
     then freed and given back (``device.held_bytes``). The base a fitted run's own peak rises
-    from, so that it compares with its trials': a speech GRU at batch 187 rose 348 MiB from a
-    cold base, 300 from a warm one (29 MiB more of mapped code, 34 of the libraries' own
-    memory). None where the resident set cannot be read; 0 on CUDA."""
+    from, so that it compares with its trials': the fit test's CNN at batch 120 rose 55-59 MiB
+    from a base before any step, 34-35 from this one, 22 MiB of it the kernels' mapped code
+    (``RssFile``; ``benchmarks/memory_rss.py base``). None where the resident set cannot be read;
+    0 on CUDA."""
     if device.type == "cpu":
         train_steps(spec.replace(batch_size=1), optimizer, 1, device)
     return held_bytes(device)
@@ -181,19 +184,19 @@ def _rss(pid: int) -> int | None:
 
 
 def main(argv: list[str]) -> None:
-    """The child: load the kernels with a one-sample step, then measure the trial's steps as the
-    rise of the peak resident set (``VmHWM``, reset through ``clear_refs`` after ``malloc_trim``)
-    over the resident set before them."""
+    """The child: take the base as a fitted run takes it (``warm_base``: after a one-sample step),
+    then measure the trial's steps as the rise of the peak resident set (``VmHWM``, reset through
+    ``clear_refs``) over it."""
     from hpcdl.workloads.registry import spec_from_dict
 
     spec = spec_from_dict(json.loads(argv[0]))
     optimizer, pool = argv[1], int(argv[2])
     cpu = torch.device("cpu")
-    train_steps(spec.replace(batch_size=1), optimizer, 1, cpu)  # libraries and kernels: the process's
-    # what the warm-up freed goes back to the system (else the trial reuses it unseen) and
-    # VmHWM := VmRSS, as the run resets its peak
-    reset_peak_memory(cpu, pin=True)
-    base = status_bytes("VmRSS")
+    # the libraries and kernels a step loads are the process's, not the trial's; what the warm-up
+    # freed goes back to the system (else the trial would reuse it unseen): the base a fitted run
+    # takes too
+    base = warm_base(spec, optimizer, cpu)
+    reset_peak_memory(cpu, pin=True)  # VmHWM := VmRSS, the mmap threshold fixed, as in the run
     train_steps(spec, optimizer, pool, cpu, trial_steps(spec, cpu))
     hwm = status_bytes("VmHWM")
     if base is None or hwm is None:
