@@ -7,7 +7,7 @@
     .venv/bin/python benchmarks/memory_rss.py trials speech:0:fp32:batch_size=203 4
     .venv/bin/python benchmarks/memory_rss.py threshold "cnn:0:fp32;speech:0:fp32" 10 [ROUNDS]
     .venv/bin/python benchmarks/memory_rss.py growth "speech:0:fp32;rnn:4:fp32" 10
-    .venv/bin/python benchmarks/memory_rss.py mapped "speech:0:fp32;rnn:7:fp32" 8 1048576,65536
+    .venv/bin/python benchmarks/memory_rss.py mapped "speech:0:fp32;rnn:7:fp32" 8 1048576,65536,jemalloc
     .venv/bin/python benchmarks/memory_rss.py base speech:0:fp32:batch_size=187 [ROUNDS]
 
 ``saved``: what one unfused layer saves for backward (``saved_tensors_hooks``, distinct storages)
@@ -22,9 +22,10 @@ without ``--fit``) and fixed at 1 MiB (as a trial and a fitted run), ROUNDS (1) 
 pairs: each pair's ratio of median step times after the third step, and each child's peak
 rise over its base after 2, 5 and STEPS steps. ``growth``: each spec's child with the threshold
 fixed, its peak after every one of STEPS steps (what ``trial.UNFUSED_STEPS`` is chosen from).
-``mapped``: each spec's child with the threshold fixed at each of the sizes given (bytes), one
-after another: its peak after 2 and STEPS steps and its median step time from the third step
-(what ``device.MMAP_THRESHOLD_BYTES`` is chosen from).
+``mapped``: each spec's child with the threshold fixed at each of the sizes given (bytes; or
+``jemalloc``: jemalloc's allocator preloaded instead of glibc's), one after another: its peak
+after 2 and STEPS steps and its median step time from the third step (what
+``device.MMAP_THRESHOLD_BYTES`` is chosen from).
 ``base``: the spec's trial steps in a child whose base is taken before any step (cold) and in one
 whose base is taken after a one-sample step (warm, ``trial.warm_base``, as a trial and a fitted
 run take it), ROUNDS (1) interleaved pairs: each base's ``VmRSS``, ``RssAnon`` and ``RssFile``,
@@ -34,6 +35,7 @@ the peak's rise over it, and how much of each the steps added (what ``trial.warm
 from __future__ import annotations
 
 import bisect
+import ctypes.util
 import json
 import os
 import statistics
@@ -149,9 +151,12 @@ def threshold_child(name: str, steps: int, mode: str) -> None:
     print(json.dumps({"s": times, "peaks": peaks}))
 
 
-def _steps_child(name: str, steps: int, mode: str) -> dict[str, list[float]]:
-    """A ``threshold-child`` of ``name`` (``mode``: dynamic, fixed or bytes), its step times and peaks."""
+def _steps_child(name: str, steps: int, mode: str, preload: str | None = None) -> dict[str, list[float]]:
+    """A ``threshold-child`` of ``name`` (``mode``: dynamic, fixed or bytes), its step times and
+    peaks; with ``preload``, that library's ``malloc`` instead of glibc's (``LD_PRELOAD``)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    if preload:
+        env["LD_PRELOAD"] = preload
     args = [sys.executable, __file__, "threshold-child", name, str(steps), mode]
     out = subprocess.run(args, capture_output=True, text=True, env=env, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -173,14 +178,21 @@ def growth(names: str, steps: int) -> None:
         print(f"{name}: peak MiB after steps 1-{steps}: {peaks}", flush=True)
 
 
-def mapped(names: str, steps: int, sizes: list[int]) -> None:
-    """Per spec, a child at each fixed threshold: its peaks after 2 and ``steps`` steps, and its
-    median step time from the third step."""
+def mapped(names: str, steps: int, sizes: list[str]) -> None:
+    """Per spec, a child at each fixed threshold (bytes; ``jemalloc``: jemalloc's ``malloc``,
+    preloaded, instead of glibc's): its peaks after 2 and ``steps`` steps, and its median step
+    time from the third step."""
+    jemalloc = ctypes.util.find_library("jemalloc")
+    if "jemalloc" in sizes and not jemalloc:
+        sys.exit("jemalloc: no libjemalloc here (Debian: apt-get install libjemalloc2)")
     for name in map(_at_fill, names.split(";")):
         cells = []
         for size in sizes:
-            got = _steps_child(name, steps, str(size))
-            cells.append(f"{size >> 10} KiB {got['peaks'][1]:.0f}/{got['peaks'][-1]:.0f} MiB, "
+            if size == "jemalloc":
+                got, label = _steps_child(name, steps, "dynamic", jemalloc), "jemalloc"
+            else:
+                got, label = _steps_child(name, steps, size), f"{int(size) >> 10} KiB"
+            cells.append(f"{label} {got['peaks'][1]:.0f}/{got['peaks'][-1]:.0f} MiB, "
                          f"{statistics.median(got['s'][2:]):.2f} s")  # fmt: skip
         print(f"{name}: peak after 2/{steps} steps, median step: {'; '.join(cells)}", flush=True)
 
@@ -251,7 +263,7 @@ def main(argv: list[str]) -> None:
     elif argv[:1] == ["base-child"]:
         base_child(argv[1], argv[2] == "warm")
     elif argv[:1] == ["mapped"] and len(argv) == 4 and int(argv[2]) >= 3:
-        mapped(argv[1], int(argv[2]), [int(n) for n in argv[3].split(",")])
+        mapped(argv[1], int(argv[2]), argv[3].split(","))
     elif argv[:1] == ["threshold-child"]:
         threshold_child(argv[1], int(argv[2]), argv[3])
     else:

@@ -203,9 +203,12 @@ in auto-fit's trials (``pin_mmap_threshold``) so that their peak resident set is
 tensors hold, not what glibc's heap keeps of freed ones. Below it, the per-step tensors of a
 recurrent layer the CPU runs step by step still fragment the heap over a run's first steps
 (``measure.trial.UNFUSED_STEPS``). At 64 KiB they are mapped too and the peak is flat from the
-second step, 0.72-0.95 of the eighth step's at 1 MiB over five such specs, but their step time
-is 1.13-1.89 times as long (a CNN's 1.04; ``benchmarks/memory_rss.py mapped``, METRICS.md "Size
-classes and auto-fit"): a fitted run would score a slower allocator, not the machine."""
+second step, 0.72-0.99 of the eighth step's at 1 MiB over five such specs in two runs, but their
+step time is 1.09-2.08 times as long (a CNN's and an MLP's 0.88-1.04; ``benchmarks/memory_rss.py
+mapped``, METRICS.md "Size classes and auto-fit"): a fitted run would score a slower allocator,
+not the machine. jemalloc preloaded instead of glibc's allocator held them as flat at 1.03-1.21
+times the step time; using it would mean starting trials and fitted runs with it under every
+launcher."""
 _M_MMAP_THRESHOLD = -3
 """``mallopt``'s parameter number of the threshold (glibc's malloc.h)"""
 
