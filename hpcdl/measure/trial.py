@@ -37,9 +37,10 @@ growing after the second step, and a run holds what its later steps hold: of sev
 the batches that fill 300 MB, the second step's peak was 87.5-99.0 % of the tenth's, the sixth's
 98.4-100 % (speech seed 0: 329, 370, 376 MiB after steps 2, 6 and 10; ``benchmarks/memory_rss.py
 growth``, METRICS.md "Size classes and auto-fit"). A fused LSTM's and a CNN's were flat from the
-second step. Six steps are not a bound: speech seed 12 (batch 299) rose again at the seventh to
-ninth step in two runs of three (341 to 396 MiB, 344 to 359). A lower mmap threshold would end
-the growth, at a cost in step time (``device.MMAP_THRESHOLD_BYTES``)."""
+second step. Six steps are not a bound: speech seed 12 (batch 299) rose again after its sixth
+step in both runs of ``growth`` (341 to 396 MiB by the ninth; 338 to 376 at the seventh with one
+malloc arena). A lower mmap threshold or jemalloc would end the growth, at a cost in step time
+(``device.MMAP_THRESHOLD_BYTES``)."""
 POLL_S = 0.02
 """how often the parent reads a CPU trial's resident set"""
 
