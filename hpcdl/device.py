@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import gc
 import os
 import platform
@@ -207,8 +208,7 @@ second step, 0.72-0.99 of the eighth step's at 1 MiB over five such specs in two
 step time is 1.09-2.08 times as long (a CNN's and an MLP's 0.88-1.04; ``benchmarks/memory_rss.py
 mapped``, METRICS.md "Size classes and auto-fit"): a fitted run would score a slower allocator,
 not the machine. jemalloc preloaded instead of glibc's allocator held them as flat at 1.03-1.21
-times the step time; using it would mean starting trials and fitted runs with it under every
-launcher."""
+times the step time: an operator may start a fitted run with it (``malloc_library``)."""
 _M_MMAP_THRESHOLD = -3
 """``mallopt``'s parameter number of the threshold (glibc's malloc.h)"""
 
@@ -272,11 +272,28 @@ def pin_mmap_threshold() -> bool:
 
 
 def malloc_trim() -> None:
-    """Give the heap's free pages back to the system (glibc), so that the resident set is what is live."""
+    """Give the allocator's free pages back to the system, so that the resident set is what is
+    live: glibc's ``malloc_trim``, and where jemalloc was preloaded its purge of every arena
+    (``mallctl("arena.4096.purge")``, 4096 being ``MALLCTL_ARENAS_ALL``)."""
     try:
+        if malloc_library() == "jemalloc":
+            ctypes.CDLL(None).mallctl(b"arena.4096.purge", None, None, None, ctypes.c_size_t(0))
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: its freed memory stays counted
+    except (OSError, AttributeError):  # another C library: its freed memory stays counted
         pass
+
+
+@functools.cache
+def malloc_library() -> str:
+    """Whose ``malloc`` this process calls: ``jemalloc`` or ``tcmalloc`` where one was preloaded
+    (``LD_PRELOAD``, its library then mapped into the process), else ``glibc``. A CPU peak depends
+    on it: glibc's heap among small per-step tensors grows over a recurrent run's first steps,
+    jemalloc's does not (METRICS.md "Size classes and auto-fit", step 6)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return "glibc"
+    return next((name for name in ("jemalloc", "tcmalloc") if f"/lib{name}" in maps), "glibc")
 
 
 def status_bytes(key: str) -> int | None:

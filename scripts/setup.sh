@@ -41,8 +41,8 @@ if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
   apt_install python3-venv python3-dev
 fi
 [ "$mpi" = 1 ] && apt_install openmpi-bin libopenmpi-dev
-# the tests open the HTML report in a real headless browser
-[ "$test" = 1 ] && apt_install chromium
+# the tests open the HTML report in a real headless browser, and fit a run with jemalloc preloaded
+[ "$test" = 1 ] && apt_install chromium libjemalloc2
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating $VENV"
   python3 -m venv "$VENV"

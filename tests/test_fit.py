@@ -4,7 +4,11 @@ peak, is stopped by its parent past the limit, and reports a failure that is not
 
 from __future__ import annotations
 
+import ctypes.util
+import os
 import random
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -144,3 +148,26 @@ def test_a_gpus_capacity_counts_what_the_caching_allocator_holds_for_no_tensor(
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 105 * GiB)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 2 * GiB)
     assert memory_capacity(torch.device("cuda")) == (30 + 105 - 2) * GiB
+
+
+JEMALLOC = ctypes.util.find_library("jemalloc")
+_FREED = """
+import torch
+from hpcdl.device import malloc_library, malloc_trim, status_bytes
+before = status_bytes("VmRSS")
+blocks = [torch.ones(20_000) for _ in range(5_000)]  # 400 MB in blocks of 80 kB, under glibc's threshold
+del blocks
+malloc_trim()
+print(malloc_library(), (status_bytes("VmRSS") - before) >> 20)
+"""
+
+
+@pytest.mark.skipif(not JEMALLOC, reason="no libjemalloc: bash scripts/setup.sh --test installs it")
+@pytest.mark.parametrize("preload", ["", "jemalloc"])
+def test_the_allocator_is_named_and_its_free_pages_are_given_back(preload: str) -> None:
+    """With jemalloc preloaded (an operator's choice: METRICS.md, step 6 of auto-fit) a run's
+    peak still starts from what is live: jemalloc's freed pages are purged as glibc's are."""
+    env = {**os.environ, "LD_PRELOAD": JEMALLOC if preload else ""}
+    p = subprocess.run([sys.executable, "-c", _FREED], capture_output=True, text=True, env=env, check=True)
+    name, kept = p.stdout.split()
+    assert name == (preload or "glibc") and int(kept) < 40, p.stdout  # of 400 MB freed

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from hpcdl.device import MMAP_THRESHOLD_BYTES, memory_capacity, rank_threads
+from hpcdl.device import MMAP_THRESHOLD_BYTES, malloc_library, memory_capacity, rank_threads
 from hpcdl.errors import InputError, SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.measurement import RankMeasurement
@@ -96,7 +96,11 @@ class Fit:
     mmap_threshold_bytes: int | None = None
     """CPU: glibc's mmap threshold that the trials and the run fixed (``device.pin_mmap_threshold``),
     which took 0.87-1.26x the step time of a dynamic one at batches that fill 300 MB (METRICS.md);
-    None on a GPU"""
+    None on a GPU, or where glibc's ``malloc`` is not the one called"""
+    allocator: str | None = None
+    """CPU: whose ``malloc`` the trials and the run called (``device.malloc_library``): glibc, or
+    jemalloc or tcmalloc preloaded into the run (``LD_PRELOAD``, which its trials inherit); None
+    on a GPU"""
     run_peak_bytes: int | None = None
     """the run's own peak above what its rank held before the model, its base taken as a trial's
     (``trial.warm_base``), the largest over ranks: what the trials promised to keep within
@@ -234,6 +238,7 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
     target = cfg.fit_fraction * capacity
     start = estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, capacity, device.type, cfg.pool_batches)
     gpu = device.type == "cuda"
+    allocator = None if gpu else malloc_library()
     # a CPU trial is stopped when its process passes the rank's whole share of the host; it
     # trains with the threads the run will (the run sets them only after the trials)
     limit = capacity + RANK_PROCESS_BYTES
@@ -276,5 +281,6 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
         per_sample_bytes=slope,
         trials=[{"batch": t.batch, "peak_bytes": t.peak_bytes} for t in trials],
         measured_by="torch.cuda.max_memory_reserved" if gpu else "peak RSS of a child process",
-        mmap_threshold_bytes=None if gpu else MMAP_THRESHOLD_BYTES,
+        mmap_threshold_bytes=MMAP_THRESHOLD_BYTES if allocator == "glibc" else None,
+        allocator=allocator,
     )
