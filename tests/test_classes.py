@@ -153,7 +153,7 @@ def test_fit_measures_the_batch_that_fills_the_target_and_records_how(tmp_path: 
         int(next(line for line in open("/proc/meminfo") if line.startswith("MemAvailable")).split()[1]) * 1024
     )
     # a 160 MiB target: trials of a few seconds, and the run's few MB of its own (threads, the
-    # telemetry) a small share: at 80 MiB one run in nine here passed the 5 % below (1.07x)
+    # telemetry) a small share: at 80 MiB one run of eight here went past the 5 % below (1.07x)
     fraction = (160 << 20) / (available - RANK_PROCESS_BYTES)
     p = hpcdl(
         "run",
