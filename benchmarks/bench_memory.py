@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from memory_allocator import BAND, MAX_BYTES, MIN_BYTES, fill_batch, tensor_bytes
 
-from hpcdl.device import resolve_device
+from hpcdl.device import malloc_library, resolve_device
 from hpcdl.measure.fit import estimate_line, estimated_batch, search
 from hpcdl.measure.trial import Trial, cpu_trial, cuda_trial
 from hpcdl.results.text import si, table
@@ -51,7 +51,11 @@ EXCESS: dict[tuple[str, bool], list[float]] = {}
 MEASURED: list[tuple[int, int, bool, bool]] = []
 """every spec's (estimated tensors, measured peak, autocast, unfused recurrent layer), bytes"""
 SPECS: list[dict[str, object]] = []
-"""every spec measured, for ``--save``: family, precision, seed, batch, tensors and measured bytes"""
+"""every spec measured, for ``--save``: family, precision, seed, batch, tensors and measured bytes,
+and the allocator the trial called"""
+MALLOC = malloc_library()
+"""whose ``malloc`` this process and its trials (children, which inherit ``LD_PRELOAD``) call, for
+the estimate (``Spec.memory_parts``)"""
 
 
 def trial(spec: Spec, limit: int, device: torch.device) -> Trial:
@@ -80,13 +84,13 @@ def ratios(
         if passed <= skip:
             continue
         if fill:
-            filled = fill_batch(spec, fill, device.type)
+            filled = fill_batch(spec, fill, device.type, MALLOC)
             if filled is None:
                 print(f"  {family} {precision} seed {seed}: batch 1 over {si(fill, 'B')}", flush=True)
                 continue
             spec = spec.replace(batch_size=filled)
             tensors = tensor_bytes(spec, filled)
-        estimate = spec.memory_estimate(spec.batch_size, "adamw", device.type)
+        estimate = spec.memory_estimate(spec.batch_size, "adamw", device.type, malloc=MALLOC)
         measured = trial(spec, 4 * estimate + (1 << 30), device).peak_bytes
         if measured is None:  # past the trial's limit (4x the estimate and 1 GiB): a ratio above 4
             print(f"  {family} {precision} seed {seed}: {si(estimate, 'B')} estimated, over 4x", flush=True)
@@ -97,7 +101,7 @@ def ratios(
         MEASURED.append((tensors, measured, precision_of(precision).autocast, spec.unfused_recurrent))
         SPECS.append(
             dict(family=family, precision=precision, seed=seed, batch=spec.batch_size, tensors=tensors,
-                 measured=measured)
+                 measured=measured, malloc=MALLOC)
         )  # fmt: skip
         line = (
             f"  {family} {precision} seed {seed}, batch {spec.batch_size}: {si(estimate, 'B')} estimated,"
@@ -138,8 +142,8 @@ def fit_error(family: str, target: int, device: torch.device) -> tuple[int, int,
     """(estimated batch, chosen batch, trials, measured peak / target) of a fit of the first
     sampled spec of ``family`` to ``target`` bytes of model memory, fp32."""
     spec = sample_spec(family, 0, batch_size=1)
-    _, per_sample = estimate_line(spec, "adamw", device.type, 1)
-    start = estimated_batch(spec, "adamw", 1.0, target, device.type)
+    _, per_sample = estimate_line(spec, "adamw", device.type, 1, MALLOC)
+    start = estimated_batch(spec, "adamw", 1.0, target, device.type, malloc=MALLOC)
     batch, trials, _, _ = search(
         lambda b: trial(spec.replace(batch_size=b), 4 * target + (512 << 20), device),
         int(start),
@@ -160,7 +164,7 @@ def rescore(path: str) -> None:
     found: dict[tuple[str, str], list[float]] = {}
     for s in json.loads(Path(path).read_text()):
         spec = sample_spec(s["family"], s["seed"], batch_size=s["batch"], precision=s["precision"])
-        estimate = spec.memory_estimate(s["batch"], "adamw", "cpu")
+        estimate = spec.memory_estimate(s["batch"], "adamw", "cpu", malloc=s.get("malloc", "glibc"))
         ratio = s["measured"] / estimate
         found.setdefault((s["family"], s["precision"]), []).append(ratio)
         if not BAND[0] <= ratio <= BAND[1]:
@@ -210,6 +214,7 @@ def main() -> None:
         f"{si(MIN_BYTES, 'B')} at batch {a.batch}"
         + (f", each measured at the batch whose estimate fills {a.fill_mb} MB" if a.fill_mb else "")
         + f", on {device}"
+        + (f" ({MALLOC}'s malloc)" if device.type == "cpu" else "")
         + (f", each row's first {a.skip} specs left out" if a.skip else "")
     )
     print(table(["family", "precision", "specs", "min", "median", "max"], rows), flush=True)

@@ -59,11 +59,11 @@ def tensor_bytes(spec: Spec, batch: int) -> int:
     return spec.memory_estimate(batch, "adamw", "cuda")
 
 
-def fill_batch(spec: Spec, fill: int, device_type: str = "cpu") -> int | None:
+def fill_batch(spec: Spec, fill: int, device_type: str = "cpu", malloc: str = "glibc") -> int | None:
     """The batch whose estimate fills ``fill`` bytes, the batch auto-fit starts from
     (``measure.fit.estimated_batch``); None where one sample's estimate is over it."""
     try:
-        return estimated_batch(spec, "adamw", 1.0, fill, device_type)
+        return estimated_batch(spec, "adamw", 1.0, fill, device_type, malloc=malloc)
     except SpecError:
         return None
 

@@ -22,10 +22,10 @@ without ``--fit``) and fixed at 1 MiB (as a trial and a fitted run), ROUNDS (1) 
 pairs: each pair's ratio of median step times after the third step, and each child's peak
 rise over its base after 2, 5 and STEPS steps. ``growth``: each spec's child with the threshold
 fixed, its peak after every one of STEPS steps (what ``trial.UNFUSED_STEPS`` is chosen from).
-``mapped``: each spec's child with the threshold fixed at each of the sizes given (bytes; or
-``jemalloc``: jemalloc's allocator preloaded instead of glibc's), one after another: its peak
-after 2 and STEPS steps and its median step time from the third step (what
-``device.MMAP_THRESHOLD_BYTES`` is chosen from).
+``mapped``: each spec's estimate with and without glibc's heap pages, and its child with the
+threshold fixed at each of the sizes given (bytes; or ``jemalloc``: jemalloc's allocator preloaded
+instead of glibc's), one after another: its peak after 2 and STEPS steps and its median step time
+from the third step (what ``device.MMAP_THRESHOLD_BYTES`` is chosen from).
 ``base``: the spec's trial steps in a child whose base is taken before any step (cold) and in one
 whose base is taken after a one-sample step (warm, ``trial.warm_base``, as a trial and a fitted
 run take it), ROUNDS (1) interleaved pairs: each base's ``VmRSS``, ``RssAnon`` and ``RssFile``,
@@ -151,15 +151,20 @@ def threshold_child(name: str, steps: int, mode: str) -> None:
     print(json.dumps({"s": times, "peaks": peaks}))
 
 
-def _steps_child(name: str, steps: int, mode: str, preload: str | None = None) -> dict[str, list[float]]:
-    """A ``threshold-child`` of ``name`` (``mode``: dynamic, fixed or bytes), its step times and
-    peaks; with ``preload``, that library's ``malloc`` instead of glibc's (``LD_PRELOAD``)."""
+def _child(args: list[str], preload: str | None = None) -> dict:
+    """This script run in a child process with ``args`` and this process's threads: its last line's
+    JSON. With ``preload``, that library's ``malloc`` instead of glibc's (``LD_PRELOAD``)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     if preload:
         env["LD_PRELOAD"] = preload
-    args = [sys.executable, __file__, "threshold-child", name, str(steps), mode]
-    out = subprocess.run(args, capture_output=True, text=True, env=env, check=True)
+    argv = [sys.executable, __file__, *args]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _steps_child(name: str, steps: int, mode: str, preload: str | None = None) -> dict[str, list[float]]:
+    """A ``threshold-child`` of ``name`` (``mode``: dynamic, fixed or bytes): step times, peaks."""
+    return _child(["threshold-child", name, str(steps), mode], preload)
 
 
 def _at_fill(name: str) -> str:
@@ -179,13 +184,17 @@ def growth(names: str, steps: int) -> None:
 
 
 def mapped(names: str, steps: int, sizes: list[str]) -> None:
-    """Per spec, a child at each fixed threshold (bytes; ``jemalloc``: jemalloc's ``malloc``,
-    preloaded, instead of glibc's): its peaks after 2 and ``steps`` steps, and its median step
-    time from the third step."""
+    """Per spec, its estimate with and without glibc's heap pages (``Spec._in_heap``), and a child
+    at each fixed threshold (bytes; ``jemalloc``: jemalloc's ``malloc``, preloaded, instead of
+    glibc's): its peaks after 2 and ``steps`` steps, and its median step time from the third step."""
     jemalloc = ctypes.util.find_library("jemalloc")
     if "jemalloc" in sizes and not jemalloc:
         sys.exit("jemalloc: no libjemalloc here (Debian: apt-get install libjemalloc2)")
     for name in map(_at_fill, names.split(";")):
+        spec, _ = sampled(name)
+        glibc, other = (
+            spec.memory_estimate(spec.batch_size, "adamw", malloc=m) >> 20 for m in ("glibc", "jemalloc")
+        )
         cells = []
         for size in sizes:
             if size == "jemalloc":
@@ -194,7 +203,8 @@ def mapped(names: str, steps: int, sizes: list[str]) -> None:
                 got, label = _steps_child(name, steps, size), f"{int(size) >> 10} KiB"
             cells.append(f"{label} {got['peaks'][1]:.0f}/{got['peaks'][-1]:.0f} MiB, "
                          f"{statistics.median(got['s'][2:]):.2f} s")  # fmt: skip
-        print(f"{name}: peak after 2/{steps} steps, median step: {'; '.join(cells)}", flush=True)
+        print(f"{name}: estimate {glibc} MiB ({other} without glibc's heap pages); peak after 2/{steps} "
+              f"steps, median step: {'; '.join(cells)}", flush=True)  # fmt: skip
 
 
 def threshold(names: str, steps: int, rounds: int) -> None:
@@ -232,13 +242,10 @@ def base_child(name: str, warm: bool) -> None:
 
 def base(name: str, rounds: int) -> None:
     """``rounds`` interleaved pairs of children, cold then warm: each base and the rise over it."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     mib = 2**20
     for _ in range(rounds):
         for mode in ("cold", "warm"):
-            args = [sys.executable, __file__, "base-child", name, mode]
-            got = json.loads(subprocess.run(args, capture_output=True, text=True, env=env, check=True)
-                             .stdout.strip().splitlines()[-1])  # fmt: skip
+            got = _child(["base-child", name, mode])
             b, a = got["before"], got["after"]
             rise = (got["hwm"] - b["VmRSS"]) / mib
             print(f"{name} {mode}: base VmRSS {b['VmRSS'] / mib:.0f} (RssAnon {b['RssAnon'] / mib:.0f}, "

@@ -174,7 +174,8 @@ def test_an_elman_rnns_heap_pages_count_where_glibc_holds_its_states() -> None:
     """An Elman RNN's per-step states below glibc's mmap threshold live in its heap, whose pages
     its layers leave resident (recurrent.HEAP_RESIDENT: half a state per step and unit from each
     layer's forward, then twice the largest layer's from backward). Above the threshold glibc maps
-    each state on its own and nothing is left; on a GPU there is no such heap. Auto-fit's
+    each state on its own and nothing is left; on a GPU, or where jemalloc is the process's
+    ``malloc``, there is no such heap. Auto-fit's
     starting batch stays within its target across the threshold."""
     spec = spec_from_dict(
         {"family": "rnn", "cell": "vanilla", "layers": 2, "hidden": 256, "seq_len": 32, "vocab": 1000}
@@ -190,6 +191,7 @@ def test_an_elman_rnns_heap_pages_count_where_glibc_holds_its_states() -> None:
     assert spec.memory_parts(in_heap, "adamw")["heap"] == in_heap * 4 * first.heap  # its peak: the loss
     assert spec.memory_parts(mapped, "adamw")["heap"] == 0
     assert spec.memory_parts(in_heap, "adamw", "cuda")["heap"] == 0
+    assert spec.memory_parts(in_heap, "adamw", malloc="jemalloc")["heap"] == 0  # preloaded: no glibc heap
     assert spec.replace(cell="gru").memory_parts(in_heap, "adamw")["heap"] == 0
     for target in (200e6, 260e6, 320e6):  # the fill batch either side of the threshold
         batch = estimated_batch(spec, "adamw", 1.0, int(target))

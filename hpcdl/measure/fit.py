@@ -114,12 +114,14 @@ class Fit:
         return replace(self, run_peak_bytes=max(rises)) if len(rises) == len(ranks) else self
 
 
-def estimate_line(spec: Spec, optimizer: str, device_type: str, pool_batches: int) -> tuple[int, int]:
+def estimate_line(
+    spec: Spec, optimizer: str, device_type: str, pool_batches: int, malloc: str = "glibc"
+) -> tuple[int, int]:
     """(fixed bytes, bytes per sample) of the estimate's line where backward is the peak, read off
     ``Spec.memory_estimate`` at two far batches: the step's per-sample bytes and the sample's
     inputs in each of the ``pool_batches`` batches kept on the device, from the one formula."""
     far = 1 << 40
-    at = [spec.memory_estimate(b, optimizer, device_type, pool_batches) for b in (far, 2 * far)]
+    at = [spec.memory_estimate(b, optimizer, device_type, pool_batches, malloc) for b in (far, 2 * far)]
     per_sample = max((at[1] - at[0]) // far, 1)
     return at[0] - far * per_sample, per_sample
 
@@ -131,13 +133,19 @@ def estimated_batch(
     capacity: int,
     device_type: str = "cpu",
     pool_batches: int = 1,
+    malloc: str = "glibc",
 ) -> int:
     """The largest batch whose estimated memory, with ``pool_batches`` batches of inputs on the
-    device, is within ``fraction`` of ``capacity``; a one-line error when even one sample does
-    not fit. The estimate is the larger of a fixed optimizer step and a backward that grows with
-    the batch (``metrics.memory_parts``), so the batch follows the backward's line."""
+    device (on a CPU, ``malloc`` the allocator its steps call: ``Spec.memory_parts``), is within
+    ``fraction`` of ``capacity``; a one-line error when even one sample does not fit. The estimate
+    is the larger of a fixed optimizer step and a backward that grows with the batch
+    (``metrics.memory_parts``), so the batch follows the backward's line."""
+
+    def estimate(batch: int) -> int:
+        return spec.memory_estimate(batch, optimizer, device_type, pool_batches, malloc)
+
     target = fraction * capacity
-    need = spec.memory_estimate(1, optimizer, device_type, pool_batches)
+    need = estimate(1)
     if need > target:
         raise SpecError(
             f"{spec.family}.batch_size",
@@ -146,20 +154,16 @@ def estimated_batch(
             f"{capacity / 2**30:.2f} GiB of a rank; this workload needs a larger device (or more ranks "
             "sharding it)",
         )
-    fixed, per_sample = estimate_line(spec, optimizer, device_type, pool_batches)
+    fixed, per_sample = estimate_line(spec, optimizer, device_type, pool_batches, malloc)
     batch = max(1, math.floor((target - fixed) / per_sample))
-    if spec.memory_estimate(batch, optimizer, device_type, pool_batches) <= target:
+    if estimate(batch) <= target:
         return batch
     # the line, read at far batches, leaves out what only small batches hold (per-step states in
     # glibc's heap, ``Spec._in_heap``); below the line's batch the estimate grows with the batch
     lo, hi = 1, batch
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (
-            (mid, hi)
-            if spec.memory_estimate(mid, optimizer, device_type, pool_batches) <= target
-            else (lo, mid)
-        )
+        lo, hi = (mid, hi) if estimate(mid) <= target else (lo, mid)
     return lo
 
 
@@ -236,9 +240,12 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
     trial fails otherwise."""
     capacity = min(world.allgather(rank_memory(device, world)))
     target = cfg.fit_fraction * capacity
-    start = estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, capacity, device.type, cfg.pool_batches)
     gpu = device.type == "cuda"
     allocator = None if gpu else malloc_library()
+    malloc = allocator or "glibc"  # a GPU's step: the estimate has no heap term there
+    start = estimated_batch(
+        spec, cfg.optimizer, cfg.fit_fraction, capacity, device.type, cfg.pool_batches, malloc
+    )
     # a CPU trial is stopped when its process passes the rank's whole share of the host; it
     # trains with the threads the run will (the run sets them only after the trials)
     limit = capacity + RANK_PROCESS_BYTES
@@ -250,7 +257,7 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
             return cuda_trial(s, cfg.optimizer, cfg.pool_batches, device)
         return cpu_trial(s, cfg.optimizer, cfg.pool_batches, limit, threads)
 
-    slope_guess = float(estimate_line(spec, cfg.optimizer, device.type, cfg.pool_batches)[1])
+    slope_guess = float(estimate_line(spec, cfg.optimizer, device.type, cfg.pool_batches, malloc)[1])
     batch, trials, fixed, slope = search(measure, start, target, capacity, slope_guess)
     batch = min(world.allgather(batch))
     if batch < 1:
@@ -267,7 +274,7 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
             "rank; this workload needs a larger device (or more ranks sharding it)",
         )
     fitted = spec.replace(batch_size=batch)
-    estimate = fitted.memory_estimate(batch, cfg.optimizer, device.type, cfg.pool_batches)
+    estimate = fitted.memory_estimate(batch, cfg.optimizer, device.type, cfg.pool_batches, malloc)
     peak = next((t.peak_bytes for t in trials if t.batch == batch), None)
     return fitted, Fit(
         fraction=cfg.fit_fraction,

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hpcdl import metrics
-from hpcdl.device import MMAP_THRESHOLD_BYTES, malloc_library
+from hpcdl.device import MMAP_THRESHOLD_BYTES
 from hpcdl.workloads.counting import Count
 from hpcdl.workloads.knobs import Knobs, knob
 from hpcdl.workloads.precision import PRECISIONS, precision
@@ -122,13 +122,14 @@ class Spec(Knobs):
             *((p.kept * size, p.workspace * size, p.grads, p.copies, p.heap * heap_size) for p in placed),
         ]
 
-    def _in_heap(self, c: Count, batch: int, device_type: str) -> bool:
-        """Whether glibc's heap holds a batch of the per-step states of ``Count.heap_row`` (a CPU
-        whose ``malloc`` is glibc's, and below the mmap threshold auto-fit's trials fix). With
-        jemalloc preloaded an Elman RNN holds none: rnn seed 0 at batch 290 peaked at 224 MiB, its
-        estimate 234 without these pages and 299 with them (``benchmarks/memory_rss.py mapped``)."""
+    def _in_heap(self, c: Count, batch: int, device_type: str, malloc: str) -> bool:
+        """Whether glibc's heap holds a batch of the per-step states of ``Count.heap_row``: a CPU
+        whose ``malloc`` is glibc's (``device.malloc_library``), below the mmap threshold auto-fit's
+        trials fix. Under jemalloc an Elman RNN holds none: rnn seed 0 at batch 290 peaked at 224
+        MiB, its estimate 234 without these pages and 299 with them (``benchmarks/memory_rss.py
+        mapped``)."""
         row = batch * c.heap_row * precision(self.precision).bytes
-        return device_type == "cpu" and 0 < row < MMAP_THRESHOLD_BYTES and malloc_library() == "glibc"
+        return device_type == "cpu" and 0 < row < MMAP_THRESHOLD_BYTES and malloc == "glibc"
 
     def input_bytes(self) -> int:
         """Bytes of one sample's inputs and labels (int64), as the run's pool of batches and the
@@ -137,13 +138,19 @@ class Spec(Knobs):
         return inputs.nbytes + 8 * math.prod(self.target_shape())
 
     def memory_parts(
-        self, batch: int, optimizer: str, device_type: str = "cpu", pool_batches: int = 1
+        self,
+        batch: int,
+        optimizer: str,
+        device_type: str = "cpu",
+        pool_batches: int = 1,
+        malloc: str = "glibc",
     ) -> dict[str, int]:
         """Where a training step at ``batch`` on a ``device_type`` device, with ``pool_batches``
         batches of inputs kept there (``RunConfig.pool_batches``; a trial keeps one), would put
-        its memory at its peak (``metrics.memory_parts``)."""
+        its memory at its peak (``metrics.memory_parts``). ``malloc``: whose ``malloc`` a CPU
+        step calls (``device.malloc_library``: glibc, jemalloc, tcmalloc)."""
         c = self.count()
-        moments = self._moment_bytes(c, heap=self._in_heap(c, batch, device_type))
+        moments = self._moment_bytes(c, heap=self._in_heap(c, batch, device_type, malloc))
         return metrics.memory_parts(
             c.params,
             _largest_sample(moments),
@@ -158,10 +165,15 @@ class Spec(Knobs):
         )
 
     def memory_estimate(
-        self, batch: int, optimizer: str, device_type: str = "cpu", pool_batches: int = 1
+        self,
+        batch: int,
+        optimizer: str,
+        device_type: str = "cpu",
+        pool_batches: int = 1,
+        malloc: str = "glibc",
     ) -> int:
         """Bytes a training step at ``batch`` needs (:meth:`memory_parts`)."""
-        return sum(self.memory_parts(batch, optimizer, device_type, pool_batches).values())
+        return sum(self.memory_parts(batch, optimizer, device_type, pool_batches, malloc).values())
 
     @property
     def samples_per_step(self) -> int:
