@@ -153,20 +153,22 @@ def test_a_gpus_capacity_counts_what_the_caching_allocator_holds_for_no_tensor(
 JEMALLOC = ctypes.util.find_library("jemalloc")
 _FREED = """
 import torch
-from hpcdl.device import malloc_library, malloc_trim, status_bytes
+from hpcdl.device import malloc_trim, status_bytes
+from hpcdl.measure.environment import environment
 before = status_bytes("VmRSS")
 blocks = [torch.ones(20_000) for _ in range(5_000)]  # 400 MB in blocks of 80 kB, under glibc's threshold
 del blocks
 malloc_trim()
-print(malloc_library(), (status_bytes("VmRSS") - before) >> 20)
+print(environment(torch.device("cpu"))["malloc"], (status_bytes("VmRSS") - before) >> 20)
 """
 
 
 @pytest.mark.skipif(not JEMALLOC, reason="no libjemalloc: bash scripts/setup.sh --test installs it")
 @pytest.mark.parametrize("preload", ["", "jemalloc"])
 def test_the_allocator_is_named_and_its_free_pages_are_given_back(preload: str) -> None:
-    """With jemalloc preloaded (an operator's choice: METRICS.md, step 6 of auto-fit) a run's
-    peak still starts from what is live: jemalloc's freed pages are purged as glibc's are."""
+    """With jemalloc preloaded (an operator's choice: METRICS.md, step 6 of auto-fit) the record
+    names it, and a run's peak still starts from what is live: jemalloc's freed pages are purged
+    as glibc's are."""
     env = {**os.environ, "LD_PRELOAD": JEMALLOC if preload else ""}
     p = subprocess.run([sys.executable, "-c", _FREED], capture_output=True, text=True, env=env, check=True)
     name, kept = p.stdout.split()

@@ -123,12 +123,20 @@ def record(out: Path, point: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def sweep(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three job files into one results directory, submitted through the command line:
-    a torch sweep over 1 and 2 nodes, Horovod on 2 nodes, and torch on 2 nodes with mpirun
-    inside the allocation. Returns the directory once every point has ended."""
+    a torch sweep over 1 and 2 nodes, Horovod on 2 nodes with jemalloc preloaded (as an operator
+    would for a fitted CPU run), and torch on 2 nodes with mpirun inside the allocation. Returns
+    the directory once every point has ended."""
     out = tmp_path_factory.mktemp("slurm")
     files = [
         write_job(out / "torch.toml", name="torch", nodes=[1, 2], backend="torch", output=str(out)),
-        write_job(out / "horovod.toml", name="horovod", nodes=[2], backend="horovod", output=str(out)),
+        write_job(
+            out / "horovod.toml",
+            name="horovod",
+            nodes=[2],
+            backend="horovod",
+            output=str(out),
+            env={"OMP_NUM_THREADS": "1", "LD_PRELOAD": "libjemalloc.so.2"},  # setup.sh --test installs it
+        ),
         write_job(
             out / "mpirun.toml", name="mpirun", nodes=[2], backend="torch", launcher="mpirun", output=str(out)
         ),
@@ -156,6 +164,8 @@ def test_two_nodes_one_rank_each(sweep: Path, point: str, backend: str) -> None:
     assert sorted(r["rank"] for r in per_rank) == [0, 1]  # every rank measured and gathered
     assert sorted(r["host"] for r in per_rank) == s["hosts"]
     assert all(r["torch_threads"] == 1 for r in per_rank)  # [env] OMP_NUM_THREADS reached the ranks
+    malloc = "jemalloc" if backend == "horovod" else "glibc"  # [env] LD_PRELOAD reached rank 0
+    assert rec["environment"]["malloc"] == malloc
     assert rec["validity"]["passed"], rec["validity"]
     checks = {c["name"] for c in rec["validity"]["checks"]}
     assert {"one_step_equivalence", "parameters_identical"} <= checks
