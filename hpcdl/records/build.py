@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from hpcdl import metrics
+from hpcdl.device import malloc_library
 from hpcdl.measure.checks import parameters_identical
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.environment import environment
@@ -51,8 +52,11 @@ def memory_split(
 ) -> dict[str, Any]:
     """Where a rank's memory goes: the estimate's parts at the batch that ran, and what the
     device measured (its peak: on a CPU the process's resident set, which also holds the
-    interpreter and libraries, so its parts cannot be told apart there)."""
-    estimated = spec.memory_parts(spec.batch_size, cfg.optimizer, device.type, cfg.pool_batches)
+    interpreter and libraries, so its parts cannot be told apart there), under the ``malloc`` this
+    process calls, as the ranks' (``environment.malloc``)."""
+    estimated = spec.memory_parts(
+        spec.batch_size, cfg.optimizer, device.type, cfg.pool_batches, malloc_library()
+    )
     return {
         "estimated": {**estimated, "total": sum(estimated.values())},
         "measured": {
