@@ -209,6 +209,9 @@ step time is 1.09-2.08 times as long (a CNN's and an MLP's 0.88-1.04; ``benchmar
 mapped``, METRICS.md "Size classes and auto-fit"): a fitted run would score a slower allocator,
 not the machine. jemalloc preloaded instead of glibc's allocator held them as flat at 1.03-1.21
 times the step time: an operator may start a fitted run with it (``malloc_library``)."""
+JEMALLOC_CONF = f"oversize_threshold:{MMAP_THRESHOLD_BYTES}"
+"""the ``MALLOC_CONF`` a run started under jemalloc takes to give freed blocks back from the size
+glibc's do (``jemalloc_oversize_threshold``)"""
 _M_MMAP_THRESHOLD = -3
 """``mallopt``'s parameter number of the threshold (glibc's malloc.h)"""
 
@@ -281,6 +284,25 @@ def malloc_trim() -> None:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # another C library: its freed memory stays counted
         pass
+
+
+def jemalloc_oversize_threshold() -> int | None:
+    """jemalloc's ``opt.oversize_threshold`` (set by ``MALLOC_CONF``; 8 MiB by default): blocks
+    from this size up come from an arena that gives their pages back as they are freed, as glibc
+    unmaps its mapped blocks. Below it, jemalloc keeps freed pages resident for reuse, which put a
+    CNN 15 MiB over glibc's peak at the same batch; at 1 MiB, glibc's threshold in a fitted run,
+    jemalloc's peak followed glibc's there (METRICS.md "Size classes and auto-fit", step 6). None
+    where jemalloc is not this process's ``malloc``."""
+    if malloc_library() != "jemalloc":
+        return None
+    value, size = ctypes.c_size_t(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
+    try:
+        read = ctypes.CDLL(None).mallctl(
+            b"opt.oversize_threshold", ctypes.byref(value), ctypes.byref(size), None, ctypes.c_size_t(0)
+        )
+    except (OSError, AttributeError):
+        return None
+    return value.value if read == 0 else None
 
 
 @functools.cache

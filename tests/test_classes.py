@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from hpcdl.device import JEMALLOC_CONF
 from hpcdl.measure.fit import RANK_PROCESS_BYTES, WINDOW
 from hpcdl.measure.trial import cpu_trial
 from hpcdl.results.text import si
@@ -147,7 +148,8 @@ def test_fit_measures_the_batch_that_fills_the_target_and_records_how(tmp_path: 
     jemalloc = ctypes.util.find_library("jemalloc")
     if preload and not jemalloc:
         pytest.skip("no libjemalloc: bash scripts/setup.sh --test installs it")
-    env = {**os.environ, "LD_PRELOAD": str(jemalloc) if preload else ""}
+    # jemalloc as advised: freed blocks from glibc's 1 MiB given back at once (device.JEMALLOC_CONF)
+    env = {**os.environ, "LD_PRELOAD": str(jemalloc) if preload else "", "MALLOC_CONF": JEMALLOC_CONF}
     knobs = ["--workload", "cnn", "image_size=32", "stages=2", "base_width=8", "classes=10"]
     available = (
         int(next(line for line in open("/proc/meminfo") if line.startswith("MemAvailable")).split()[1]) * 1024
@@ -198,7 +200,8 @@ def test_fit_measures_the_batch_that_fills_the_target_and_records_how(tmp_path: 
     # the trials inherit the run's malloc; glibc's threshold is fixed only where it is glibc's
     assert fit["allocator"] == (preload or "glibc")
     assert fit["mmap_threshold_bytes"] == (None if preload else 1 << 20)
-    assert ("malloc: jemalloc" in p.stdout) == bool(preload)
+    assert fit["oversize_threshold_bytes"] == (1 << 20 if preload else None)
+    assert ("malloc: jemalloc, freed blocks given back from 1 MiB" in p.stdout) == bool(preload)
 
 
 def test_list_shows_every_class_with_its_figures() -> None:

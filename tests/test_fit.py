@@ -14,7 +14,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from hpcdl.device import rank_threads
+from hpcdl.cli.run import fit_text
+from hpcdl.device import JEMALLOC_CONF, rank_threads
 from hpcdl.errors import RunFailed
 from hpcdl.measure.fit import WINDOW, estimated_batch, search
 from hpcdl.measure.trial import Trial, cpu_trial
@@ -153,13 +154,14 @@ def test_a_gpus_capacity_counts_what_the_caching_allocator_holds_for_no_tensor(
 JEMALLOC = ctypes.util.find_library("jemalloc")
 _FREED = """
 import torch
-from hpcdl.device import malloc_trim, status_bytes
+from hpcdl.device import jemalloc_oversize_threshold, malloc_trim, status_bytes
 from hpcdl.measure.environment import environment
 before = status_bytes("VmRSS")
 blocks = [torch.ones(20_000) for _ in range(5_000)]  # 400 MB in blocks of 80 kB, under glibc's threshold
 del blocks
 malloc_trim()
-print(environment(torch.device("cpu"))["malloc"], (status_bytes("VmRSS") - before) >> 20)
+print(environment(torch.device("cpu"))["malloc"], (status_bytes("VmRSS") - before) >> 20,
+      jemalloc_oversize_threshold())
 """
 
 
@@ -167,9 +169,21 @@ print(environment(torch.device("cpu"))["malloc"], (status_bytes("VmRSS") - befor
 @pytest.mark.parametrize("preload", ["", "jemalloc"])
 def test_the_allocator_is_named_and_its_free_pages_are_given_back(preload: str) -> None:
     """With jemalloc preloaded (an operator's choice: METRICS.md, step 6 of auto-fit) the record
-    names it, and a run's peak still starts from what is live: jemalloc's freed pages are purged
-    as glibc's are."""
-    env = {**os.environ, "LD_PRELOAD": JEMALLOC if preload else ""}
+    names it and its oversize threshold, and a run's peak still starts from what is live:
+    jemalloc's freed pages are purged as glibc's are."""
+    env = {**os.environ, "LD_PRELOAD": JEMALLOC if preload else "", "MALLOC_CONF": JEMALLOC_CONF}
     p = subprocess.run([sys.executable, "-c", _FREED], capture_output=True, text=True, env=env, check=True)
-    name, kept = p.stdout.split()
+    name, kept, oversize = p.stdout.split()
     assert name == (preload or "glibc") and int(kept) < 40, p.stdout  # of 400 MB freed
+    assert oversize == ("1048576" if preload else "None")  # jemalloc read MALLOC_CONF; glibc has none
+
+
+def test_the_fit_line_names_jemalloc_and_how_to_give_its_pages_back_as_glibc_does() -> None:
+    fit = {"fraction": 0.5, "batch": 8, "estimated_batch": 9, "target_bytes": 100, "allocator": "jemalloc"}
+    default = fit_text({**fit, "oversize_threshold_bytes": 8 << 20})
+    assert default.endswith(
+        "; malloc: jemalloc, freed blocks given back from 8 MiB (MALLOC_CONF=oversize_threshold:1048576: "
+        "from 1 MiB, as glibc)"
+    ), default
+    assert fit_text({**fit, "oversize_threshold_bytes": 1 << 20}).endswith("given back from 1 MiB")
+    assert "malloc" not in fit_text({**fit, "allocator": "glibc"})

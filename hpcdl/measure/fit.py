@@ -20,7 +20,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from hpcdl.device import MMAP_THRESHOLD_BYTES, malloc_library, memory_capacity, rank_threads
+from hpcdl.device import (
+    MMAP_THRESHOLD_BYTES,
+    jemalloc_oversize_threshold,
+    malloc_library,
+    memory_capacity,
+    rank_threads,
+)
 from hpcdl.errors import InputError, SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.measurement import RankMeasurement
@@ -101,6 +107,9 @@ class Fit:
     """CPU: whose ``malloc`` the trials and the run called (``device.malloc_library``): glibc, or
     jemalloc or tcmalloc preloaded into the run (``LD_PRELOAD``, which its trials inherit); None
     on a GPU"""
+    oversize_threshold_bytes: int | None = None
+    """CPU under jemalloc: its ``opt.oversize_threshold`` (``device.jemalloc_oversize_threshold``),
+    from which freed blocks are given back at once; None otherwise"""
     run_peak_bytes: int | None = None
     """the run's own peak above what its rank held before the model, its base taken as a trial's
     (``trial.warm_base``), the largest over ranks: what the trials promised to keep within
@@ -290,4 +299,5 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
         measured_by="torch.cuda.max_memory_reserved" if gpu else "peak RSS of a child process",
         mmap_threshold_bytes=MMAP_THRESHOLD_BYTES if allocator == "glibc" else None,
         allocator=allocator,
+        oversize_threshold_bytes=jemalloc_oversize_threshold(),
     )
