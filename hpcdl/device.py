@@ -208,7 +208,8 @@ second step, 0.72-0.99 of the eighth step's at 1 MiB over five such specs in two
 step time is 1.09-2.08 times as long (a CNN's and an MLP's 0.88-1.04; ``benchmarks/memory_rss.py
 mapped``, METRICS.md "Size classes and auto-fit"): a fitted run would score a slower allocator,
 not the machine. jemalloc preloaded instead of glibc's allocator held them as flat at 1.03-1.21
-times the step time: an operator may start a fitted run with it (``malloc_library``)."""
+times the step time: an operator may start a fitted run with it (``malloc_library``), giving
+freed blocks back from this size as glibc does (``JEMALLOC_CONF``)."""
 JEMALLOC_CONF = f"oversize_threshold:{MMAP_THRESHOLD_BYTES}"
 """the ``MALLOC_CONF`` a run started under jemalloc takes to give freed blocks back from the size
 glibc's do (``jemalloc_oversize_threshold``)"""

@@ -299,5 +299,5 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
         measured_by="torch.cuda.max_memory_reserved" if gpu else "peak RSS of a child process",
         mmap_threshold_bytes=MMAP_THRESHOLD_BYTES if allocator == "glibc" else None,
         allocator=allocator,
-        oversize_threshold_bytes=jemalloc_oversize_threshold(),
+        oversize_threshold_bytes=None if gpu else jemalloc_oversize_threshold(),
     )
