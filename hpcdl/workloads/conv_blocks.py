@@ -134,10 +134,15 @@ class Blocks:
         relu: bool = True,
         size_in: int = 0,
         alive: int = 0,
+        summed: bool = False,
     ) -> None:
         """A conv, its norm and (optionally) its ReLU. A norm keeps the conv's output; the ReLU
         keeps its own (the next layer's input). ``size_in``: the input's map side (default
-        ``size``); ``alive``: elements of other gradients alive during their backward."""
+        ``size``); ``alive``: elements of other gradients alive during their backward;
+        ``summed``: its output (its norm's, with one) is added to an identity shortcut, whose
+        gradient (``alive``) is then the very tensor that layer's backward receives, counted
+        once (cnn seed 17, fp32: one map too many at its peak, ``memory_allocator.py``)."""
+        last_alive = 0 if summed else alive  # alive in the backward of the layer that is summed
         t.conv2d(
             (size, size),
             c_in,
@@ -148,12 +153,12 @@ class Blocks:
             data_input=data,
             in_hw=(size_in or size, size_in or size),
             keep_output=self.norm != "none",
-            alive=alive,
+            alive=alive if self.norm != "none" else last_alive,
         )
         out = c_out * size * size
         if self.norm != "none":
             t.add_params(2 * c_out)  # scale and shift; BatchNorm's running stats are buffers
-            t.transient(GRADIENT_BUFFERS * out + alive)  # its output's and its input's gradients
+            t.transient(GRADIENT_BUFFERS * out + last_alive)  # its output's and its input's gradients
         if relu:
             t.keep(out)
             t.transient(GRADIENT_BUFFERS * out + alive)
@@ -173,7 +178,7 @@ class Blocks:
             self.count_conv(
                 t, s, b.hidden, b.hidden, k, groups=b.hidden, data=dw_data, size_in=size_in, alive=alive
             )
-            self.count_conv(t, s, b.hidden, b.c_out, 1, relu=False, alive=alive)
+            self.count_conv(t, s, b.hidden, b.c_out, 1, relu=False, alive=alive, summed=not b.projects)
             # the block's output, the next layer's input: the residual sum (no ReLU after it) or
             # the last norm's output (the last conv's with no norm)
             t.keep(b.c_out * s * s)
@@ -193,11 +198,11 @@ class Blocks:
             return
         if self.kind == "basic":
             self.count_conv(t, s, b.c_in, b.c_out, k, data=data, size_in=size_in, alive=shortcut)
-            self.count_conv(t, s, b.c_out, b.c_out, k, relu=False, alive=shortcut)
+            self.count_conv(t, s, b.c_out, b.c_out, k, relu=False, alive=shortcut, summed=not b.projects)
         else:
             self.count_conv(t, size_in, b.c_in, b.width, 1, data=data, alive=shortcut)
             self.count_conv(t, s, b.width, b.width, k, size_in=size_in, alive=shortcut)
-            self.count_conv(t, s, b.width, b.c_out, 1, relu=False, alive=shortcut)
+            self.count_conv(t, s, b.width, b.c_out, 1, relu=False, alive=shortcut, summed=not b.projects)
         if b.projects:
             self.count_conv(t, s, b.c_in, b.c_out, 1, data=data, relu=False, size_in=size_in)
         t.keep(b.c_out * s * s)  # the ReLU after the residual sum

@@ -149,12 +149,16 @@ class Tally:
         out_elems = out_hw[0] * out_hw[1]
         self.matmul(out_elems, (c_in // groups) * kh * kw, c_out, grads=1 if data_input else 2)
         self.largest_param = max(self.largest_param, c_out * (c_in // groups) * kh * kw)
-        in_elems = c_in * math.prod(in_hw or out_hw)
+        in_elems, out = c_in * math.prod(in_hw or out_hw), out_elems * c_out
         # oneDNN's convolution backward (measured with the profiler's memory timeline, CPU):
-        # beside the output's gradient it allocates the input's and reorders a copy of the input
-        # (for the weight gradient) and of the output's gradient: 2 x (input + output) alive,
-        # while the layers before it still keep theirs and those after it have freed theirs
-        self.transient(CONV_BACKWARD_BUFFERS * (in_elems + out_elems * c_out) + alive)
+        # beside the output's gradient it allocates the input's and, for the weight gradient,
+        # reorders a copy of the input and of the output's gradient, while the layers before it
+        # still keep theirs and those after it have freed theirs. A strided dense conv's second
+        # copy is the input's size, not the output's (8 -> 12 channels at stride 2: 3.0 inputs
+        # beside its output's gradient, not 2.4; ``benchmarks/memory_allocator.py --timeline``)
+        strided = groups == 1 and tuple(in_hw or out_hw) != tuple(out_hw)
+        copies = in_elems + (max(in_elems, out) if strided else out)
+        self.transient(out + in_elems + copies + alive)
         if keep_output:
             self.activations += out_elems * c_out
         self.last_linear = 0
@@ -266,9 +270,6 @@ class Tally:
 
 GRADIENT_BUFFERS = 2
 """activation gradients alive at once in backward: a layer's output gradient and its input's"""
-CONV_BACKWARD_BUFFERS = 2
-"""tensors of its input's and of its output's size alive in a oneDNN convolution's backward: the
-two gradients and the reordered copies of the input and of the output's gradient"""
 
 
 def conv_out(size: int, kernel: int, stride: int, padding: int) -> int:

@@ -41,16 +41,17 @@ def counted_flops(spec: Spec, batch: int = 2) -> tuple[int, int]:
 
 
 def saved_activation_elements(spec: Spec, batch: int = 2) -> int:
-    """Elements per sample of the tensors autograd saves for backward (parameters excluded,
-    each storage counted once), measured with ``saved_tensors_hooks`` on a forward pass."""
+    """Elements per sample of the tensors autograd saves for backward (parameters excluded, and
+    the batch itself, which is the run's inputs, ``Spec.input_bytes``; each storage counted
+    once), measured with ``saved_tensors_hooks`` on a forward pass."""
     model = spec.build().train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     inputs = spec.sample_inputs(batch, torch.Generator().manual_seed(spec.seed), torch.device("cpu"))
+    excluded = {p.untyped_storage().data_ptr() for p in [*model.parameters(), inputs]}
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
+        if ptr not in excluded:
             seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes() // max(t.element_size(), 1))
         return t
 

@@ -397,11 +397,10 @@ class CNNSpec(Spec):
     def count(self) -> Count:
         plan, kit = self.plan(), self._blocks()
         t = Tally()
-        # the image itself is kept by the first conv for its weight gradient; under autocast it
-        # keeps a 16-bit copy, and the fp32 batch stays beside it
-        image = self.in_channels * self.image_size**2
-        size = precision(self.precision).bytes
-        t.keep(image + (image * 4 // size if size < 4 else 0))
+        # the first conv keeps its input for its weight gradient: the batch itself, which is the
+        # run's inputs (``Spec.input_bytes``), or under autocast a 16-bit copy of it
+        if precision(self.precision).autocast:
+            t.keep(self.in_channels * self.image_size**2)
         first = True  # the next conv reads the data: autograd computes no input gradient
         if self.stem != "none":
             kernel, _, _ = self.stem_conv()

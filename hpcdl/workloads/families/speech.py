@@ -137,7 +137,8 @@ class SpeechSpec(Spec):
     # --- analytic count ------------------------------------------------------------------
     def count(self) -> Count:
         t = Tally()
-        t.keep(self.freq_bins * self.frames)  # the spectrogram, kept by the first conv
+        if precision(self.precision).autocast:  # the first conv keeps a 16-bit copy of the
+            t.keep(self.freq_bins * self.frames)  # spectrogram (the fp32 batch is the run's inputs)
         c_in, in_hw = 1, (self.freq_bins, self.frames)
         for i, (f, frames) in enumerate(self.conv_sizes()):
             kernel = CONV_LAYOUT[i][0]
