@@ -36,6 +36,7 @@ def hpcdl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[st
         (["run", "width=3"], "knob='width=3'"),
         (["run", "--workload", "nope"], "invalid choice: 'nope'"),
         (["generate", "mlp", "layers=-2"], "mlp.layers=-2"),
+        (["generate", "deepspeech3"], "family='deepspeech3'"),  # names families, presets, workloads
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], field: str, tmp_path: Path) -> None:
@@ -94,6 +95,9 @@ def test_presets_and_sampling_take_knob_overrides_anywhere() -> None:
     assert info["params"] == 25_557_032 and info["spec"]["batch_size"] == 2
     p = hpcdl("generate", "gpt2_small", "colour=red")
     assert p.returncode == 2 and "attention.colour" in p.stderr
+    p = hpcdl("generate", "deepspeech2", "--json", "batch_size=3")  # a workload of class M's table
+    info = json.loads(p.stdout)
+    assert info["spec"]["family"] == "speech" and info["spec"]["batch_size"] == 3
 
 
 def test_io_command_measures_real_files(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from hpcdl.device import device_name, memory_capacity, resolve_device
-from hpcdl.errors import InputError
+from hpcdl.errors import InputError, SpecError
 from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.environment import availability, environment
 from hpcdl.measure.peaks import INFO_PRECISIONS, gemm_ceiling, theoretical_peak
@@ -19,7 +19,7 @@ from hpcdl.records.store import check_output
 from hpcdl.results.text import si, table
 from hpcdl.workloads import recipes
 from hpcdl.workloads.precision import PRECISIONS
-from hpcdl.workloads.registry import FAMILIES, family_class, parse_assignments, spec_from_args
+from hpcdl.workloads.registry import FAMILIES, family_class, parse_assignments, spec_from_args, spec_from_dict
 from hpcdl.workloads.sampling import sample_spec
 from hpcdl.workloads.spec import Spec
 
@@ -28,11 +28,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.sample is not None:
         fixed = parse_assignments(family_class(args.family), args.knobs)
         spec = sample_spec(args.family, args.sample, **fixed)
-    elif args.family in recipes.presets():
-        base = recipes.preset(args.family)
-        spec = recipes.preset(args.family, **parse_assignments(type(base), args.knobs))
-    else:
+    elif args.family in FAMILIES:
         spec = spec_from_args(args.family, args.knobs)
+    else:
+        named = recipes.named_workloads()
+        if args.family not in named:
+            allowed = f"a family ({', '.join(FAMILIES)}), a preset or a suite workload ({', '.join(named)})"
+            raise SpecError("family", args.family, "allowed: " + allowed)
+        knobs = named[args.family]
+        spec = spec_from_dict({**knobs, **parse_assignments(family_class(knobs["family"]), args.knobs)})
     c = spec.count()
     act = c.activation_bytes(spec.precision)
     info: dict[str, Any] = {
@@ -211,7 +215,9 @@ def class_table(size_class: str) -> str:
 
 def add_parsers(sub: Any) -> None:
     gen = sub.add_parser("generate", help="print a workload's size, FLOPs and memory without running it")
-    gen.add_argument("family", help="a family (cnn, rnn, attention, mlp, speech) or a preset name")
+    gen.add_argument(
+        "family", help="a family (cnn, rnn, attention, mlp, speech), a preset or a suite workload (see list)"
+    )
     gen.add_argument("knobs", nargs="*", help="key=value knob settings")
     gen.add_argument(
         "--sample", type=int, metavar="SEED", help="draw the architecture from the family's ranges"

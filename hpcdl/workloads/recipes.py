@@ -46,6 +46,17 @@ def preset(name: str, **overrides: Any) -> Spec:
     return spec_from_dict({**table[name], **overrides})
 
 
+def named_workloads() -> dict[str, dict[str, Any]]:
+    """Every name ``hpcdl generate`` takes besides a family: each size class's workloads
+    (``deepspeech2``, ``gpt2-small``, ...; smallest class first) and the presets, which win a
+    shared name."""
+    found: dict[str, dict[str, Any]] = {}
+    for size_class in size_classes():
+        for name, d in suite(size_class).workloads.items():
+            found.setdefault(name, d)
+    return {**found, **presets()}
+
+
 @dataclass(frozen=True)
 class Suite:
     """One size class of the standard suite."""
