@@ -16,6 +16,7 @@ whose estimate fills M MB, where auto-fit uses the estimate (the batch it starts
         [--fill-mb 0] [--families rnn,speech] [--precisions fp32,bf16]
         [--save specs.json]   # --save: every spec's tensors and peak, for memory_residual.py
     .venv/bin/python benchmarks/bench_memory.py --rescore specs.json   # those peaks, today's estimates
+    .venv/bin/python benchmarks/bench_memory.py --records reference_results/h200-2026-11-27/suite-M-bf16
     .venv/bin/python benchmarks/bench_memory.py --device cuda
 
 On a GPU a step is measured as auto-fit measures there: the rise of the caching allocator's
@@ -37,9 +38,10 @@ from memory_allocator import BAND, MAX_BYTES, MIN_BYTES, fill_batch, tensor_byte
 from hpcdl.device import malloc_library, resolve_device
 from hpcdl.measure.fit import estimate_line, estimated_batch, search
 from hpcdl.measure.trial import Trial, cpu_trial, cuda_trial
+from hpcdl.records.store import load_record
 from hpcdl.results.text import si, table
 from hpcdl.workloads.precision import precision as precision_of
-from hpcdl.workloads.registry import FAMILIES
+from hpcdl.workloads.registry import FAMILIES, spec_from_dict
 from hpcdl.workloads.sampling import sample_spec
 from hpcdl.workloads.spec import Spec
 
@@ -178,6 +180,29 @@ def rescore(path: str) -> None:
     )
 
 
+def rescore_records(folder: str) -> None:
+    """Each record's measured peak (``metrics.memory.measured``) over today's estimate of its
+    spec at its batch, on its device type, with its optimizer, pool of batches and allocator:
+    what a change to the estimate does to records measured where this machine cannot measure
+    (a GPU's), without running them again."""
+    rows = []
+    for path in sorted(Path(folder).glob("*.json")):
+        r = load_record(path)
+        if "spec" not in r or not r["metrics"].get("memory", {}).get("measured"):
+            continue  # a suite's index, or a record without a measured peak
+        spec, run, memory = spec_from_dict(r["spec"]), r["run"], r["metrics"]["memory"]
+        device_type = str(run["device"]).split(":")[0]
+        malloc = r["environment"].get("malloc", "glibc")
+        batch, pool = spec.batch_size, run["pool_batches"]
+        today = spec.memory_estimate(batch, run["optimizer"], device_type, pool, malloc)
+        measured, kind = memory["measured"]["peak_bytes"], memory["measured"]["kind"]
+        then = memory["estimated"]["total"]
+        rows.append([r["name"], str(batch), si(then, "B"), si(today, "B"), f"{si(measured, 'B')} ({kind})",
+                     f"{measured / today:.3f}"])  # fmt: skip
+    print(f"measured peaks of the records in {folder} over today's estimates")
+    print(table(["record", "batch", "estimated then", "today", "measured", "measured / today"], rows))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=4)
@@ -194,9 +219,13 @@ def main() -> None:
     )
     p.add_argument("--save", help="write every spec's estimated tensors and measured peak to this JSON file")
     p.add_argument("--rescore", help="measure nothing: a --save file's peaks over today's estimates")
+    p.add_argument("--records", help="measure nothing: a folder of records' peaks over today's estimates")
     a = p.parse_args()
     if a.rescore:
         rescore(a.rescore)
+        return
+    if a.records:
+        rescore_records(a.records)
         return
     device = resolve_device(a.device)
     families = a.families.split(",")

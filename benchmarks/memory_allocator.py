@@ -105,20 +105,24 @@ def running(prof: profile, at: int) -> list[str]:
 def profiled_step(spec: Spec, shapes: bool = False) -> tuple[int, profile]:
     """One training step after a warm-up step, profiled with its allocations (and with
     ``shapes`` the operators' input shapes), and the bytes that lived before it (weights,
-    optimizer state, the batch)."""
+    optimizer state, the batch). A step is ``accumulation_steps`` micro-batches, as
+    ``measure.loop`` trains it."""
     cpu, p = torch.device("cpu"), precision(spec.precision)
     model = spec.build()
     opt = torch.optim.AdamW(list(model.parameters()))
     x, y = make_batch(spec, spec.batch_size, cpu)
-    _loss(model, x, y, cpu, p).backward()
-    opt.step()
-    opt.zero_grad()
+
+    def step() -> None:
+        for _ in range(spec.accumulation_steps):
+            _loss(model, x, y, cpu, p).backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()
     state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
     before = sum(t.numel() * t.element_size() for t in [*model.parameters(), *state, x, y])
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=shapes) as prof:
-        _loss(model, x, y, cpu, p).backward()
-        opt.step()
-        opt.zero_grad()
+        step()
     return before, prof
 
 

@@ -157,6 +157,9 @@ AMX = "amx_bf16" in Path("/proc/cpuinfo").read_text()
         # its peak: a stride-2 conv's backward, whose two copies are the input's size (0.930 when
         # the second was counted the output's size)
         ("cnn:13:fp32", 0.03),
+        # a 32,000-token head: no gradient exists in the loss's backward, where it peaks (1.047
+        # when the head's weight gradient was counted there)
+        ("attention:11:fp32", 0.03),
     ],
 )
 def test_the_estimates_tensors_meet_the_allocators_peak(name: str, within: float) -> None:

@@ -74,8 +74,10 @@ def trial_steps(spec: Spec, device: torch.device) -> int:
 def train_steps(
     spec: Spec, optimizer: str, pool_batches: int, device: torch.device, steps: int = STEPS
 ) -> None:
-    """``steps`` forward, backward and optimizer steps of ``spec`` as ``measure.loop`` trains it
-    (autocast in bf16/fp16, the loss in fp32), with the run's pool of batches on the device."""
+    """``steps`` optimizer steps of ``spec`` as ``measure.loop`` trains it (autocast in
+    bf16/fp16, the loss in fp32), each of ``accumulation_steps`` forward and backward passes,
+    with the run's pool of batches on the device: from the second micro-batch on every gradient
+    is alive beside the activations (``Spec.memory_parts``)."""
     from hpcdl.measure.data import make_batch
 
     if optimizer not in ("adamw", "sgd"):
@@ -87,7 +89,8 @@ def train_steps(
     x, y = x[: spec.batch_size], y[: spec.batch_size]
     p = precision(spec.precision)
     for _ in range(steps):
-        _loss(model, x, y, device, p).backward()
+        for _ in range(spec.accumulation_steps):
+            _loss(model, x, y, device, p).backward()
         opt.step()
         opt.zero_grad()
     synchronize(device)
