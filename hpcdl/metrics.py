@@ -188,7 +188,8 @@ def memory_estimate(
 ) -> int:
     """Bytes a training step needs: the sum of ``memory_parts`` at its peak. ``batch`` is the
     micro-batch: gradient accumulation runs its micro-batches one after the other, each freeing
-    its activations in its backward, so it adds no memory."""
+    its activations in its backward; what it adds, every gradient beside a later micro-batch's
+    activations, is in this one moment, which counts them all."""
     parts = memory_parts(
         params,
         sample_bytes,

@@ -155,12 +155,13 @@ class Tally:
         # reorders a copy of the input and of the output's gradient, while the layers before it
         # still keep theirs and those after it have freed theirs. A strided dense conv's second
         # copy is the input's size, not the output's (8 -> 12 channels at stride 2: 3.0 inputs
-        # beside its output's gradient, not 2.4; ``benchmarks/memory_allocator.py --timeline``)
+        # beside its output's gradient, not 2.4; ``benchmarks/memory_allocator.py --timeline``);
+        # its map shrinking stands for the stride (an unpadded conv's shrinks by a few rows)
         strided = groups == 1 and tuple(in_hw or out_hw) != tuple(out_hw)
         copies = in_elems + (max(in_elems, out) if strided else out)
         self.transient(out + in_elems + copies + alive)
         if keep_output:
-            self.activations += out_elems * c_out
+            self.activations += out
         self.last_linear = 0
 
     def transient(self, elements: int) -> None:
