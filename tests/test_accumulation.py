@@ -118,12 +118,16 @@ def test_record_counts_samples_of_every_micro_batch(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_memory_and_auto_fit_follow_the_micro_batch() -> None:
-    """Accumulation runs the micro-batches one after the other: the fitted batch is the same,
-    and the fitted spec keeps its accumulation."""
+    """Accumulation runs the micro-batches one after the other, each freeing its activations;
+    from the second on every gradient is alive beside them, so the batch that fits is smaller by
+    at most the gradients' bytes over a sample's (here 12 of 911,183 samples: the last ReLU's
+    backward, the peak, had only the head's 132 parameters' gradients beside it), and the fitted
+    spec keeps its accumulation."""
     one = hpcdl.spec_from_dict({**MLP, "batch_size": 8})
     four = one.replace(accumulation_steps=4)
     gib = 1 << 30
-    assert estimated_batch(four, "adamw", 0.5, gib) == estimated_batch(one, "adamw", 0.5, gib)
+    fewer = estimated_batch(one, "adamw", 0.5, gib) - estimated_batch(four, "adamw", 0.5, gib)
+    assert 0 < fewer <= 4 * one.count().params // one.memory_per_sample() + 1, fewer
     target = 10 << 20  # the CPU libraries' 4.5 MiB and a few thousand samples: trials of a second
     fitted, fit = fit_batch(four, RunConfig(fit_fraction=target / rank_memory(CPU, World())), CPU, World())
     assert fitted.accumulation_steps == 4 and fitted.batch_size == fit.batch > 8
