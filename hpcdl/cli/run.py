@@ -273,8 +273,8 @@ def fit_text(fit: dict[str, Any]) -> str:
     if ran is not None and target:
         over = ""
         if ran > (1 + WINDOW) * target:  # speech seed 16 under glibc: 302 MiB after 2 steps, 393 after 30
-            heap = f"LD_PRELOAD=libjemalloc.so.2 MALLOC_CONF={JEMALLOC_CONF}"
-            heap = f", or glibc's heap over the steps ({heap})" if fit.get("allocator") == "glibc" else ""
+            preload = f"LD_PRELOAD=libjemalloc.so.2 MALLOC_CONF={JEMALLOC_CONF}"
+            heap = f", or glibc's heap over the steps ({preload})" if fit.get("allocator") == "glibc" else ""
             over = f" (!: past its one-process trials: a backend's buffers{heap})"
         measured += f", the run's own peak {si(ran, 'B')} = {ran / target:.1%}{over}"
     if fit.get("allocator") not in (None, "glibc"):
