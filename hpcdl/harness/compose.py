@@ -14,7 +14,7 @@ import torch
 
 from hpcdl.errors import SpecError
 from hpcdl.parallel import pipeline
-from hpcdl.parallel.backends import Backend, make_backend
+from hpcdl.parallel.backends import BACKENDS, Backend
 from hpcdl.parallel.backends.pipeline import PipelineBackend
 from hpcdl.parallel.backends.tensor import TensorParallel
 from hpcdl.parallel.layout import (
@@ -76,14 +76,22 @@ def check_pipeline(spec: Spec, cfg: RunConfig, layout: Layout) -> None:
         raise SpecError("run.target_loss_fraction", cfg.target_loss_fraction, "0 with pp > 1")
 
 
-def run_backend(name: str, layout: Layout, world: World, device: torch.device) -> tuple[str, Backend]:
-    """The backend of a run: the pipeline's process group for pp > 1 (with or without tp),
-    tensor parallelism's for tp > 1 alone, else ``name``'s."""
+def backend_class(name: str, layout: Layout) -> type[Backend]:
+    """The class of the backend a run uses: the pipeline's for pp > 1 (with or without tp),
+    tensor parallelism's for tp > 1 alone, else ``name``'s (already resolved)."""
     if layout.pp > 1:  # a pipeline's stages apply tensor parallelism themselves (tp x pp)
-        return PipelineBackend.name, PipelineBackend(world, device)
+        return PipelineBackend
     if layout.tp > 1:
-        return TensorParallel.name, TensorParallel(world, device, layout)
-    return name, make_backend(name, world, device)
+        return TensorParallel
+    return BACKENDS.get(name)
+
+
+def run_backend(name: str, layout: Layout, world: World, device: torch.device) -> tuple[str, Backend]:
+    """The backend of a run (:func:`backend_class`), started for this rank."""
+    cls = backend_class(name, layout)
+    if cls is TensorParallel:
+        return cls.name, TensorParallel(world, device, layout)
+    return cls.name, cls(world, device)
 
 
 def crossing_note(layout: Layout, nodes: list[int]) -> str | None:

@@ -23,12 +23,13 @@ from hpcdl.device import (
     device_name,
     ieee_fp32,
     peak_memory,
+    pin_mmap_threshold,
     rank_threads,
     reset_peak_memory,
     resolve_device,
 )
 from hpcdl.errors import HpcdlError, InputError, SpecError
-from hpcdl.harness.compose import crossing_note, run_backend, run_layout
+from hpcdl.harness.compose import backend_class, crossing_note, run_backend, run_layout
 from hpcdl.harness.parts import Progress, Reporter, Ticks, gpu_identity, make_optimizer, measured_ceiling
 from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.checks import one_step_equivalence, parameter_digest
@@ -103,14 +104,15 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
     estimate."""
     world = world or World()
     device = rank_device(cfg, world)
-    resolve_backend_name(cfg.backend, world.size)
+    backend_name = resolve_backend_name(cfg.backend, world.size)
     layout = run_layout(spec, cfg, world.size)
     if cfg.data == "hdf5":
         h5data.has_shards(spec, cfg.data_dir)  # refuses a file, damaged or foreign shards
     moe.check_ranks(spec, world.size)
     have = rank_memory(device, world)
     if cfg.fit_fraction > 0:
-        estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, have)  # refuses what cannot fit
+        kept = backend_class(backend_name, layout).keeps_gradients  # below: refuses what cannot fit
+        estimated_batch(spec, cfg.optimizer, cfg.fit_fraction, have, kept_grads=kept)
         return device
     need = rank_need(spec, cfg.optimizer, layout)
     if need > have:
@@ -340,13 +342,19 @@ def run(
         torch.cuda.set_device(device)  # also for one process: DataLoader pinning and NVML follow it
         ieee_fp32()
     fit = None
+    backend_name = resolve_backend_name(cfg.backend, world.size)
     if cfg.fit_fraction > 0:
-        spec, fit = fit_batch(spec, cfg, device, world)
+        # fixed from the start, as in the trials: large tensors the checks and probes below freed
+        # under the dynamic threshold left chunks in the heap that later steps reused, resident
+        # (two DDP ranks at 1.2-1.3x their target; METRICS.md, "Size classes and auto-fit", 7)
+        if device.type == "cpu":
+            pin_mmap_threshold()
+        rules = backend_class(backend_name, run_layout(spec, cfg, world.size))
+        spec, fit = fit_batch(spec, cfg, device, world, rules.keeps_gradients)
         if progress and world.rank == 0:
             gib = fit.capacity_bytes / 2**30
             progress(f"fitted batch {spec.batch_size}/rank to {cfg.fit_fraction:g} of {gib:.1f} GiB")
     set_threads(world)
-    backend_name = resolve_backend_name(cfg.backend, world.size)
     report = Reporter(progress or (lambda _m: None), ticks) if world.rank == 0 else Reporter()
     layout = run_layout(spec, cfg, world.size)
     note = crossing_note(layout, world.allgather(world.node))

@@ -110,6 +110,9 @@ class Fit:
     oversize_threshold_bytes: int | None = None
     """CPU under jemalloc: its ``opt.oversize_threshold`` (``device.jemalloc_oversize_threshold``),
     from which freed blocks are given back at once; None otherwise"""
+    kept_grads: bool = False
+    """the estimate and the trials kept every gradient allocated between steps, as the run's
+    backend does (``Backend.keeps_gradients``: DDP's buckets)"""
     run_peak_bytes: int | None = None
     """the run's own peak above what its rank held before the model, its base taken as a trial's
     (``trial.warm_base``), the largest over ranks: what the trials promised to keep within
@@ -124,13 +127,21 @@ class Fit:
 
 
 def estimate_line(
-    spec: Spec, optimizer: str, device_type: str, pool_batches: int, malloc: str = "glibc"
+    spec: Spec,
+    optimizer: str,
+    device_type: str,
+    pool_batches: int,
+    malloc: str = "glibc",
+    kept_grads: bool = False,
 ) -> tuple[int, int]:
     """(fixed bytes, bytes per sample) of the estimate's line where backward is the peak, read off
     ``Spec.memory_estimate`` at two far batches: the step's per-sample bytes and the sample's
     inputs in each of the ``pool_batches`` batches kept on the device, from the one formula."""
     far = 1 << 40
-    at = [spec.memory_estimate(b, optimizer, device_type, pool_batches, malloc) for b in (far, 2 * far)]
+    at = [
+        spec.memory_estimate(b, optimizer, device_type, pool_batches, malloc, kept_grads)
+        for b in (far, 2 * far)
+    ]
     per_sample = max((at[1] - at[0]) // far, 1)
     return at[0] - far * per_sample, per_sample
 
@@ -143,15 +154,17 @@ def estimated_batch(
     device_type: str = "cpu",
     pool_batches: int = 1,
     malloc: str = "glibc",
+    kept_grads: bool = False,
 ) -> int:
     """The largest batch whose estimated memory, with ``pool_batches`` batches of inputs on the
-    device (on a CPU, ``malloc`` the allocator its steps call: ``Spec.memory_parts``), is within
+    device (on a CPU, ``malloc`` the allocator its steps call; ``kept_grads``, the gradients a
+    backend keeps allocated: ``Spec.memory_parts``), is within
     ``fraction`` of ``capacity``; a one-line error when even one sample does not fit. The estimate
     is the larger of a fixed optimizer step and a backward that grows with the batch
     (``metrics.memory_parts``), so the batch follows the backward's line."""
 
     def estimate(batch: int) -> int:
-        return spec.memory_estimate(batch, optimizer, device_type, pool_batches, malloc)
+        return spec.memory_estimate(batch, optimizer, device_type, pool_batches, malloc, kept_grads)
 
     target = fraction * capacity
     need = estimate(1)
@@ -163,7 +176,7 @@ def estimated_batch(
             f"{capacity / 2**30:.2f} GiB of a rank; this workload needs a larger device (or more ranks "
             "sharding it)",
         )
-    fixed, per_sample = estimate_line(spec, optimizer, device_type, pool_batches, malloc)
+    fixed, per_sample = estimate_line(spec, optimizer, device_type, pool_batches, malloc, kept_grads)
     batch = max(1, math.floor((target - fixed) / per_sample))
     if estimate(batch) <= target:
         return batch
@@ -243,17 +256,20 @@ def _line_points(measured: list[Trial]) -> tuple[tuple[int, int], tuple[int, int
     return (low.batch, low.peak_bytes or 0), (top.batch, top.peak_bytes or 0)
 
 
-def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) -> tuple[Spec, Fit]:
+def fit_batch(
+    spec: Spec, cfg: RunConfig, device: torch.device, world: World, kept_grads: bool = False
+) -> tuple[Spec, Fit]:
     """``spec`` with the batch whose measured peak fills ``cfg.fit_fraction`` of every rank's
     memory; a one-line error when even batch 1 does not fit, and the trial's reason when a
-    trial fails otherwise."""
+    trial fails otherwise. ``kept_grads``: the run's backend keeps every gradient allocated
+    (``Backend.keeps_gradients``), and so do the estimate and the trials."""
     capacity = min(world.allgather(rank_memory(device, world)))
     target = cfg.fit_fraction * capacity
     gpu = device.type == "cuda"
     allocator = None if gpu else malloc_library()
     malloc = allocator or "glibc"  # a GPU's step: the estimate has no heap term there
     start = estimated_batch(
-        spec, cfg.optimizer, cfg.fit_fraction, capacity, device.type, cfg.pool_batches, malloc
+        spec, cfg.optimizer, cfg.fit_fraction, capacity, device.type, cfg.pool_batches, malloc, kept_grads
     )
     # a CPU trial is stopped when its process passes the rank's whole share of the host; it
     # trains with the threads the run will (the run sets them only after the trials)
@@ -263,10 +279,11 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
     def measure(batch: int) -> Trial:
         s = spec.replace(batch_size=batch)
         if gpu:
-            return cuda_trial(s, cfg.optimizer, cfg.pool_batches, device)
-        return cpu_trial(s, cfg.optimizer, cfg.pool_batches, limit, threads)
+            return cuda_trial(s, cfg.optimizer, cfg.pool_batches, device, kept_grads)
+        return cpu_trial(s, cfg.optimizer, cfg.pool_batches, limit, threads, kept_grads)
 
-    slope_guess = float(estimate_line(spec, cfg.optimizer, device.type, cfg.pool_batches, malloc)[1])
+    line = estimate_line(spec, cfg.optimizer, device.type, cfg.pool_batches, malloc, kept_grads)
+    slope_guess = float(line[1])
     batch, trials, fixed, slope = search(measure, start, target, capacity, slope_guess)
     batch = min(world.allgather(batch))
     if batch < 1:
@@ -283,7 +300,7 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
             "rank; this workload needs a larger device (or more ranks sharding it)",
         )
     fitted = spec.replace(batch_size=batch)
-    estimate = fitted.memory_estimate(batch, cfg.optimizer, device.type, cfg.pool_batches, malloc)
+    estimate = fitted.memory_estimate(batch, cfg.optimizer, device.type, cfg.pool_batches, malloc, kept_grads)
     peak = next((t.peak_bytes for t in trials if t.batch == batch), None)
     return fitted, Fit(
         fraction=cfg.fit_fraction,
@@ -300,4 +317,5 @@ def fit_batch(spec: Spec, cfg: RunConfig, device: torch.device, world: World) ->
         mmap_threshold_bytes=MMAP_THRESHOLD_BYTES if allocator == "glibc" else None,
         allocator=allocator,
         oversize_threshold_bytes=None if gpu else jemalloc_oversize_threshold(),
+        kept_grads=kept_grads,
     )

@@ -48,14 +48,19 @@ def stats(values: Sequence[float]) -> Stats:
 
 
 def memory_split(
-    spec: Spec, cfg: RunConfig, device: torch.device, ranks: Sequence[RankMeasurement]
+    spec: Spec,
+    cfg: RunConfig,
+    device: torch.device,
+    ranks: Sequence[RankMeasurement],
+    kept_grads: bool = False,
 ) -> dict[str, Any]:
     """Where a rank's memory goes: the estimate's parts at the batch that ran, and what the
     device measured (its peak: on a CPU the process's resident set, which also holds the
     interpreter and libraries, so its parts cannot be told apart there), under the ``malloc`` this
-    process calls, as the ranks' (``environment.malloc``)."""
+    process calls, as the ranks' (``environment.malloc``); ``kept_grads``: the backend keeps every
+    gradient allocated (``Backend.keeps_gradients``)."""
     estimated = spec.memory_parts(
-        spec.batch_size, cfg.optimizer, device.type, cfg.pool_batches, malloc_library()
+        spec.batch_size, cfg.optimizer, device.type, cfg.pool_batches, malloc_library(), kept_grads
     )
     return {
         "estimated": {**estimated, "total": sum(estimated.values())},
@@ -263,7 +268,7 @@ def build_record(
         io=ranks[0].io,
         energy=energy_of(ranks, count.train_flops, distinct, window),
         fit=dataclasses.asdict(fit) if fit else None,
-        memory=memory_split(spec, cfg, device, ranks),
+        memory=memory_split(spec, cfg, device, ranks, rules.keeps_gradients),
         target=target_of(cfg, logs, distinct),
         window_start_unix=min(g.start_unix for g in logs),
         window_end_unix=max(g.start_unix + g.window_s for g in logs),

@@ -99,14 +99,17 @@ class Spec(Knobs):
         (``metrics.sample_memory``)."""
         return _largest_sample(self._moment_bytes(self.count()))
 
-    def _moment_bytes(self, c: Count, heap: bool = False) -> list[tuple[int, int, int, int, int]]:
+    def _moment_bytes(
+        self, c: Count, heap: bool = False, kept_grads: bool = False
+    ) -> list[tuple[int, int, int, int, int]]:
         """``c.moments`` in bytes per sample (``metrics.memory_parts``'s ``moments``). The
         first, as backward begins, is two: the loss's backward, with its copies of the logits
         (``metrics.LOSS_COPIES``), then the head's, with the logits' gradient (the loss has freed
         the others) and the head's input gradient. No gradient exists during the loss's backward
         (the previous step's were freed); the head's makes the first. ``heap``: the heap pages
-        per-step layers leave resident count (``Moment.heap``). With gradient accumulation, what
-        the step's later micro-batches hold (:func:`_accumulated`)."""
+        per-step layers leave resident count (``Moment.heap``). With gradient accumulation, or
+        ``kept_grads`` (gradients a backend keeps allocated, ``Backend.keeps_gradients``), what a
+        step holds beside every gradient (:func:`_accumulated`)."""
         size = precision(self.precision).bytes
         heap_size = size if heap else 0
         loss = metrics.sample_memory(0, self.logits_elements)
@@ -123,7 +126,7 @@ class Spec(Knobs):
             ),
             *((p.kept * size, p.workspace * size, p.grads, p.copies, p.heap * heap_size) for p in placed),
         ]
-        return _accumulated(moments, c.params) if self.accumulation_steps > 1 else moments
+        return _accumulated(moments, c.params) if self.accumulation_steps > 1 or kept_grads else moments
 
     def _in_heap(self, c: Count, batch: int, device_type: str, malloc: str) -> bool:
         """Whether glibc's heap holds a batch of the per-step states of ``Count.heap_row``: a CPU
@@ -147,13 +150,16 @@ class Spec(Knobs):
         device_type: str = "cpu",
         pool_batches: int = 1,
         malloc: str = "glibc",
+        kept_grads: bool = False,
     ) -> dict[str, int]:
         """Where a training step at ``batch`` on a ``device_type`` device, with ``pool_batches``
         batches of inputs kept there (``RunConfig.pool_batches``; a trial keeps one), would put
         its memory at its peak (``metrics.memory_parts``). ``malloc``: whose ``malloc`` a CPU
-        step calls (``device.malloc_library``: glibc, jemalloc, tcmalloc)."""
+        step calls (``device.malloc_library``: glibc, jemalloc, tcmalloc). ``kept_grads``: the
+        gradients stay allocated between steps (``Backend.keeps_gradients``: DDP's buckets)."""
         c = self.count()
-        moments = self._moment_bytes(c, heap=self._in_heap(c, batch, device_type, malloc))
+        heap = self._in_heap(c, batch, device_type, malloc)
+        moments = self._moment_bytes(c, heap=heap, kept_grads=kept_grads)
         return metrics.memory_parts(
             c.params,
             _largest_sample(moments),
@@ -174,9 +180,11 @@ class Spec(Knobs):
         device_type: str = "cpu",
         pool_batches: int = 1,
         malloc: str = "glibc",
+        kept_grads: bool = False,
     ) -> int:
         """Bytes a training step at ``batch`` needs (:meth:`memory_parts`)."""
-        return sum(self.memory_parts(batch, optimizer, device_type, pool_batches, malloc).values())
+        parts = self.memory_parts(batch, optimizer, device_type, pool_batches, malloc, kept_grads)
+        return sum(parts.values())
 
     @property
     def samples_per_step(self) -> int:
@@ -194,9 +202,10 @@ def _accumulated(
     moments: list[tuple[int, int, int, int, int]], params: int
 ) -> list[tuple[int, int, int, int, int]]:
     """``moments`` (``Spec._moment_bytes``: the loss's, the head's, then the placed ones from the
-    first layer to the last) as a step's second and later micro-batches hold them: every
-    parameter's gradient exists from the micro-batches before (each later one is summed into it
-    in place), and while a layer's backward runs, the gradient it has just made for its own
+    first layer to the last) as a step's second and later micro-batches hold them, or every
+    micro-batch where a backend keeps the gradients allocated (DDP's buckets): every
+    parameter's gradient exists, from the micro-batches before or in the buckets (each new one is
+    summed into it in place), and while a layer's backward runs, the gradient it has just made for its own
     parameters is alive beside them: its moment's gradients less those of the layers after it
     (attention seed 11 in fp32 at batch 32 with two micro-batches: 775.4 MB at the allocator's
     peak, the loss's backward, 697.2 with one)."""

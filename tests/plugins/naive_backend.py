@@ -27,6 +27,7 @@ class NaiveMpiBackend:
     name: ClassVar[str] = "naive-mpi"
     auto_priority: ClassVar[int | None] = None  # never chosen by backend=auto
     shards_state: ClassVar[bool] = False
+    keeps_gradients: ClassVar[bool] = False  # its gradients are freed with each step (zero_grad)
     exposed_method: ClassVar[str] = "allreduce phase: every gradient reduced after backward"
     compute_only_method: ClassVar[str] = "median forward + median backward (reduction comes after)"
 

@@ -59,6 +59,11 @@ class Backend(Protocol):
     shards_state: ClassVar[bool]
     """each rank keeps 1/N of the parameters, gradients and optimizer state, and its optimizer
     step updates only those (FSDP); False: every rank holds them all (data parallelism)"""
+    keeps_gradients: ClassVar[bool]
+    """every gradient stays allocated through the whole run, in the buckets the backend reduces
+    (DDP's, the gradients being views into them); the memory estimate and auto-fit's trials then
+    hold them all at every moment of a step (``Spec.memory_parts``'s ``kept_grads``). False: a
+    step's gradients are freed after its optimizer step (``zero_grad``'s None)"""
     exposed_method: ClassVar[str]
     """how ``exposed_s`` measures communication not hidden behind computation (for records)"""
     compute_only_method: ClassVar[str]

@@ -53,6 +53,7 @@ class FsdpBackend(DistGroup):
     name: ClassVar[str] = "fsdp"
     auto_priority: ClassVar[int | None] = None  # sharding is chosen, never the default
     shards_state: ClassVar[bool] = True
+    keeps_gradients: ClassVar[bool] = False
     exposed_method: ClassVar[str] = (
         "not measured: FSDP's all-gathers and reduce-scatters run inside forward and backward"
     )

@@ -21,6 +21,7 @@ class HorovodBackend:
     name: ClassVar[str] = "horovod"
     auto_priority: ClassVar[int | None] = 0
     shards_state: ClassVar[bool] = False
+    keeps_gradients: ClassVar[bool] = False
     MESSAGE_BYTES: ClassVar[int] = 128 << 20
     """Horovod's tensor fusion buffer: HOROVOD_FUSION_THRESHOLD's default in the release hpcdl
     installs (0.28.1: ``SetTensorFusionThresholdBytes(128 * 1024 * 1024)`` in

@@ -17,6 +17,7 @@ class PipelineBackend(TorchBackend):
 
     name: ClassVar[str] = "pipeline"
     auto_priority: ClassVar[int | None] = None
+    keeps_gradients: ClassVar[bool] = False  # its dp replicas reduce after the schedule, not in DDP
     exposed_method: ClassVar[str] = (
         "median of the allreduce phase (the dp replicas' flat allreduce after the schedule); the "
         "point-to-point sends run inside the schedule (metrics.pipeline: how long the stages sat idle)"

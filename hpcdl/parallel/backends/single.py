@@ -17,6 +17,7 @@ class SingleProcess:
     name: ClassVar[str] = SINGLE
     auto_priority: ClassVar[int | None] = None
     shards_state: ClassVar[bool] = False
+    keeps_gradients: ClassVar[bool] = False
     exposed_method: ClassVar[str] = "none"
     compute_only_method: ClassVar[str] = "median forward + median backward"
 

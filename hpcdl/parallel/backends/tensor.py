@@ -31,6 +31,7 @@ class TensorParallel(DistGroup):
     name: ClassVar[str] = "tensor"
     auto_priority: ClassVar[int | None] = None
     shards_state: ClassVar[bool] = False
+    keeps_gradients: ClassVar[bool] = False
     exposed_method: ClassVar[str] = (
         "median of the allreduce phase (one flat allreduce of the dp replicas' gradients)"
     )

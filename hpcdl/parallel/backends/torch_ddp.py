@@ -108,6 +108,7 @@ class TorchBackend(DistGroup):
     name: ClassVar[str] = "torch"
     auto_priority: ClassVar[int | None] = 1
     shards_state: ClassVar[bool] = False
+    keeps_gradients: ClassVar[bool] = True
     MESSAGE_BYTES: ClassVar[int] = 25 << 20
     """DistributedDataParallel's gradient bucket (``bucket_cap_mb``'s default)"""
     exposed_method: ClassVar[str] = "median backward with DDP minus median backward under no_sync()"
@@ -130,7 +131,10 @@ class TorchBackend(DistGroup):
         # forward_sync_buffers and warns of broadcast_buffers on every rank; older ones, as in
         # the containers' framework images, know only broadcast_buffers)
         buffers: dict[str, Any] = {NO_FORWARD_SYNC: False}
-        ddp = DistributedDataParallel(model, device_ids=ids, **buffers)
+        # the gradients are views into the buckets DDP reduces, not a second copy beside them:
+        # 4 x params less per rank (two ranks of a 10.4 M-parameter MLP at batch 400 peaked 42 MB
+        # lower, as one process does whose gradients stay allocated between steps: keeps_gradients)
+        ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True, **buffers)
         return ddp, make_optimizer(ddp.parameters())
 
     def accumulating(self, model: nn.Module) -> AbstractContextManager[object]:
