@@ -210,8 +210,8 @@ def test_a_fitted_run_of_two_ranks_stays_within_its_target(backend: str, tmp_pat
     """Two ranks of a 10.4 M-parameter MLP fitted to about 330 MiB each: their own peak (the
     larger, from a base taken as a trial's) within the target's 5 %. DDP keeps every gradient in
     its buckets all run, as its trials and estimate do (``kept_grads``); glibc's mmap threshold
-    is fixed before the run's checks allocate. Without either, torch's ranks peaked at 1.15-1.43x
-    their target (2026-11-28); with both at 0.95-0.96x, Horovod's at 0.98x."""
+    is fixed before the run's checks allocate. Before, torch's ranks peaked at 1.36-1.43x a 232 MB
+    target and at 1.19x this one (2026-11-28); now at 0.95-0.96x, Horovod's at 0.98x."""
     # the two ranks share this machine: each may take half its memory less a rank process
     fraction = (330 << 20) / (memory_capacity(torch.device("cpu")) // 2 - RANK_PROCESS_BYTES)
     big = ["--workload", "mlp", "layers=2", "width=2048", "input_size=2048", "output_size=1000"]
