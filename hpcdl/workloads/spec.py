@@ -203,9 +203,9 @@ def _accumulated(
 ) -> list[tuple[int, int, int, int, int]]:
     """``moments`` (``Spec._moment_bytes``: the loss's, the head's, then the placed ones from the
     first layer to the last) as a step's second and later micro-batches hold them, or every
-    micro-batch where a backend keeps the gradients allocated (DDP's buckets): every
-    parameter's gradient exists, from the micro-batches before or in the buckets (each new one is
-    summed into it in place), and while a layer's backward runs, the gradient it has just made for its own
+    micro-batch where a backend keeps the gradients allocated (DDP's buckets): every parameter's
+    gradient exists, from the micro-batches before or in the buckets (each new one is summed into
+    it in place), and while a layer's backward runs, the gradient it has just made for its own
     parameters is alive beside them: its moment's gradients less those of the layers after it
     (attention seed 11 in fp32 at batch 32 with two micro-batches: 775.4 MB at the allocator's
     peak, the loss's backward, 697.2 with one)."""
