@@ -346,7 +346,7 @@ def run(
     if cfg.fit_fraction > 0:
         # fixed from the start, as in the trials: large tensors the checks and probes below freed
         # under the dynamic threshold left chunks in the heap that later steps reused, resident
-        # (two DDP ranks at 1.2-1.3x their target; METRICS.md, "Size classes and auto-fit", 7)
+        # (two DDP ranks at up to 1.29x their target; METRICS.md, "Size classes and auto-fit", 7)
         if device.type == "cpu":
             pin_mmap_threshold()
         rules = backend_class(backend_name, run_layout(spec, cfg, world.size))

@@ -86,7 +86,8 @@ def train_steps(
     is alive beside the activations (``Spec.memory_parts``). ``kept_grads``: the gradients are
     zeroed in place between steps, not freed, as a backend that keeps them in its buckets holds
     them (``Backend.keeps_gradients``: two DDP ranks of a 10.4 M-parameter MLP at batch 4000
-    peaked at 319 MiB, one process 285 with its gradients freed, 317 with them kept)."""
+    peaked at 319 MiB, one process 286 with its gradients freed, 318 with them kept;
+    ``benchmarks/memory_ddp.py``)."""
     from hpcdl.measure.data import make_batch
 
     if optimizer not in ("adamw", "sgd"):

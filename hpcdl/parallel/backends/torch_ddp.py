@@ -132,8 +132,8 @@ class TorchBackend(DistGroup):
         # the containers' framework images, know only broadcast_buffers)
         buffers: dict[str, Any] = {NO_FORWARD_SYNC: False}
         # the gradients are views into the buckets DDP reduces, not a second copy beside them:
-        # 4 x params less per rank (two ranks of a 10.4 M-parameter MLP at batch 400 peaked 42 MB
-        # lower, as one process does whose gradients stay allocated between steps: keeps_gradients)
+        # 4 x params less per rank, as one process whose gradients stay allocated between steps
+        # holds (keeps_gradients; benchmarks/memory_ddp.py: 319 against 327 MiB at batch 4000)
         ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True, **buffers)
         return ddp, make_optimizer(ddp.parameters())
 
