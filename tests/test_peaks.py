@@ -24,6 +24,7 @@ from hpcdl.measure.peaks import (
     datasheet_peak,
     flops_per_cycle,
     gemm_ceiling,
+    gemm_products,
     raised_to_ceiling,
     theoretical_peak,
 )
@@ -194,6 +195,20 @@ def test_figures_that_cannot_be_true_are_flagged_with_a_cause() -> None:
 def test_gemm_ceiling_is_the_best_of_several_sizes() -> None:
     flops = gemm_ceiling(torch.device("cpu"), "fp32", seconds=0.3, sizes=(64, 128))
     assert flops > 0
+
+
+def test_every_product_the_ceiling_times_is_the_matrix_product_it_counts() -> None:
+    """The ceiling counts 2 n^3 FLOPs a product: each library's must compute a (transposed) n x n
+    product, oneDNN's beside the BLAS's on CPUs in fp32 (MKL runs AVX2 code on AMD CPUs)."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(96, 96, generator=gen), torch.randn(96, 96, generator=gen)
+    products = gemm_products(torch.device("cpu"), "fp32")
+    assert len(products) == (2 if torch.backends.mkldnn.is_available() else 1)
+    assert products[0](a, b).equal(a @ b)
+    for product in products[1:]:
+        out = product(a, b)
+        assert torch.allclose(out.to_dense() if out.is_mkldnn else out, a @ b.T, atol=1e-4)
+    assert len(gemm_products(torch.device("cpu"), "bf16")) == 1  # bf16 torch.mm is oneDNN's already
 
 
 def test_a_ceiling_above_the_estimate_raises_the_clock_and_keeps_the_estimate_s_inputs() -> None:
