@@ -193,15 +193,15 @@ def search(
     measure: Callable[[int], Trial], start: int, target: float, limit: float, fallback_slope: float
 ) -> tuple[int, list[Trial], float | None, float | None]:
     """The largest batch whose measured peak is within ``target``, found with few ``measure``
-    calls: trials at a quarter and half of ``start``, then the batch where the line through the
-    largest measured trial and the largest one at least ``SPAN`` below it in batch (fixed part +
+    calls: trials at a quarter and half of ``start``, then the batch where a line (fixed part +
     slope x batch) meets the middle of the window below the target, kept between the largest
     batch within the target (``lo``) and the smallest above it (``hi``), until a trial lands in
-    the window or the two meet. Aiming at the window's middle and reading the slope from trials
-    apart leave room for a trial's own noise (a few % between adjacent batches on a CPU). A
-    batch the line puts above ``limit`` is refused without running. ``fallback_slope`` stands
-    in for a slope that noise made zero or negative. Returns (batch, trials, fixed part, slope);
-    batch 0 when even batch 1 is above the target."""
+    the window or the two meet. The line runs through the largest measured trial no larger
+    than ``hi`` and the largest one at least ``SPAN`` below it in batch. Aiming at the window's
+    middle and reading the slope from trials apart leave room for a trial's own noise (a few %
+    between adjacent batches on a CPU). A batch the line puts above ``limit`` is refused without
+    running. ``fallback_slope`` stands in for a slope that noise made zero or negative. Returns
+    (batch, trials, fixed part, slope); batch 0 when even batch 1 is above the target."""
     trials: list[Trial] = []
     fixed: float | None = None
     slope: float | None = None
@@ -210,7 +210,9 @@ def search(
     queue = [first, max(first + 1, start // 2)]
     aim = (1 - WINDOW / 2) * target
     while len(trials) < MAX_TRIALS and hi - lo > 1:
-        if pair := _line_points([t for t in trials if t.peak_bytes is not None]):
+        # the line from trials inside the bracket: beyond ``hi`` the peak can bend (glibc's heap),
+        # and a flatter slope there aims a batch above ``lo`` at a time (rnn seed 0, fp32)
+        if pair := _line_points([t for t in trials if t.peak_bytes is not None and t.batch <= hi]):
             (b0, p0), (b1, p1) = pair
             slope = (p1 - p0) / (b1 - b0)
             slope = slope if slope > 0 else fallback_slope
