@@ -140,10 +140,10 @@ def minimax_allowance(measured: list[tuple[int, int, bool, bool]]) -> tuple[floa
     return base[i] / (1 << 20), auto[i] / (1 << 20), unf[i] / (1 << 20), float(worst[i])
 
 
-def fit_error(family: str, target: int, device: torch.device) -> tuple[int, int, int, float]:
+def fit_error(family: str, precision: str, target: int, device: torch.device) -> tuple[int, int, int, float]:
     """(estimated batch, chosen batch, trials, measured peak / target) of a fit of the first
-    sampled spec of ``family`` to ``target`` bytes of model memory, fp32."""
-    spec = sample_spec(family, 0, batch_size=1)
+    sampled spec of ``family`` in ``precision`` to ``target`` bytes of model memory."""
+    spec = sample_spec(family, 0, batch_size=1, precision=precision)
     _, per_sample = estimate_line(spec, "adamw", device.type, 1, MALLOC)
     start = estimated_batch(spec, "adamw", 1.0, target, device.type, malloc=MALLOC)
     batch, trials, _, _ = search(
@@ -155,7 +155,7 @@ def fit_error(family: str, target: int, device: torch.device) -> tuple[int, int,
     )
     peak = next(t.peak_bytes for t in trials if t.batch == batch)
     seen = [f"{t.batch}: {t.peak_bytes / target:.3f}" if t.peak_bytes else f"{t.batch}: over" for t in trials]
-    print(f"  {family}: trials (batch: peak / target) {', '.join(seen)}", flush=True)
+    print(f"  {family} {precision}: trials (batch: peak / target) {', '.join(seen)}", flush=True)
     return int(start), batch, len(trials), (peak or 0) / target
 
 
@@ -281,10 +281,14 @@ def main() -> None:
     if a.fit_mb:
         fits = []
         for family in families:
-            start, batch, n, ratio = fit_error(family, a.fit_mb << 20, device)
-            fits.append([family, str(start), str(batch), str(n), f"{ratio:.3f}", f"{ratio - 1:+.1%}"])
-        print(f"\nauto-fit to {a.fit_mb} MiB of model memory (fp32, seed 0 of each family)")
-        print(table(["family", "estimated batch", "fitted batch", "trials", "peak / target", "error"], fits))
+            for precision in a.precisions.split(","):
+                start, batch, n, ratio = fit_error(family, precision, a.fit_mb << 20, device)
+                fits.append(
+                    [family, precision, str(start), str(batch), str(n), f"{ratio:.3f}", f"{ratio - 1:+.1%}"]
+                )
+        print(f"\nauto-fit to {a.fit_mb} MiB of model memory (seed 0 of each family)")
+        head = ["family", "precision", "estimated batch", "fitted batch", "trials", "peak / target", "error"]
+        print(table(head, fits))
 
 
 if __name__ == "__main__":
