@@ -268,6 +268,29 @@ def test_info_lists_tf32_where_a_gpus_datasheet_has_it(monkeypatch: pytest.Monke
     assert torch.backends.cuda.matmul.fp32_precision == before
 
 
+def test_info_raises_a_cpu_estimate_its_ceiling_beats_and_flags_a_datasheet_it_beats(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``hpcdl info --probe`` shows the peak a run would use: a CPU estimate below the measured
+    ceiling raised to the clock the ceiling implies (no flag), a GPU's datasheet figure kept and
+    flagged (the ceilings are given: the logic under test is the table's, not the probe's)."""
+    from hpcdl.cli import workloads as info
+
+    estimate = cpu_peak("fp32")
+    if estimate is None:
+        pytest.skip("no CPU clock to estimate from")
+    monkeypatch.setattr(info, "gemm_ceiling", lambda device, prec: 2 * estimate.flops)
+    fp32 = next(line for line in info.peaks_table(torch.device("cpu"), probe=True).splitlines()
+                if line.startswith("fp32"))  # fmt: skip
+    assert "implied by the measured GEMM ceiling" in fp32 and "100.0%" in fp32 and "(!)" not in fp32
+    monkeypatch.setattr("hpcdl.measure.peaks.gpu_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr(info, "device_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr(info, "gemm_ceiling", lambda device, prec: 2e15)
+    bf16 = next(line for line in info.peaks_table(torch.device("cuda"), probe=True).splitlines()
+                if line.startswith("bf16"))  # fmt: skip
+    assert "989 TFLOP/s" in bf16 and "(!) above the theoretical peak" in bf16
+
+
 def test_a_run_whose_ceiling_beats_the_estimate_records_the_implied_clock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,7 +14,7 @@ from hpcdl.device import device_name, memory_capacity, resolve_device
 from hpcdl.errors import InputError, SpecError
 from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.environment import availability, environment
-from hpcdl.measure.peaks import INFO_PRECISIONS, gemm_ceiling, theoretical_peak
+from hpcdl.measure.peaks import INFO_PRECISIONS, gemm_ceiling, raised_to_ceiling, theoretical_peak
 from hpcdl.records.store import check_output
 from hpcdl.results.text import si, table
 from hpcdl.workloads import recipes
@@ -111,19 +111,26 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def peaks_table(device: torch.device, probe: bool) -> str:
     """Per precision: the theoretical peak (MFU's denominator) with its source, and with
-    ``probe`` the measured GEMM ceiling and its ratio to the peak, flagged above 1."""
+    ``probe`` the measured GEMM ceiling and its ratio to the peak. A CPU estimate the ceiling
+    beats is raised to the clock the ceiling implies, as a run's is (``raised_to_ceiling``);
+    a ceiling above any other peak is flagged."""
     rows = []
     for prec in [*PRECISIONS, *(INFO_PRECISIONS if device.type == "cuda" else ())]:
         peak = theoretical_peak(device, device_name(device), prec)
         if peak is None and prec in INFO_PRECISIONS:
             continue  # listed only where the datasheet has it
-        row = [prec, si(peak.flops, "FLOP/s") if peak else "unknown"]
+        measured = []
         if probe:
             ceiling = gemm_ceiling(device, prec)
+            if peak is not None:
+                peak = raised_to_ceiling(peak, ceiling)
             ratio = ceiling / peak.flops if peak else float("nan")
             mark = "  (!) above the theoretical peak: its inputs are low" if ratio > 1 else ""
-            row += [si(ceiling, "FLOP/s"), f"{ratio:.1%}{mark}"]
-        rows.append([*row, peak.source if peak else "no datasheet entry or clock; give --peak-flops"])
+            measured = [si(ceiling, "FLOP/s"), f"{ratio:.1%}{mark}"]
+        rows.append(
+            [prec, si(peak.flops, "FLOP/s") if peak else "unknown", *measured,
+             peak.source if peak else "no datasheet entry or clock; give --peak-flops"]
+        )  # fmt: skip
     head = ["precision", "theoretical peak"] + (["measured GEMM ceiling", "ceiling / peak"] if probe else [])
     return table([*head, "source of the peak"], rows, numeric=False)
 
