@@ -1,8 +1,8 @@
 """On-demand benchmark: the memory estimate behind --fit (``Spec.memory_estimate``) against the
 memory a real training step takes, over sampled specs of every family in fp32 and bf16, each
-measured in a fresh process (the rise of the peak resident set;
-``measure.trial``, as auto-fit measures); then auto-fit's error per family: how far below the target
-the measured peak of the batch ``measure.fit.search`` chose lands (real trials, child processes).
+measured in a fresh process (the rise of the peak resident set; ``measure.trial``, as auto-fit
+measures); then auto-fit's error per family and precision: how far below the target the measured
+peak of the batch ``measure.fit.search`` chose lands (real trials, child processes).
 
 Prints, per family and precision, the ratio measured / estimate (min, median, max) over the specs
 whose tensors are estimated above 30 MB (below that what the libraries hold dominates), then
