@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -324,45 +324,53 @@ INFO_PRECISIONS = ("tf32",)
 tf32, fp32 products on NVIDIA's tensor cores (hpcdl never trains in it; readers compare)"""
 
 
-def gemm_products(device: torch.device, precision: str) -> list[Callable[[Tensor, Tensor], Tensor]]:
+Product = Callable[[Tensor, Tensor], Tensor]
+
+
+def gemm_products(device: torch.device, precision: str) -> dict[str, Product]:
     """The matrix products a training step can run on ``device`` in ``precision``: ``torch.mm``
     (the BLAS's), and on CPUs in fp32 oneDNN's inner product too, which convolutions, fused LSTMs
     and (in bf16) linears run on. fp32 ``torch.mm`` goes to MKL, which on AMD CPUs runs its AVX2
     code: on a Zen 5 EPYC 219 GFLOP/s where oneDNN's product did 479 and a 3 x 3 convolution 475,
     so a ceiling of ``torch.mm`` alone flagged CNNs and LSTMs above it and hid a low estimate."""
-    products: list[Callable[[Tensor, Tensor], Tensor]] = [torch.mm]
+    products: dict[str, Product] = {"torch.mm": torch.mm}
     if device.type == "cpu" and precision == "fp32" and torch.backends.mkldnn.is_available():
-        products.append(lambda a, b: torch._C._nn.mkldnn_linear(a.to_mkldnn(), b, None))  # a @ b.T
+        # a @ b.T, as a linear computes it
+        products["oneDNN inner product"] = lambda a, b: torch._C._nn.mkldnn_linear(a.to_mkldnn(), b, None)
     return products
 
 
 def gemm_ceiling(
-    device: torch.device, precision: str, seconds: float = 1.0, sizes: Sequence[int] | None = None
+    device: torch.device,
+    precision: str,
+    seconds: float = 1.0,
+    sizes: Sequence[int] | None = None,
+    products: Mapping[str, Product] | None = None,
 ) -> float:
     """The measured GEMM ceiling: the fastest square matrix product in ``precision`` over several
     sizes (the best size differs between machines) and the libraries a step uses
-    (:func:`gemm_products`), each timed one by one between device synchronisations for its share of
-    ``seconds`` after two warm-up products. The best of all counts: noise on a shared node does
-    not lower a ceiling. ``tf32`` (a GPU's): fp32 products with cuBLAS allowed TF32, the setting
-    restored after."""
+    (:func:`gemm_products`, or ``products``), each timed one by one between device
+    synchronisations for its share of ``seconds`` after two warm-up products. The best of all
+    counts: noise on a shared node does not lower a ceiling. ``tf32`` (a GPU's): fp32 products
+    with cuBLAS allowed TF32, the setting restored after."""
     if precision == "tf32":
         matmul = torch.backends.cuda.matmul
         before = matmul.fp32_precision
         matmul.fp32_precision = "tf32"
         try:
-            return gemm_ceiling(device, "fp32", seconds, sizes)
+            return gemm_ceiling(device, "fp32", seconds, sizes, products)
         finally:
             matmul.fp32_precision = before
     sizes = sizes or (GPU_SIZES if device.type == "cuda" else CPU_SIZES)
     dtype = precision_of(precision).dtype
-    products = gemm_products(device, precision)
-    share = seconds / (len(sizes) * len(products))
+    timed = list((products or gemm_products(device, precision)).values())
+    share = seconds / (len(sizes) * len(timed))
     best = 0.0
     for n in sizes:
         gen = torch.Generator(device=device).manual_seed(n)
         a = torch.randn(n, n, generator=gen, device=device).to(dtype)
         b = torch.randn(n, n, generator=gen, device=device).to(dtype)
-        for product in products:
+        for product in timed:
             for _ in range(2):
                 product(a, b)
             synchronize(device)
