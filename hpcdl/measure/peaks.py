@@ -331,8 +331,9 @@ def gemm_products(device: torch.device, precision: str) -> dict[str, Product]:
     """The matrix products a training step can run on ``device`` in ``precision``: ``torch.mm``
     (the BLAS's), and on CPUs in fp32 oneDNN's inner product too, which convolutions, fused LSTMs
     and (in bf16) linears run on. fp32 ``torch.mm`` goes to MKL, which on AMD CPUs runs its AVX2
-    code: on a Zen 5 EPYC 219 GFLOP/s where oneDNN's product did 479 and a 3 x 3 convolution 475,
-    so a ceiling of ``torch.mm`` alone flagged CNNs and LSTMs above it and hid a low estimate."""
+    code: on a Zen 5 EPYC 219 GFLOP/s where oneDNN's product did 479
+    (``benchmarks/gemm_products.py``), so a ceiling of ``torch.mm`` alone flagged CNNs and LSTMs
+    above it and hid a low estimate."""
     products: dict[str, Product] = {"torch.mm": torch.mm}
     if device.type == "cpu" and precision == "fp32" and torch.backends.mkldnn.is_available():
         # a @ b.T, as a linear computes it
