@@ -97,6 +97,24 @@ def test_a_peak_that_flattens_above_the_target_does_not_hold_the_search_below_it
     assert len(calls) <= 6
 
 
+def test_a_line_that_aims_just_above_the_lower_end_of_the_bracket_still_closes_it() -> None:
+    """Two FSDP ranks' trials (``hpcdl run --workload mlp layers=2 width=2048 input_size=2048
+    output_size=1000 --np 2 --backend fsdp --fit 0.03``, Zen 5): 3281-3284 read 0.92 of the
+    target, 3485 read 1.015. The line through 1601 and 3485 aimed at 3283, one batch above the
+    largest within the target, trial after trial (0.92 after 8 trials). Each batch at least a
+    quarter of the bracket in from its ends lands in the window."""
+    batches, peaks = [800, 1601, 3281, 3284, 3485, 3892], [184.5, 224.6, 321.0, 321.0, 353.3, 364.3]
+    target = 348.2e6
+
+    def measure(batch: int) -> Trial:
+        return Trial(batch, int(np.interp(batch, batches, peaks) * 1e6))
+
+    batch, trials, _, _ = search(measure, 3202, target, 2 * target, 0.07e6)
+    peak = next(t.peak_bytes for t in trials if t.batch == batch)
+    assert peak is not None and (1 - WINDOW) * target <= peak <= target, trials
+    assert len(trials) <= 6
+
+
 def test_a_batch_the_line_puts_past_the_limit_is_refused_before_it_runs() -> None:
     measure, calls = line(0, 1 * MB)
     # the line says 2000 fits the target, but the watchdog's limit is lower: never run above it

@@ -195,8 +195,9 @@ def search(
     """The largest batch whose measured peak is within ``target``, found with few ``measure``
     calls: trials at a quarter and half of ``start``, then the batch where a line (fixed part +
     slope x batch) meets the middle of the window below the target, kept between the largest
-    batch within the target (``lo``) and the smallest above it (``hi``), until a trial lands in
-    the window or the two meet. The line runs through the largest measured trial no larger
+    batch within the target (``lo``) and the smallest above it (``hi``), once both are measured
+    at least a quarter of their distance in from each, until a trial lands in the window or the
+    two meet. The line runs through the largest measured trial no larger
     than ``hi`` and the largest one at least ``SPAN`` below it in batch. Aiming at the window's
     middle and reading the slope from trials apart leave room for a trial's own noise (a few %
     between adjacent batches on a CPU). A batch the line puts above ``limit`` is refused without
@@ -221,6 +222,10 @@ def search(
             batch = queue.pop(0)
         elif fixed is not None and slope is not None:
             batch = math.floor((aim - fixed) / slope)
+            if lo and hi < 2**31:  # a quarter of the bracket in from either end at least: a line
+                # through a noisy trial can aim just above ``lo`` time after time (FSDP, 2 ranks)
+                quarter = (hi - lo) // 4
+                batch = min(max(batch, lo + quarter), hi - quarter)
         else:  # no line yet: double up from the last batch within the target, or halve down
             batch = 2 * lo if lo else max(1, min(t.batch for t in trials) // 4)
         batch = min(max(batch, lo + 1), hi - 1, MAX_GROWTH * lo if lo else hi - 1)
