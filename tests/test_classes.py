@@ -205,24 +205,29 @@ def test_fit_measures_the_batch_that_fills_the_target_and_records_how(tmp_path: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["torch", "horovod"])
-def test_a_fitted_run_of_two_ranks_stays_within_its_target(backend: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["--backend=torch", "--backend=horovod", "--backend=fsdp", "--layout=tp=2"])
+def test_a_fitted_run_of_two_ranks_stays_within_its_target(how: str, tmp_path: Path) -> None:
     """Two ranks of a 10.4 M-parameter MLP fitted to about 330 MiB each: their own peak (the
     larger, from a base taken as a trial's) within the target's 5 %. DDP keeps every gradient in
     its buckets all run, as its trials and estimate do (``kept_grads``); glibc's mmap threshold
-    is fixed before the run's checks allocate. Before, torch's ranks peaked at 1.36-1.43x a 232 MB
-    target and at 1.19x this one (2026-11-28); now at 0.95-0.96x, Horovod's at 0.98x."""
+    is fixed before the run's checks allocate; a rank of FSDP or of tensor parallelism trains
+    only its share in its trials (``fit.shard``). Before, torch's ranks peaked at 1.36-1.43x a
+    232 MB target and at 1.19x this one (2026-11-28); now at 0.95-0.96x, Horovod's at 0.98x;
+    FSDP's and tp's at 0.85x and 0.79x of a 348 MB target with trials of the whole model, and
+    0.95x and 0.94x with trials of their share (2026-11-29)."""
     # the two ranks share this machine: each may take half its memory less a rank process
     fraction = (330 << 20) / (memory_capacity(torch.device("cpu")) // 2 - RANK_PROCESS_BYTES)
     big = ["--workload", "mlp", "layers=2", "width=2048", "input_size=2048", "output_size=1000"]
     p = hpcdl(
-        "run", *big, "--np", "2", "--backend", backend, "--fit", f"{fraction:.8f}", "--steps", "3",
+        "run", *big, "--np", "2", how, "--fit", f"{fraction:.8f}", "--steps", "3",
         "--min-duration", "0", "-o", str(tmp_path),
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     (record,) = [json.loads(f.read_text()) for f in tmp_path.glob("*.json")]
     fit = record["metrics"]["fit"]
-    assert fit["kept_grads"] == (backend == "torch")
+    assert fit["kept_grads"] == (how == "--backend=torch")
+    sharded = {"--backend=fsdp": "fsdp", "--layout=tp=2": "tensor"}.get(how)
+    assert fit["shard"]["ranks"] == 2 and fit["shard"]["backend"] == sharded, fit["shard"]
     # (the search may run out of trials below the window: the run then stays below the target too)
     assert 0.5 * fit["target_bytes"] < fit["run_peak_bytes"] <= (1 + WINDOW) * fit["target_bytes"], fit
     assert "(!" not in p.stdout

@@ -41,7 +41,7 @@ from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import theoretical_peak
 from hpcdl.measure.schedstat import Descheduled, together
 from hpcdl.measure.telemetry import TelemetrySampler
-from hpcdl.measure.trial import warm_base
+from hpcdl.measure.trial import Shard, warm_base
 from hpcdl.measure.watchdog import Watchdog
 from hpcdl.parallel.backends import (
     Backend,
@@ -349,8 +349,15 @@ def run(
         # (two DDP ranks at up to 1.29x their target; METRICS.md, "Size classes and auto-fit", 7)
         if device.type == "cpu":
             pin_mmap_threshold()
-        rules = backend_class(backend_name, run_layout(spec, cfg, world.size))
-        spec, fit = fit_batch(spec, cfg, device, world, rules.keeps_gradients)
+        layout = run_layout(spec, cfg, world.size)
+        rules = backend_class(backend_name, layout)
+        shards = rules.shards_state or layout.tp > 1  # FSDP; tensor parallelism (a pipeline: no fit)
+        shard = (
+            Shard(world.rank, world.size, rules.name if shards else None, layout.tp, layout.dp)
+            if world.size > 1
+            else None
+        )
+        spec, fit = fit_batch(spec, cfg, device, world, rules.keeps_gradients, shard)
         if progress and world.rank == 0:
             gib = fit.capacity_bytes / 2**30
             progress(f"fitted batch {spec.batch_size}/rank to {cfg.fit_fraction:g} of {gib:.1f} GiB")

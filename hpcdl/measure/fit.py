@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -30,7 +31,7 @@ from hpcdl.device import (
 from hpcdl.errors import InputError, SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.measurement import RankMeasurement
-from hpcdl.measure.trial import Trial, cpu_trial, cuda_trial
+from hpcdl.measure.trial import Shard, Trial, cpu_trial, cuda_trial
 from hpcdl.parallel.world import World
 from hpcdl.workloads.spec import Spec
 
@@ -113,6 +114,10 @@ class Fit:
     kept_grads: bool = False
     """the estimate and the trials kept every gradient allocated between steps, as the run's
     backend does (``Backend.keeps_gradients``: DDP's buckets)"""
+    shard: dict[str, Any] | None = None
+    """CPU, several ranks: the share of the model each trial trained (``trial.Shard``: this rank
+    of the run's ranks, the experts it keeps, and the backend that shards the model, if any); None
+    where the trials trained the whole model"""
     run_peak_bytes: int | None = None
     """the run's own peak above what its rank held before the model, its base taken as a trial's
     (``trial.warm_base``), the largest over ranks: what the trials promised to keep within
@@ -264,12 +269,20 @@ def _line_points(measured: list[Trial]) -> tuple[tuple[int, int], tuple[int, int
 
 
 def fit_batch(
-    spec: Spec, cfg: RunConfig, device: torch.device, world: World, kept_grads: bool = False
+    spec: Spec,
+    cfg: RunConfig,
+    device: torch.device,
+    world: World,
+    kept_grads: bool = False,
+    shard: Shard | None = None,
 ) -> tuple[Spec, Fit]:
     """``spec`` with the batch whose measured peak fills ``cfg.fit_fraction`` of every rank's
     memory; a one-line error when even batch 1 does not fit, and the trial's reason when a
     trial fails otherwise. ``kept_grads``: the run's backend keeps every gradient allocated
-    (``Backend.keeps_gradients``), and so do the estimate and the trials."""
+    (``Backend.keeps_gradients``), and so do the estimate and the trials. ``shard``: this rank's
+    share of the model, which its CPU trials train (a GPU's trial, in the run's process, trains
+    the whole model: its peak is then above the rank's). The estimate, which picks the first
+    trials' batches, is the whole model's."""
     capacity = min(world.allgather(rank_memory(device, world)))
     target = cfg.fit_fraction * capacity
     gpu = device.type == "cuda"
@@ -287,7 +300,7 @@ def fit_batch(
         s = spec.replace(batch_size=batch)
         if gpu:
             return cuda_trial(s, cfg.optimizer, cfg.pool_batches, device, kept_grads)
-        return cpu_trial(s, cfg.optimizer, cfg.pool_batches, limit, threads, kept_grads)
+        return cpu_trial(s, cfg.optimizer, cfg.pool_batches, limit, threads, kept_grads, shard)
 
     line = estimate_line(spec, cfg.optimizer, device.type, cfg.pool_batches, malloc, kept_grads)
     slope_guess = float(line[1])
@@ -325,4 +338,5 @@ def fit_batch(
         allocator=allocator,
         oversize_threshold_bytes=None if gpu else jemalloc_oversize_threshold(),
         kept_grads=kept_grads,
+        shard=asdict(shard) if shard and not gpu else None,
     )

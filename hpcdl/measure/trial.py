@@ -5,7 +5,11 @@ its resident set passes a limit: a trial too large is stopped, never killed by t
 out-of-memory killer with the run beside it. On CUDA it runs in this process, measured by the
 caching allocator (``torch.cuda.max_memory_reserved``), an out-of-memory error meaning too large.
 
-    python -m hpcdl.measure.trial SPEC_JSON OPTIMIZER POOL_BATCHES [kept_grads]
+A rank of a run that divides the model among its ranks (FSDP, tensor parallelism, experts
+spread across ranks) holds less than the whole model: its CPU trial trains its own share
+(``Shard``).
+
+    python -m hpcdl.measure.trial SPEC_JSON OPTIMIZER POOL_BATCHES [kept_grads] [shard=JSON]
     # prints {"peak_bytes": N, "threads": T}
 """
 
@@ -18,13 +22,20 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 
-from hpcdl.device import held_bytes, reset_peak_memory, status_bytes, synchronize
+from hpcdl.device import held_bytes, pin_mmap_threshold, reset_peak_memory, status_bytes, synchronize
 from hpcdl.errors import RunFailed
+from hpcdl.parallel.backends import BACKENDS, Backend
+from hpcdl.parallel.backends.torch_ddp import DistGroup
+from hpcdl.parallel.layout import Layout
+from hpcdl.parallel.placement import Collectives, spread
+from hpcdl.parallel.world import World
 from hpcdl.workloads.precision import Precision, precision
 from hpcdl.workloads.spec import Spec
 
@@ -61,6 +72,47 @@ class Trial:
         return self.peak_bytes is None
 
 
+@dataclass(frozen=True)
+class Shard:
+    """Rank ``rank`` of ``ranks`` in a run: what its CPU trial trains, under torch's fake process
+    group, whose collectives allocate their outputs as the real ones do and move nothing
+    (``torch.testing._internal.distributed.fake_pg``, which PyTorch's own memory tools use). The
+    experts a rank keeps (``placement.spread``) and, where the run's backend shards the model
+    (``backend``: FSDP's fully_shard, tensor parallelism's plan over a ``tp`` x ``dp`` mesh), its
+    shards and their gathered units: the trial wraps the model as the run does. A data-parallel
+    backend's trial stays unwrapped (``kept_grads`` stands in for DDP's buckets; DDP's hooks need a
+    real collective's result). With trials of the whole model, fitted FSDP and tp runs peaked at
+    85 % and 79 % of their target; with trials of their share, 95 % and 94 % (METRICS.md, "Size
+    classes and auto-fit", step 8)."""
+
+    rank: int
+    ranks: int
+    backend: str | None = None
+    """the registered name of the run's backend where it shards the model, else None"""
+    tp: int = 1
+    dp: int = 0
+
+    def join(self, device: torch.device) -> tuple[Collectives, Backend | None]:
+        """Start the fake group as this rank (a process with a group already keeps it:
+        ``benchmarks/memory_shard.py``'s gloo ranks): its collectives, and the run's backend over
+        it where that shards the model (None where it does not)."""
+        import torch.distributed as dist
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        if not dist.is_initialized():
+            dist.init_process_group("fake", store=FakeStore(), rank=self.rank, world_size=self.ranks)
+        world = World(rank=self.rank, size=self.ranks)
+        if self.backend is None:
+            return DistGroup(world, device), None
+        if self.tp > 1:
+            from hpcdl.parallel.backends.tensor import TensorParallel
+
+            tensor = TensorParallel(world, device, Layout(tp=self.tp, dp=self.dp))
+            return tensor, tensor
+        backend = BACKENDS.get(self.backend)(world, device)
+        return backend, backend
+
+
 class TrialFailed(RunFailed):
     """A trial that failed for a reason other than memory: the run ends with that reason (one
     line, exit code 1), not with a smaller batch."""
@@ -79,6 +131,7 @@ def train_steps(
     device: torch.device,
     steps: int = STEPS,
     kept_grads: bool = False,
+    shard: Shard | None = None,
 ) -> None:
     """``steps`` optimizer steps of ``spec`` as ``measure.loop`` trains it (autocast in
     bf16/fp16, the loss in fp32), each of ``accumulation_steps`` forward and backward passes,
@@ -87,20 +140,37 @@ def train_steps(
     zeroed in place between steps, not freed, as a backend that keeps them in its buckets holds
     them (``Backend.keeps_gradients``: two DDP ranks of a 10.4 M-parameter MLP at batch 4000
     peaked at 319 MiB, one process 286 with its gradients freed, 318 with them kept;
-    ``benchmarks/memory_ddp.py``)."""
+    ``benchmarks/memory_ddp.py``). ``shard``: only that rank's share of the model, wrapped as
+    its run's backend wraps it (``Shard``)."""
     from hpcdl.measure.data import make_batch
 
     if optimizer not in ("adamw", "sgd"):
         raise ValueError(f"optimizer {optimizer!r}: adamw or sgd")
+
+    def make_optimizer(params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        if optimizer == "sgd":
+            return torch.optim.SGD(params, lr=1e-4, momentum=0.9)
+        return torch.optim.AdamW(params)
+
     model = spec.build().to(device)
-    params = list(model.parameters())
-    opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9) if optimizer == "sgd" else torch.optim.AdamW(params)
+    backend = None
+    if shard:
+        group, backend = shard.join(device)
+        spread(model, shard.rank, shard.ranks, group, device)
+    if backend:
+        model, opt = backend.wrap(model, make_optimizer, spec.accumulation_steps)
+    else:
+        opt = make_optimizer(model.parameters())
     x, y = make_batch(spec, spec.batch_size * max(pool_batches, 1), device)
     x, y = x[: spec.batch_size], y[: spec.batch_size]
     p = precision(spec.precision)
+    n = spec.accumulation_steps
     for _ in range(steps):
-        for _ in range(spec.accumulation_steps):
-            _loss(model, x, y, device, p).backward()
+        for i in range(n):
+            with backend.accumulating(model) if backend and i < n - 1 else nullcontext():
+                _loss(model, x, y, device, p).backward()
+        if backend:
+            backend.finish_reduction(opt)
         opt.step()
         opt.zero_grad(set_to_none=not kept_grads)
     synchronize(device)
@@ -161,11 +231,12 @@ def cpu_trial(
     limit_bytes: int,
     threads: int | None = None,
     kept_grads: bool = False,
+    shard: Shard | None = None,
 ) -> Trial:
     """A trial in a child process with ``threads`` threads (default: this process's), those the
     run will train with: per-thread buffers (oneDNN's scratchpads, the allocator's arenas) are
     part of its peak. None as its peak when the child's resident set passed ``limit_bytes`` (the
-    parent ended it). ``kept_grads``: as :func:`train_steps`'s."""
+    parent ended it). ``kept_grads`` and ``shard``: as :func:`train_steps`'s."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads or torch.get_num_threads())}
     args = [
         sys.executable,
@@ -175,6 +246,7 @@ def cpu_trial(
         optimizer,
         str(pool_batches),
         *(["kept_grads"] if kept_grads else []),
+        *([f"shard={json.dumps(asdict(shard))}"] if shard else []),
     ]
     child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     while child.poll() is None:
@@ -212,14 +284,20 @@ def main(argv: list[str]) -> None:
     from hpcdl.workloads.registry import spec_from_dict
 
     spec = spec_from_dict(json.loads(argv[0]))
-    optimizer, pool, kept_grads = argv[1], int(argv[2]), argv[3:] == ["kept_grads"]
+    optimizer, pool, kept_grads = argv[1], int(argv[2]), "kept_grads" in argv[3:]
+    shard = next((Shard(**json.loads(a[6:])) for a in argv[3:] if a.startswith("shard=")), None)
     cpu = torch.device("cpu")
+    # glibc's mmap threshold fixed from the start, as a fitted run fixes it before its own warm
+    # base: a warm-up under the dynamic threshold left chunks in the heap that the trial's steps
+    # reused, resident (an FSDP rank's share at batch 3000 read 290-337 MiB over six children, 291
+    # in each with it fixed first, as two gloo ranks read; benchmarks/memory_shard.py)
+    pin_mmap_threshold()
     # the libraries and kernels a step loads are the process's, not the trial's; what the warm-up
     # freed goes back to the system (else the trial would reuse it unseen): the base a fitted run
     # takes too
     base = warm_base(spec, optimizer, cpu)
-    reset_peak_memory(cpu, pin=True)  # VmHWM := VmRSS, the mmap threshold fixed, as in the run
-    train_steps(spec, optimizer, pool, cpu, trial_steps(spec, cpu), kept_grads)
+    reset_peak_memory(cpu, pin=True)  # VmHWM := VmRSS
+    train_steps(spec, optimizer, pool, cpu, trial_steps(spec, cpu), kept_grads, shard)
     hwm = status_bytes("VmHWM")
     if base is None or hwm is None:
         raise OSError("no VmRSS or VmHWM in /proc/self/status: a trial cannot measure its peak")

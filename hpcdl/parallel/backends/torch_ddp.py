@@ -64,6 +64,9 @@ class DistGroup:
     def __init__(self, world: World, device: torch.device, timeout_s: float = 120.0) -> None:
         self.device = device
         self.ranks = world.size
+        if dist.is_initialized():  # an auto-fit trial's fake group (``measure.trial.Shard``): kept
+            self.pg_backend = str(dist.get_backend())
+            return
         addr = world.bcast((rendezvous_host(world.nodes), _free_port()) if world.rank == 0 else None)
         self.pg_backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
