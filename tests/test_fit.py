@@ -149,9 +149,9 @@ def test_a_ranks_trial_trains_only_its_share_of_a_model_its_run_divides() -> Non
     """A rank of a sharded run holds less than the whole model, and its trial trains that share
     under torch's fake process group (``trial.Shard``): FSDP's quarter of the state and its
     gathered units; tensor parallelism's half of every linear; half of the experts. Measured
-    on a Zen 5 (10.4 M parameters, 159 MiB of weights, gradients and AdamW's moments, batch 8):
-    the whole model 195-212 MiB; rank 0 of four FSDP ranks 100-102, of two tp ranks 120-130; an
-    attention layer with 8 experts, 105-106 whole and 63-65 with half of them. A trial of the
+    on a Zen 5 (10.4 M parameters, 159 MiB of weights, gradients and AdamW's moments, batch 8),
+    twice: the whole model 195-196 MiB; rank 0 of four FSDP ranks 96, of two tp ranks 122; an
+    attention layer with 8 experts, 106-107 whole and 62-63 with half of them. A trial of the
     whole model held FSDP and tp runs at 85 % and 79 % of their target (METRICS.md, "Size
     classes and auto-fit", 8)."""
     wide = spec_from_dict({**SMALL, "layers": 2, "width": 2048, "input_size": 2048, "output_size": 1000})
