@@ -76,7 +76,7 @@ class Trial:
 class Shard:
     """Rank ``rank`` of ``ranks`` in a run: what its CPU trial trains, under torch's fake process
     group, whose collectives allocate their outputs as the real ones do and move nothing
-    (``torch.testing._internal.distributed.fake_pg``, which PyTorch's own memory tools use). The
+    (``torch.testing._internal.distributed.fake_pg``, made to run one rank without the others). The
     experts a rank keeps (``placement.spread``) and, where the run's backend shards the model
     (``backend``: FSDP's fully_shard, tensor parallelism's plan over a ``tp`` x ``dp`` mesh), its
     shards and their gathered units: the trial wraps the model as the run does. A data-parallel
@@ -289,8 +289,8 @@ def main(argv: list[str]) -> None:
     cpu = torch.device("cpu")
     # glibc's mmap threshold fixed from the start, as a fitted run fixes it before its own warm
     # base: a warm-up under the dynamic threshold left chunks in the heap that the trial's steps
-    # reused, resident (an FSDP rank's share at batch 3000 read 290-337 MiB over six children, 291
-    # in each with it fixed first, as two gloo ranks read; benchmarks/memory_shard.py)
+    # reused, resident (an FSDP rank's share at batch 3000 read 291-337 MiB over six children,
+    # 290-291 with it fixed first, as two gloo ranks read; benchmarks/memory_shard.py)
     pin_mmap_threshold()
     # the libraries and kernels a step loads are the process's, not the trial's; what the warm-up
     # freed goes back to the system (else the trial would reuse it unseen): the base a fitted run
