@@ -114,6 +114,18 @@ FUSED_LSTM_BACKWARD = 17
 direction's backward: its whole workspace (allocated: 15.6 per step and unit on one direction;
 the resident set rose by 16.5 on a 256-unit layer over 100 steps at batch 32, beside the
 gradients of its input and output), measured with ``VmHWM`` on a CPU with oneDNN"""
+FUSED_LSTM_INPUT_GRADIENT = 1 + FP32_IN_16BIT
+"""16-bit elements per input feature, step and sample that a fused CPU LSTM layer's input
+gradient takes under autocast at the end of its backward: oneDNN returns it in fp32, and autograd
+casts it to its input's 16 bits while the fp32 one and the layer's workspace are still alive. The
+profiler's allocations, speech seed 36 in bf16 (2,592 features into 64 units over 100 steps at
+batch 32; ``benchmarks/memory_allocator.py --timeline 4e6 speech:36:bf16``): +33.2 MB in
+``mkldnn_rnn_layer_backward``, then +16.6 MB in ``_to_copy``, the step's peak, which the resident
+set's trace shows too (``benchmarks/memory_rss.py trace speech:36:bf16``). Counted beside the
+output's gradient (``hidden``) where fp32 counts ``GRADIENT_BUFFERS * max(hidden, fan_in)``; not
+for a first layer over data, whose input needs no gradient. The spec read 1.26 of its estimate
+without it, 1.13 with it, both with the libraries' allowance of then (``benchmarks/bench_memory.py
+--families rnn,speech --precisions bf16 --seeds 24 --fit-mb 0``)."""
 
 
 def fused_lstm_wide_input(fan_in: int, hidden: int) -> float:
@@ -126,8 +138,10 @@ def fused_lstm_wide_input(fan_in: int, hidden: int) -> float:
     15 shapes, ``benchmarks/memory_onednn.py lstm``; within 12 % of each in fp32):
     ``min(2.7 max(in, H) + 1.3 H, 12 H + 2048)``, e.g. 256 at 64 x 64 (so 0 beyond the 4 per
     unit), 2,816 at 2,592 inputs into 64 units (2,560 beyond).
-    In bf16 the same buffers are as large. Counted on every device, as the CPU runs it (an
-    overestimate on a GPU, whose cuDNN LSTM keeps its reserve space in the caching allocator)"""
+    In bf16 about as large (within 10 % of it on 11 of the 15 shapes on a Zen 5 EPYC, 2026-11-29),
+    but 64 units do not reach the limit: 1.13-1.30 of it from 1,536 inputs up. Counted on every
+    device, as the CPU runs it (an overestimate on a GPU, whose cuDNN LSTM keeps its reserve space
+    in the caching allocator)"""
     return max(0.0, min(2.7 * max(fan_in, hidden) + 1.3 * hidden, 12 * hidden + 2048) - 4 * hidden)
 
 
@@ -252,7 +266,10 @@ def _layer(
         t.keep(saved)
         wide = fused_lstm_wide_input(fan_in, hidden) * (FP32_IN_16BIT if autocast else 1)
         extra = int(FUSED_LSTM_BACKWARD - SAVED_PER_STEP[cell]) * hidden + int(wide)
-        t.transient(steps * (extra + GRADIENT_BUFFERS * max(hidden, fan_in)) + alive)
+        gradients = GRADIENT_BUFFERS * max(hidden, fan_in)
+        if autocast and not data_input:  # the input's gradient in fp32 and its 16-bit copy
+            gradients = hidden + FUSED_LSTM_INPUT_GRADIENT * fan_in
+        t.transient(steps * (extra + gradients) + alive)
     else:  # placed before its keep: its state is freed by then
         t.transient(steps * (GATES[cell] * hidden + (0 if data_input else fan_in)) + alive)
         if cell in HEAP_RESIDENT:
