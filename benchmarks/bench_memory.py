@@ -15,7 +15,7 @@ whose estimate fills M MB, where auto-fit uses the estimate (the batch it starts
     .venv/bin/python benchmarks/bench_memory.py [--seeds 4] [--skip 0] [--batch 32] [--fit-mb 300]
         [--fill-mb 0] [--families rnn,speech] [--precisions fp32,bf16]
         [--save specs.json]   # --save: every spec's tensors and peak, for memory_residual.py
-    .venv/bin/python benchmarks/bench_memory.py --rescore specs.json   # those peaks, today's estimates
+    .venv/bin/python benchmarks/bench_memory.py --rescore specs.json [...]  # their peaks, today's estimates
     .venv/bin/python benchmarks/bench_memory.py --records reference_results/h200-2026-11-27/suite-M-bf16
     .venv/bin/python benchmarks/bench_memory.py --device cuda
 
@@ -159,25 +159,40 @@ def fit_error(family: str, precision: str, target: int, device: torch.device) ->
     return int(start), batch, len(trials), (peak or 0) / target
 
 
-def rescore(path: str) -> None:
-    """The peaks a ``--save`` file holds over today's estimates of the same specs at the same
+LARGE_BYTES = 120e6
+"""``--rescore`` counts the specs estimated at this or more apart: below it what a step holds
+outside PyTorch's allocator (10-30 MB) is a large share of the estimate"""
+
+
+def rescore(paths: list[str]) -> None:
+    """The peaks ``--save`` files hold over today's estimates of the same specs at the same
     batches (fp32 and bf16 rows; a spec's peak does not depend on the estimate): what a change to
-    the estimate does to measured specs, without measuring them again."""
+    the estimate does to measured specs, without measuring them again; then how many are within
+    among those estimated below ``LARGE_BYTES`` and at it or more."""
     found: dict[tuple[str, str], list[float]] = {}
-    for s in json.loads(Path(path).read_text()):
-        spec = sample_spec(s["family"], s["seed"], batch_size=s["batch"], precision=s["precision"])
-        estimate = spec.memory_estimate(s["batch"], "adamw", "cpu", malloc=s.get("malloc", "glibc"))
-        ratio = s["measured"] / estimate
-        found.setdefault((s["family"], s["precision"]), []).append(ratio)
-        if not BAND[0] <= ratio <= BAND[1]:
-            print(f"  {s['family']} {s['precision']} seed {s['seed']}, batch {s['batch']}: "
-                  f"{si(estimate, 'B')} estimated, ratio {ratio:.3f}")  # fmt: skip
+    by_size: dict[bool, list[float]] = {False: [], True: []}
+    for path in paths:
+        for s in json.loads(Path(path).read_text()):
+            spec = sample_spec(s["family"], s["seed"], batch_size=s["batch"], precision=s["precision"])
+            estimate = spec.memory_estimate(s["batch"], "adamw", "cpu", malloc=s.get("malloc", "glibc"))
+            ratio = s["measured"] / estimate
+            found.setdefault((s["family"], s["precision"]), []).append(ratio)
+            by_size[estimate >= LARGE_BYTES].append(ratio)
+            if not BAND[0] <= ratio <= BAND[1]:
+                print(f"  {s['family']} {s['precision']} seed {s['seed']}, batch {s['batch']}: "
+                      f"{si(estimate, 'B')} estimated, ratio {ratio:.3f}")  # fmt: skip
     rows = [[f, p, str(len(r)), *(f"{x:.2f}" for x in (min(r), statistics.median(r), max(r))),
              str(sum(not BAND[0] <= x <= BAND[1] for x in r))] for (f, p), r in found.items()]  # fmt: skip
-    print(f"measured peaks in {path} over today's estimates")
+    print(f"measured peaks in {', '.join(paths)} over today's estimates")
     print(
         table(["family", "precision", "specs", "min", "median", "max", f"outside {BAND[0]}-{BAND[1]}"], rows)
     )
+    for large, r in by_size.items():
+        if r:
+            within = sum(BAND[0] <= x <= BAND[1] for x in r)
+            side = "or more" if large else "below"
+            print(f"estimated at {si(LARGE_BYTES, 'B')} {side}: {within} of {len(r)} within, "
+                  f"{min(r):.3f}-{max(r):.3f}")  # fmt: skip
 
 
 def rescore_records(folder: str) -> None:
@@ -218,7 +233,7 @@ def main() -> None:
         "--fill-mb", type=int, default=0, help="measure each spec at the batch whose estimate fills this"
     )
     p.add_argument("--save", help="write every spec's estimated tensors and measured peak to this JSON file")
-    p.add_argument("--rescore", help="measure nothing: a --save file's peaks over today's estimates")
+    p.add_argument("--rescore", nargs="+", help="measure nothing: --save files' peaks over today's estimates")
     p.add_argument("--records", help="measure nothing: a folder of records' peaks over today's estimates")
     a = p.parse_args()
     if a.rescore:
