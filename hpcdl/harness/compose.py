@@ -14,7 +14,8 @@ import torch
 
 from hpcdl.errors import SpecError
 from hpcdl.parallel import pipeline
-from hpcdl.parallel.backends import BACKENDS, Backend
+from hpcdl.parallel.backends import Backend
+from hpcdl.parallel.backends.choose import start_backend
 from hpcdl.parallel.backends.pipeline import PipelineBackend
 from hpcdl.parallel.backends.tensor import TensorParallel
 from hpcdl.parallel.layout import (
@@ -76,22 +77,11 @@ def check_pipeline(spec: Spec, cfg: RunConfig, layout: Layout) -> None:
         raise SpecError("run.target_loss_fraction", cfg.target_loss_fraction, "0 with pp > 1")
 
 
-def backend_class(name: str, layout: Layout) -> type[Backend]:
-    """The class of the backend a run uses: the pipeline's for pp > 1 (with or without tp),
-    tensor parallelism's for tp > 1 alone, else ``name``'s (already resolved)."""
-    if layout.pp > 1:  # a pipeline's stages apply tensor parallelism themselves (tp x pp)
-        return PipelineBackend
-    if layout.tp > 1:
-        return TensorParallel
-    return BACKENDS.get(name)
-
-
 def run_backend(name: str, layout: Layout, world: World, device: torch.device) -> tuple[str, Backend]:
-    """The backend of a run (:func:`backend_class`), started for this rank."""
-    cls = backend_class(name, layout)
-    if cls is TensorParallel:
-        return cls.name, TensorParallel(world, device, layout)
-    return cls.name, cls(world, device)
+    """The backend of a run (``backends.choose.backend_class``), started for this rank, and its
+    name."""
+    backend = start_backend(name, layout, world, device)
+    return backend.name, backend
 
 
 def crossing_note(layout: Layout, nodes: list[int]) -> str | None:

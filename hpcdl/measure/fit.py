@@ -44,6 +44,8 @@ MAX_TRIALS = 8
 MAX_GROWTH = 8
 """an extrapolated batch is at most this multiple of the largest batch measured so far: a slope
 read from small trials may be noise"""
+NO_BATCH_ABOVE = 2**31
+"""the search's upper end of its bracket until a batch above the target is measured"""
 
 
 RANK_PROCESS_BYTES = 384 << 20
@@ -211,7 +213,7 @@ def search(
     trials: list[Trial] = []
     fixed: float | None = None
     slope: float | None = None
-    lo, hi = 0, 2**31
+    lo, hi = 0, NO_BATCH_ABOVE
     first = max(1, start // 4)
     queue = [first, max(first + 1, start // 2)]
     aim = (1 - WINDOW / 2) * target
@@ -227,7 +229,7 @@ def search(
             batch = queue.pop(0)
         elif fixed is not None and slope is not None:
             batch = math.floor((aim - fixed) / slope)
-            if lo and hi < 2**31:  # a quarter of the bracket in from either end at least: a line
+            if lo and hi < NO_BATCH_ABOVE:  # a quarter of the bracket in from either end at least: a line
                 # through a noisy trial can aim just above ``lo`` time after time (FSDP, 2 ranks)
                 quarter = (hi - lo) // 4
                 batch = min(max(batch, lo + quarter), hi - quarter)
@@ -235,7 +237,7 @@ def search(
             batch = 2 * lo if lo else max(1, min(t.batch for t in trials) // 4)
         batch = min(max(batch, lo + 1), hi - 1, MAX_GROWTH * lo if lo else hi - 1)
         if any(t.batch == batch for t in trials):
-            batch = (lo + hi) // 2 if hi < 2**31 else 2 * lo  # inside the bracket, not tried yet
+            batch = (lo + hi) // 2 if hi < NO_BATCH_ABOVE else 2 * lo  # inside the bracket, not tried yet
             if batch <= lo or batch >= hi or any(t.batch == batch for t in trials):
                 break
         if fixed is not None and slope is not None and fixed + slope * batch > limit:

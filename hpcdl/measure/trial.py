@@ -31,7 +31,8 @@ import torch.nn.functional as F
 
 from hpcdl.device import held_bytes, pin_mmap_threshold, reset_peak_memory, status_bytes, synchronize
 from hpcdl.errors import RunFailed
-from hpcdl.parallel.backends import BACKENDS, Backend
+from hpcdl.parallel.backends import Backend
+from hpcdl.parallel.backends.choose import start_backend
 from hpcdl.parallel.backends.torch_ddp import DistGroup
 from hpcdl.parallel.layout import Layout
 from hpcdl.parallel.placement import Collectives, spread
@@ -104,12 +105,7 @@ class Shard:
         world = World(rank=self.rank, size=self.ranks)
         if self.backend is None:
             return DistGroup(world, device), None
-        if self.tp > 1:
-            from hpcdl.parallel.backends.tensor import TensorParallel
-
-            tensor = TensorParallel(world, device, Layout(tp=self.tp, dp=self.dp))
-            return tensor, tensor
-        backend = BACKENDS.get(self.backend)(world, device)
+        backend = start_backend(self.backend, Layout(tp=self.tp, dp=self.dp), world, device)
         return backend, backend
 
 
@@ -296,7 +292,7 @@ def main(argv: list[str]) -> None:
     # freed goes back to the system (else the trial would reuse it unseen): the base a fitted run
     # takes too
     base = warm_base(spec, optimizer, cpu)
-    reset_peak_memory(cpu, pin=True)  # VmHWM := VmRSS
+    reset_peak_memory(cpu)  # VmHWM := VmRSS (the threshold is fixed already)
     train_steps(spec, optimizer, pool, cpu, trial_steps(spec, cpu), kept_grads, shard)
     hwm = status_bytes("VmHWM")
     if base is None or hwm is None:
