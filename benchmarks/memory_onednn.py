@@ -1,16 +1,19 @@
 """On-demand: what oneDNN holds outside PyTorch's allocator on a CPU, for the figures behind
-``recurrent.fused_lstm_wide_input`` and ``metrics.CPU_LIBRARY_BYTES`` (METRICS.md, "Memory
-estimate"). Each measurement runs in a fresh process with glibc's mmap threshold fixed as
-auto-fit's trials fix it.
+``recurrent.fused_lstm_wide_input``, ``metrics.CPU_LIBRARY_BYTES`` and
+``metrics.CPU_CONV_PRIMITIVE_BYTES`` (METRICS.md, "Memory estimate"). Each measurement runs in a
+fresh process with glibc's mmap threshold fixed as auto-fit's trials fix it.
 
     .venv/bin/python benchmarks/memory_onednn.py lstm        # the 15 LSTM shapes, ~1 min
     .venv/bin/python benchmarks/memory_onednn.py primitives  # resident bytes per bf16 matmul shape
+    .venv/bin/python benchmarks/memory_onednn.py convolutions fp32  # per conv shape trained (or bf16)
 
 ``lstm``: one fused LSTM layer's backward (after a warm-up backward at the same shape): the rise of
 ``VmHWM`` less the peak of the profiler's allocations, per step and sample in fp32 elements,
 beside ``4 H + fused_lstm_wide_input``; the second of two profiled backward passes (the first
 also holds the profiler's buffers). ``primitives``: the rise of the resident set after bf16
 linears of 50 and then 200 new shapes (each a new oneDNN matmul primitive), per shape.
+``convolutions``: the same after 20 and then 80 new convolution shapes trained (forward and
+backward, batch 2 of 16 x 16 maps, under autocast in bf16), per shape.
 """
 
 from __future__ import annotations
@@ -78,6 +81,33 @@ def primitives() -> None:
         )
 
 
+def convolutions(dtype: str) -> None:
+    """The resident set's rise per new convolution shape trained (forward, backward of the data
+    and of the weights: three oneDNN primitives), in ``dtype`` under autocast as a step runs it."""
+    autocast = dtype == "bf16"
+
+    def step(c: int, n: int) -> None:
+        conv = nn.Conv2d(c, c + n % 7 + 8, 3, padding=1)
+        x = torch.randn(2, c, 16, 16, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = conv(x)
+        y.float().sum().backward()
+
+    step(16, 0)
+    for n in (20, 80):
+        malloc_trim()
+        base = _resident("VmRSS")
+        for c in range(24, 24 + n):  # shapes no earlier call trained: the output channels differ by n
+            step(c, n)
+        malloc_trim()
+        rise = _resident("VmRSS") - base
+        print(
+            f"{n} new {dtype} conv shapes: resident set +{rise / 1e6:.1f} MB,"
+            f" {rise / n / 1e6:.2f} MB a shape",
+            flush=True,
+        )
+
+
 def main(argv: list[str]) -> None:
     pin_mmap_threshold()
     if argv[:1] == ["--child"]:
@@ -86,8 +116,11 @@ def main(argv: list[str]) -> None:
     if argv == ["primitives"]:
         primitives()
         return
+    if argv[:1] == ["convolutions"] and len(argv) == 2 and argv[1] in ("fp32", "bf16"):
+        convolutions(argv[1])
+        return
     if argv != ["lstm"]:
-        sys.exit("usage: memory_onednn.py lstm | primitives")
+        sys.exit("usage: memory_onednn.py lstm | primitives | convolutions fp32|bf16")
     print("fused LSTM backward outside the allocator, fp32 elements per step and sample")
     print(f"({STEPS} steps, batch {BATCH}; fresh gradients, as in a training step)")
     print("inputs  units    fp32    bf16  4H + fused_lstm_wide_input")

@@ -103,6 +103,13 @@ On 60 held-out bf16 specs (``--precisions bf16 --seeds 12 --skip 24``) 56 are wi
 with 4 (METRICS.md). What one spec holds
 outside the allocator spreads from -32 to +51 MB; a GPU's libraries live outside the allocator's
 peak that auto-fit measures there"""
+CPU_CONV_PRIMITIVE_BYTES = 1 << 18  # 0.25 MiB
+"""bytes a CPU step holds outside PyTorch's allocator for each distinct convolution it trains
+(``Count.conv_shapes``): oneDNN's forward, backward-data and backward-weights primitives for its
+shape, kept in oneDNN's cache. A new shape trained raised the resident set by 0.23-0.31 MB in fp32
+and bf16 on a Zen 5 EPYC (``benchmarks/memory_onednn.py convolutions fp32``); a CNN's excess over
+its estimate had followed its distinct convolutions (2-22 of them; correlation 0.70 over 96
+specs, 2026-11-29, METRICS.md "Memory estimate")."""
 AUTOCAST_COPY_BYTES = 2
 """bytes per parameter of the 16-bit weight copies autocast makes and its products keep for
 backward (bf16/fp16)"""
@@ -131,6 +138,7 @@ def memory_parts(
     device_type: str = "cpu",
     input_bytes: int = 0,
     unfused_recurrent: bool = False,
+    conv_shapes: int = 0,
 ) -> dict[str, int]:
     """Where a training step's memory goes at its peak (Deep500's split): ``inputs`` (the
     batches of inputs and labels the run keeps on the device, ``input_bytes``), ``weights`` (fp32, plus
@@ -138,7 +146,8 @@ def memory_parts(
     SGD's momentum), ``activations`` (kept for backward, and the loss's copies of the logits),
     ``workspace`` (activation gradients and backend workspaces, or the optimizer step's
     temporaries) and, on a CPU, ``libraries`` (``CPU_LIBRARY_BYTES``, more with
-    ``unfused_recurrent``: a recurrent layer the CPU runs step by step) and ``heap`` (pages of
+    ``unfused_recurrent``: a recurrent layer the CPU runs step by step; and
+    ``CPU_CONV_PRIMITIVE_BYTES`` for each of ``conv_shapes`` distinct convolutions) and ``heap`` (pages of
     glibc's heap that per-step layers leave resident beyond their live tensors).
 
     The peak is the largest of the step's moments: each of ``moments``, as (activation bytes per
@@ -153,7 +162,11 @@ def memory_parts(
     Nothing is added for the allocator: on a CPU auto-fit's trials fix glibc's mmap threshold
     (``hpcdl.device.pin_mmap_threshold``), so their resident set holds the live tensors."""
     state = params * (8 if optimizer == "adamw" else 4)
-    libraries = CPU_LIBRARY_BYTES[(autocast, unfused_recurrent)] if device_type == "cpu" else 0
+    libraries = (
+        CPU_LIBRARY_BYTES[(autocast, unfused_recurrent)] + conv_shapes * CPU_CONV_PRIMITIVE_BYTES
+        if device_type == "cpu"
+        else 0
+    )
     during = [
         {
             "inputs": input_bytes,

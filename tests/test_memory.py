@@ -15,6 +15,7 @@ import torch
 
 from hpcdl import metrics
 from hpcdl.measure.fit import estimated_batch
+from hpcdl.workloads import recipes
 from hpcdl.workloads.counting import Tally
 from hpcdl.workloads.recurrent import (
     FUSED_LSTM_INPUT_GRADIENT,
@@ -25,6 +26,7 @@ from hpcdl.workloads.recurrent import (
     recurrent_stack,
 )
 from hpcdl.workloads.registry import spec_from_dict
+from hpcdl.workloads.sampling import sample_spec
 
 MLP = {"family": "mlp", "layers": 2, "width": 64, "input_size": 32, "output_size": 10, "batch_size": 4}
 
@@ -89,6 +91,46 @@ def test_the_parts_add_up_and_each_follows_its_term() -> None:
     # a sample's most is that moment: the loss's copies of the logits went with the head's backward
     kept_and_gradients = c.activation_bytes("fp32") + c.workspace_bytes("fp32")
     assert spec.memory_per_sample() == kept_and_gradients == 4 * (2 * 64 + 2 * 64)
+
+
+def _distinct_convolutions(spec: Any) -> int:
+    """The distinct convolutions (weight shape, stride, padding, groups, input shape) one
+    sample's forward pass through the built model runs: each is a shape oneDNN builds primitives
+    for on a CPU."""
+    seen: set[tuple[Any, ...]] = set()
+    model = spec.replace(batch_size=1).build()
+
+    def hook(conv: torch.nn.Conv2d, inputs: tuple[torch.Tensor, ...], _: torch.Tensor) -> None:
+        shape = (tuple(conv.weight.shape), conv.stride, conv.padding, conv.groups)
+        seen.add((*shape, tuple(inputs[0].shape[1:])))
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            module.register_forward_hook(hook)
+    with torch.no_grad():
+        model(spec.sample_inputs(1, torch.Generator(), torch.device("cpu")))
+    return len(seen)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["resnet50", "vgg16", "cnn:0", "cnn:2", "cnn:53", "cnn:59", "cnn:69", "speech:0", "speech:3"],
+)
+def test_each_distinct_convolution_costs_the_libraries_its_primitives(name: str) -> None:
+    """A CPU step holds oneDNN's primitives for every distinct convolution it trains, outside
+    PyTorch's allocator (``metrics.CPU_CONV_PRIMITIVE_BYTES``): the count, made analytically
+    from the knobs, is the number of distinct convolutions the real model runs (block kinds,
+    strides, depthwise groups, a speech model's convolutions over its spectrogram), and the
+    libraries' part grows by it on a CPU only."""
+    family, _, seed = name.partition(":")
+    spec = sample_spec(family, int(seed), batch_size=32) if seed else recipes.preset(name, batch_size=32)
+    convs = spec.count().conv_shapes
+    assert convs == _distinct_convolutions(spec) > 0
+    autocast_off = metrics.CPU_LIBRARY_BYTES[(False, spec.unfused_recurrent)]
+    libraries = autocast_off + convs * metrics.CPU_CONV_PRIMITIVE_BYTES
+    assert spec.memory_parts(32, "adamw")["libraries"] == libraries
+    assert spec.memory_parts(32, "adamw", "cuda")["libraries"] == 0
+    assert spec_from_dict(MLP).count().conv_shapes == 0
 
 
 @pytest.mark.parametrize("cell", ["gru", "vanilla"])

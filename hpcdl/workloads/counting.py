@@ -60,6 +60,9 @@ class Count:
     """elements per sample of one step's state of the layers whose backward leaves heap pages
     resident (``Moment.heap``): where a batch of them is below glibc's mmap threshold, its heap
     holds them"""
+    conv_shapes: int = 0
+    """distinct convolutions (channels, kernel, groups, input and output maps): on a CPU oneDNN
+    builds and keeps primitives for each (``metrics.CPU_CONV_PRIMITIVE_BYTES``)"""
 
     @property
     def train_flops(self) -> int:
@@ -96,6 +99,7 @@ class Tally:
         self.heaps: list[int] = []  # each layer's heap left resident by its backward (heap_states)
         self.heap_forward = 0  # what the forward of such layers has left resident so far
         self.heap_row = 0
+        self.convs: set[tuple[object, ...]] = set()  # each distinct convolution's shape
 
     def matmul(self, m: int, k: int, n: int, *, grads: int = 2, times: int = 1) -> None:
         """A product of an (m x k) and a (k x n) matrix, ``times`` times.
@@ -145,6 +149,7 @@ class Tally:
         elements of other gradients alive during its backward (a residual's other branch's).
         """
         kh, kw = kernel
+        self.convs.add((c_in, c_out, kernel, groups, tuple(in_hw or out_hw), tuple(out_hw)))
         self._layer(c_out * (c_in // groups) * kh * kw + (c_out if bias else 0))
         out_elems = out_hw[0] * out_hw[1]
         self.matmul(out_elems, (c_in // groups) * kh * kw, c_out, grads=1 if data_input else 2)
@@ -266,6 +271,7 @@ class Tally:
             max([self.last_input, *backward]),
             moments=(first, *placed),
             heap_row=self.heap_row,
+            conv_shapes=len(self.convs),
         )
 
 

@@ -171,6 +171,7 @@ class Spec(Knobs):
             device_type=device_type,
             input_bytes=pool_batches * batch * self.input_bytes(),
             unfused_recurrent=self.unfused_recurrent,
+            conv_shapes=c.conv_shapes,
         )
 
     def memory_estimate(
