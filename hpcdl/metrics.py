@@ -100,9 +100,9 @@ was chosen again (4 to 5.5 MiB) once a fused LSTM's 16-bit input gradient was co
 ``--seeds 24 --fit-mb 0`` in fp32 and bf16 within 0.85-1.15 on a Zen 5 EPYC (4 kept 236), where a
 new bf16 matmul shape holds 0.57 MB (15 in a transformer's step); chosen on those same specs.
 On 60 held-out bf16 specs (``--precisions bf16 --seeds 12 --skip 24``) 56 are within with it, as
-with 4 (METRICS.md). What one spec holds
-outside the allocator spreads from -32 to +51 MB; a GPU's libraries live outside the allocator's
-peak that auto-fit measures there"""
+with 4 (METRICS.md). What one spec holds outside the allocator spreads from -32 to +51 MB; a GPU's
+libraries live outside the allocator's peak that auto-fit measures there. Each distinct
+convolution adds its own term (``CPU_CONV_PRIMITIVE_BYTES``)."""
 CPU_CONV_PRIMITIVE_BYTES = 1 << 18  # 0.25 MiB
 """bytes a CPU step holds outside PyTorch's allocator for each distinct convolution it trains
 (``Count.conv_shapes``): oneDNN's forward, backward-data and backward-weights primitives for its

@@ -1,7 +1,8 @@
 """A run's parallel layout made real: the layout checked against the world, the workload and
-the backend, and the backend that carries it out (``hpcdl.parallel.layout`` parses it).
+the backend (``hpcdl.parallel.layout`` parses it; ``parallel.backends.choose`` picks and starts the
+backend that carries it out).
 
-The one place where a kind of parallelism joins the run: tensor parallelism through
+Where a kind of parallelism joins the run: tensor parallelism through
 ``backends.tensor.TensorParallel``; pipeline parallelism through ``backends.pipeline`` (its process
 group) and ``harness.pipelined`` (a stage's part of the run).
 """
@@ -10,12 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from hpcdl.errors import SpecError
 from hpcdl.parallel import pipeline
-from hpcdl.parallel.backends import Backend
-from hpcdl.parallel.backends.choose import start_backend
 from hpcdl.parallel.backends.pipeline import PipelineBackend
 from hpcdl.parallel.backends.tensor import TensorParallel
 from hpcdl.parallel.layout import (
@@ -27,7 +24,6 @@ from hpcdl.parallel.layout import (
     parse_layout,
     tp_crosses_nodes,
 )
-from hpcdl.parallel.world import World
 
 if TYPE_CHECKING:
     from hpcdl.measure.config import RunConfig
@@ -75,13 +71,6 @@ def check_pipeline(spec: Spec, cfg: RunConfig, layout: Layout) -> None:
         )
     if cfg.target_loss_fraction:
         raise SpecError("run.target_loss_fraction", cfg.target_loss_fraction, "0 with pp > 1")
-
-
-def run_backend(name: str, layout: Layout, world: World, device: torch.device) -> tuple[str, Backend]:
-    """The backend of a run (``backends.choose.backend_class``), started for this rank, and its
-    name."""
-    backend = start_backend(name, layout, world, device)
-    return backend.name, backend
 
 
 def crossing_note(layout: Layout, nodes: list[int]) -> str | None:

@@ -29,7 +29,7 @@ from hpcdl.device import (
     resolve_device,
 )
 from hpcdl.errors import HpcdlError, InputError, SpecError
-from hpcdl.harness.compose import crossing_note, run_backend, run_layout
+from hpcdl.harness.compose import crossing_note, run_layout
 from hpcdl.harness.parts import Progress, Reporter, Ticks, gpu_identity, make_optimizer, measured_ceiling
 from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.checks import one_step_equivalence, parameter_digest
@@ -50,7 +50,7 @@ from hpcdl.parallel.backends import (
     gradient_bytes,
     resolve_backend_name,
 )
-from hpcdl.parallel.backends.choose import backend_class
+from hpcdl.parallel.backends.choose import backend_class, start_backend
 from hpcdl.parallel.backends.tensor import TensorParallel
 from hpcdl.parallel.commbench import backend_time
 from hpcdl.parallel.launch import not_stopped
@@ -368,7 +368,8 @@ def run(
     note = crossing_note(layout, world.allgather(world.node))
     if note and world.rank == 0:
         print(f"hpcdl: {note}", file=sys.stderr, flush=True)
-    backend_name, backend = run_backend(backend_name, layout, world, device)
+    backend = start_backend(backend_name, layout, world, device)
+    backend_name = backend.name
     heartbeats = heartbeat_dir(output_dir, world)
     try:
         if layout.pp > 1:  # torch's pipelining takes seconds to import: only pipelines do

@@ -1,5 +1,5 @@
 """Which backend carries a run's layout, and starting it for a rank: the one place for both,
-called by the run (``harness.compose.run_backend``) and by an auto-fit trial of a rank's share
+called by the run (``harness.runner``) and by an auto-fit trial of a rank's share
 (``measure.trial.Shard``)."""
 
 from __future__ import annotations
