@@ -258,7 +258,7 @@ def test_info_lists_tf32_where_a_gpus_datasheet_has_it(monkeypatch: pytest.Monke
     from hpcdl.cli import workloads as info
 
     monkeypatch.setattr("hpcdl.measure.peaks.gpu_name", lambda device: "NVIDIA H200")
-    monkeypatch.setattr(info, "device_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr("hpcdl.device.device_name", lambda device: "NVIDIA H200")
     rows = [line.split()[:3] for line in info.peaks_table(torch.device("cuda"), probe=False).splitlines()[2:]]
     assert rows == [["fp32", "66.9", "TFLOP/s"], ["bf16", "989", "TFLOP/s"], ["fp16", "989", "TFLOP/s"],
                     ["tf32", "495", "TFLOP/s"]]  # fmt: skip
@@ -279,13 +279,13 @@ def test_info_raises_a_cpu_estimate_its_ceiling_beats_and_flags_a_datasheet_it_b
     estimate = cpu_peak("fp32")
     if estimate is None:
         pytest.skip("no CPU clock to estimate from")
-    monkeypatch.setattr(info, "gemm_ceiling", lambda device, prec: 2 * estimate.flops)
+    monkeypatch.setattr("hpcdl.measure.peaks.gemm_ceiling", lambda device, prec: 2 * estimate.flops)
     fp32 = next(line for line in info.peaks_table(torch.device("cpu"), probe=True).splitlines()
                 if line.startswith("fp32"))  # fmt: skip
     assert "implied by the measured GEMM ceiling" in fp32 and "100.0%" in fp32 and "(!)" not in fp32
     monkeypatch.setattr("hpcdl.measure.peaks.gpu_name", lambda device: "NVIDIA H200")
-    monkeypatch.setattr(info, "device_name", lambda device: "NVIDIA H200")
-    monkeypatch.setattr(info, "gemm_ceiling", lambda device, prec: 2e15)
+    monkeypatch.setattr("hpcdl.device.device_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr("hpcdl.measure.peaks.gemm_ceiling", lambda device, prec: 2e15)
     bf16 = next(line for line in info.peaks_table(torch.device("cuda"), probe=True).splitlines()
                 if line.startswith("bf16"))  # fmt: skip
     assert "989 TFLOP/s" in bf16 and "(!) above the theoretical peak" in bf16

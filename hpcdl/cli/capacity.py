@@ -11,9 +11,6 @@ from typing import Any
 from hpcdl.cli.common import add_workload_options, err, workload_specs
 from hpcdl.cli.run_options import add_run_options, run_config
 from hpcdl.errors import InputError
-from hpcdl.harness import capacity
-from hpcdl.harness.runner import preflight
-from hpcdl.measure.limits import nvml
 from hpcdl.parallel.launch import mpirun_command, supervise
 from hpcdl.parallel.world import World, under_mpi
 from hpcdl.records.store import check_name, check_output
@@ -21,6 +18,10 @@ from hpcdl.results.text import si, table
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
+    from hpcdl.harness import capacity  # imports torch, which --help does without
+    from hpcdl.harness.runner import preflight
+    from hpcdl.measure.limits import nvml
+
     specs = workload_specs(args)
     if len(specs) != 1:
         raise InputError(

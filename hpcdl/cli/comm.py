@@ -10,9 +10,6 @@ from typing import Any
 
 from hpcdl.cli.common import err
 from hpcdl.errors import InputError
-from hpcdl.harness.runner import rank_device
-from hpcdl.measure.config import RunConfig
-from hpcdl.measure.environment import environment
 from hpcdl.parallel.launch import launch, not_stopped
 from hpcdl.parallel.world import init_world, under_mpi
 from hpcdl.records import schema
@@ -49,6 +46,9 @@ def collectives_arg(text: str) -> list[str]:
 
 def cmd_comm(args: argparse.Namespace) -> int:
     """Collective sweeps through the backend and raw mpi4py, side by side."""
+    from hpcdl.harness.runner import rank_device
+    from hpcdl.measure.config import RunConfig
+    from hpcdl.measure.environment import environment
     from hpcdl.parallel.backends import make_backend, resolve_backend_name
     from hpcdl.parallel.commbench import default_sizes, sweep
 

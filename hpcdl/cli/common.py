@@ -1,16 +1,20 @@
 """What the CLI's command modules share: the one-line-error parser, stderr output and the
-workload options (one family with knobs, a preset, or the default suite)."""
+workload options (one family with knobs, a preset, or the default suite).
+
+Nothing here imports torch at the top (the workloads' modules do): a parser is built without
+it, and the handlers import what they run (``hpcdl --help`` answers at once)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, NoReturn
 
-from hpcdl.errors import InputError, SpecError
-from hpcdl.workloads import recipes
-from hpcdl.workloads.registry import FAMILIES, parse_assignments, spec_from_args
-from hpcdl.workloads.spec import Spec
+from hpcdl.errors import HpcdlError, InputError, SpecError
+
+if TYPE_CHECKING:
+    from hpcdl.workloads.spec import Spec
 
 
 class Parser(argparse.ArgumentParser):
@@ -23,13 +27,41 @@ def err(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def one_of(names: Callable[[], Iterable[str]]) -> Callable[[str], str]:
+    """An argparse ``type`` that takes one of ``names()``, asked only when the option is given:
+    a registry of families may import torch and plugins, which ``--help`` does without (argparse's
+    ``choices`` would list them in the help)."""
+
+    def name(text: str) -> str:
+        try:
+            allowed = list(names())
+        except InputError as e:  # a plugin that does not import: one line, not argparse's
+            raise HpcdlError(str(e)) from None
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {text!r} (choose from {', '.join(map(repr, allowed))})"
+            )
+        return text
+
+    return name
+
+
+def family_names() -> list[str]:
+    """Every family, plugins' too (``hpcdl list`` shows their knobs)."""
+    from hpcdl.workloads.registry import FAMILIES
+
+    return list(FAMILIES)
+
+
 def check_names(args: argparse.Namespace) -> None:
     """Refuse an empty ``--class``, ``--preset`` or ``--workload`` (``--class ''`` once ran
     class S, the default for no name at all)."""
+    from hpcdl.workloads import recipes
+
     for flag, attr, known in (
         ("class", "size_class", recipes.size_classes),
         ("preset", "preset", lambda: list(recipes.presets())),
-        ("workload", "workload", lambda: list(FAMILIES)),
+        ("workload", "workload", family_names),
     ):
         value = getattr(args, attr, None)
         if value is not None and not str(value).strip():
@@ -38,6 +70,8 @@ def check_names(args: argparse.Namespace) -> None:
 
 def suite_class(args: argparse.Namespace) -> str:
     """The size class the command runs: ``--class``, or S when no workload is named."""
+    from hpcdl.workloads import recipes
+
     check_names(args)
     if getattr(args, "size_class", None) is not None:
         return str(args.size_class)
@@ -46,6 +80,10 @@ def suite_class(args: argparse.Namespace) -> str:
 
 def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
     """The specs named on the command line: one workload, a preset, or a class's suite."""
+    from hpcdl.workloads import recipes
+    from hpcdl.workloads.registry import parse_assignments, spec_from_args
+    from hpcdl.workloads.spec import Spec
+
     check_names(args)
     if args.workload:
         return {args.workload: spec_from_args(args.workload, args.knobs)}
@@ -64,7 +102,10 @@ def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
 def add_workload_options(r: argparse.ArgumentParser) -> None:
     g = r.add_mutually_exclusive_group()
     g.add_argument(
-        "--workload", choices=list(FAMILIES), help="family of one workload; knobs follow as key=value"
+        "--workload",
+        type=one_of(family_names),
+        metavar="FAMILY",
+        help="family of one workload (hpcdl list names them, plugins' too); knobs follow as key=value",
     )
     g.add_argument("--preset", help="a preset (resnet50, gpt2_small, ...); knobs override it")
     g.add_argument(

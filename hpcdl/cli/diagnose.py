@@ -11,10 +11,11 @@ from hpcdl.errors import InputError
 from hpcdl.parallel.launch import launch
 from hpcdl.parallel.world import init_world, under_mpi
 from hpcdl.results import diagnosis
-from hpcdl.workloads.precision import PRECISIONS
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
+    from hpcdl.workloads.precision import PRECISIONS  # the precision table holds torch's dtypes
+
     threshold = diagnosis.check_threshold(args.threshold)  # refused before any rank starts
     baseline = diagnosis.load_baseline(Path(args.baseline)) if args.baseline else None
     if args.precision not in PRECISIONS:
@@ -56,7 +57,7 @@ def add_parsers(sub: Any) -> None:
         help="name the device, node or link below its peers; print an sbatch --exclude list",
     )
     d.add_argument("--np", type=int, default=1, help="ranks to start here through mpirun (default 1)")
-    d.add_argument("--precision", default="fp32", help="GEMM precision (the run's): " + ", ".join(PRECISIONS))
+    d.add_argument("--precision", default="fp32", help="GEMM precision, as workloads name it (default fp32)")
     d.add_argument("--device", default="auto", help="auto (GPU local_rank if any), cpu, cuda")
     d.add_argument("--seconds", type=float, default=1.0, help="seconds per device figure (default 1)")
     d.add_argument(

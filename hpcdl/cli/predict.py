@@ -15,23 +15,20 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from hpcdl import metrics
 from hpcdl.cli.common import add_workload_options, err, workload_specs
 from hpcdl.errors import InputError
-from hpcdl.parallel.backends import COLLECTIVES
 from hpcdl.records import schema
 from hpcdl.records.loader import CommSweep, Unreadable, load_tree, read_comm, read_record
 from hpcdl.records.store import write_record
 from hpcdl.records.views import Result, Settings
 from hpcdl.results.best import best_per_rank_count
 from hpcdl.results.text import si, table
-from hpcdl.scaling import fitting
-from hpcdl.scaling import model as model_mod
-from hpcdl.scaling.modelparallel import parse_layout
 from hpcdl.scaling.system import System, load_system
-from hpcdl.workloads.registry import canonical
+
+if TYPE_CHECKING:  # the model and its fits import the backends (torch): the handler imports them
+    from hpcdl.scaling import model as model_mod
 
 T = TypeVar("T")
 ACCUMULATION = "accumulation_steps"
@@ -115,6 +112,10 @@ def calibration(args: argparse.Namespace) -> Calibration:
 def build(
     cal: Calibration, comm: Any, args: argparse.Namespace, backend: str, accum: int | None
 ) -> model_mod.Model:
+    from hpcdl.scaling import fitting
+    from hpcdl.scaling import model as model_mod
+    from hpcdl.scaling.modelparallel import parse_layout
+
     kw: dict[str, Any] = {"backend": backend, "mode": args.mode, "overlap": args.overlap}
     if args.layout:
         kw["layout"] = parse_layout(args.layout)
@@ -127,6 +128,9 @@ def build(
 
 def given_comms(args: argparse.Namespace) -> dict[str, model_mod.Cost]:
     """``--alpha``/``--beta``: one latency and bandwidth for every collective (one flat ring)."""
+    from hpcdl.parallel.backends import COLLECTIVES
+    from hpcdl.scaling import model as model_mod
+
     beta = _positive("predict.beta", args.beta)
     return {
         c: model_mod.Comm(alpha_s=args.alpha or 0.0, beta_bytes_per_s=beta, collective=c) for c in COLLECTIVES
@@ -137,6 +141,9 @@ def models_from_args(
     args: argparse.Namespace,
 ) -> tuple[list[tuple[str, model_mod.Model, int]], Calibration, str]:
     """(label, model, ranks per node) of each system asked for, the calibration, the backend."""
+    from hpcdl.scaling import fitting
+    from hpcdl.scaling import model as model_mod
+
     accum = _accumulation(args)
     cal = calibration(args)
     sources = sum(bool(x) for x in (args.system, args.comm, args.beta is not None))
@@ -182,6 +189,8 @@ def measured_points(
     the same workload, backend and accumulation steps at each count. Weak scaling keeps the
     batch per rank; strong scaling the global micro-batch (``compared_batch``). Overlap is
     ``1 − exposed_s / allreduce_s`` where both were timed."""
+    from hpcdl import metrics
+    from hpcdl.workloads.registry import canonical
 
     def same(r: Result) -> bool:
         return (
@@ -216,7 +225,10 @@ def _but_batch(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    nodes = _int_list("predict.nodes", args.nodes, model_mod.MAX_NODES)
+    from hpcdl.scaling import model as model_mod
+
+    given = ",".join(map(str, model_mod.DEFAULT_NODES)) if args.nodes is None else args.nodes
+    nodes = _int_list("predict.nodes", given, model_mod.MAX_NODES)
     if args.ranks_per_node is not None and not 1 <= args.ranks_per_node <= 4096:
         raise InputError("predict.ranks_per_node", args.ranks_per_node, "an integer in 1..4096")
     models, cal, backend = models_from_args(args)
@@ -260,6 +272,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def describe(label: str, model: model_mod.Model, rpn: int, backend: str, skipped: list[int]) -> None:
+    from hpcdl.scaling import model as model_mod
+
     print(
         f"model [{label}]: gamma {si(model.gamma_flops_per_s, 'FLOP/s')} per rank, {model.mode} scaling, "
         f"overlap {model.overlap}, {rpn} rank(s) per node, accumulation_steps {model.accumulation_steps}; "
@@ -333,7 +347,7 @@ def add_parsers(sub: Any) -> None:
     pr.add_argument("--beta", type=float, help="bus bandwidth in bytes/s, every collective (one flat ring)")
     pr.add_argument("--backend", help="horovod | torch | fsdp: the collectives of its step")
     pr.add_argument(
-        "--nodes", default=",".join(map(str, model_mod.DEFAULT_NODES)), help="node counts (1..4096)"
+        "--nodes", help="node counts in 1..4096, e.g. 1,8,64 (default: every power of two up to 4096)"
     )
     pr.add_argument(
         "--ranks-per-node",

@@ -7,19 +7,11 @@ import argparse
 import time
 import traceback
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from hpcdl.cli.common import add_workload_options, err, suite_class, workload_specs
-from hpcdl.cli.progress import LiveLine
 from hpcdl.cli.run_options import add_run_options, run_config
-from hpcdl.device import JEMALLOC_CONF, MMAP_THRESHOLD_BYTES, resolve_device
 from hpcdl.errors import InputError
-from hpcdl.harness.runner import RunResult, preflight, run
-from hpcdl.measure.config import RunConfig
-from hpcdl.measure.fit import WINDOW
-from hpcdl.measure.peaks import has_bf16
 from hpcdl.parallel.launch import launch
 from hpcdl.parallel.layout import parse_layout
 from hpcdl.parallel.world import World, init_world, under_mpi
@@ -27,8 +19,11 @@ from hpcdl.records import mllog, repeats, schema
 from hpcdl.records.store import read_steps, write_record
 from hpcdl.records.views import Result, Target
 from hpcdl.results.text import mfu_text, notes_once, si, table
-from hpcdl.workloads import recipes
-from hpcdl.workloads.spec import Spec
+
+if TYPE_CHECKING:  # what runs a workload imports torch: the handlers import it (--help needs none)
+    from hpcdl.harness.runner import RunResult
+    from hpcdl.measure.config import RunConfig
+    from hpcdl.workloads.spec import Spec
 
 MAX_REPEAT = 1000
 """the most runs of each workload --repeat takes: an olympic mean needs 3, a spread a few dozen"""
@@ -36,6 +31,10 @@ MAX_REPEAT = 1000
 
 def gpus_for(local: World, cfg: RunConfig) -> None:
     """Ranks started here share this host's GPUs: one each, or a one-line refusal."""
+    import torch
+
+    from hpcdl.device import resolve_device
+
     device = resolve_device(cfg.device)
     if device.type != "cuda" or local.local_size == 1:
         return
@@ -52,6 +51,10 @@ def class_run(
     """For a size class's suite: the class and version in the run settings, and bf16 where the
     hardware computes it, fp32 elsewhere (recorded in each record's precision, and a note to say
     once the input is found good; else the note)."""
+    from hpcdl.device import resolve_device
+    from hpcdl.measure.peaks import has_bf16
+    from hpcdl.workloads import recipes
+
     size_class = suite_class(args)
     if not size_class:
         return specs, cfg, ""
@@ -69,6 +72,8 @@ def class_settings(cfg: RunConfig, name: str, world: World, lr_given: bool = Fal
     (``Suite.settings``) unless ``--lr`` set one (``lr_given``), and the class's default layout
     for this job (``Suite.default_layout``) unless ``--layout`` names one; data parallelism where
     tp x pp of that layout does not divide the ranks."""
+    from hpcdl.workloads import recipes
+
     if not cfg.suite_class:
         return cfg
     suite = recipes.suite(cfg.suite_class)
@@ -111,6 +116,11 @@ def peak_lines(results: dict[str, RunResult]) -> list[str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from hpcdl.cli.progress import LiveLine
+    from hpcdl.harness.runner import preflight, run
+
     if not 1 <= args.repeat <= MAX_REPEAT:  # before anything is built: 10^9 runs listed up front
         raise InputError("repeat", args.repeat, f"runs of each workload, 1 to {MAX_REPEAT}")
     specs, cfg, note = class_run(args, workload_specs(args), run_config(args))
@@ -267,6 +277,9 @@ def fit_text(fit: dict[str, Any]) -> str:
     trial's ``WINDOW``, with what its one-process trials cannot hold: a distributed backend's
     buffers (DDP's gradient buckets) and, under glibc, a heap that keeps growing over the steps,
     which jemalloc at 1 MiB does not; the ``malloc`` they ran with where it is not glibc's."""
+    from hpcdl.device import JEMALLOC_CONF, MMAP_THRESHOLD_BYTES
+    from hpcdl.measure.fit import WINDOW
+
     peak, target = fit.get("measured_peak_bytes"), fit.get("target_bytes") or 0
     measured = f", its trial's peak {si(peak, 'B')} = {peak / target:.1%} of it" if peak and target else ""
     ran = fit.get("run_peak_bytes")

@@ -4,9 +4,12 @@ RunConfig they make."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from hpcdl.errors import InputError
-from hpcdl.measure.config import RunConfig
+
+if TYPE_CHECKING:
+    from hpcdl.measure.config import RunConfig
 
 RUN_FLAGS = {
     "warmup": "warmup_steps",
@@ -29,6 +32,8 @@ RUN_FLAGS = {
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:
+    from hpcdl.measure.config import RunConfig
+
     values = {
         knob: RunConfig.parse_knob(knob, str(getattr(args, flag)))
         for flag, knob in RUN_FLAGS.items()

@@ -14,11 +14,9 @@ from hpcdl.cli.common import Parser, err
 from hpcdl.errors import InputError
 from hpcdl.records.loader import Unreadable, load_tree
 from hpcdl.submission import system as system_mod
-from hpcdl.submission.check import check, is_archive, summary
-from hpcdl.submission.describe import from_records
-from hpcdl.submission.layout import MANIFEST
-from hpcdl.submission.package import NotVerified, package
-from hpcdl.submission.site import build
+
+# check, package and list-site audit records, which counts their FLOPs with the families' code
+# (torch): their modules are imported by the handlers, so that --help and system check need none
 
 
 def read_description(field: str, path: Path) -> dict[str, Any]:
@@ -30,6 +28,8 @@ def read_description(field: str, path: Path) -> dict[str, Any]:
 
 
 def cmd_system_init(args: argparse.Namespace) -> int:
+    from hpcdl.submission.describe import from_records
+
     out = Path(args.output)
     if out.exists() and not args.force:
         raise InputError("system.output", str(out), "a file that does not exist yet (or --force)")
@@ -70,6 +70,10 @@ def cmd_system_check(args: argparse.Namespace) -> int:
 
 
 def cmd_package(args: argparse.Namespace) -> int:
+    from hpcdl.submission.check import summary
+    from hpcdl.submission.layout import MANIFEST
+    from hpcdl.submission.package import NotVerified, package
+
     try:
         done = package(Path(args.results), Path(args.system), Path(args.output))
     except NotVerified as e:
@@ -88,6 +92,8 @@ def cmd_package(args: argparse.Namespace) -> int:
 
 def submission_path(field: str, text: str) -> Path:
     """A submission named on the command line: an archive or a folder that exists."""
+    from hpcdl.submission.check import is_archive
+
     path = Path(text)
     if not (path.is_dir() or (path.is_file() and is_archive(path))):
         raise InputError(field, text, "an existing NAME.tar.gz (.tgz, .tar) or submission folder")
@@ -95,6 +101,8 @@ def submission_path(field: str, text: str) -> Path:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from hpcdl.submission.check import check, summary
+
     path = submission_path("check.submission", args.submission)
     with tempfile.TemporaryDirectory(prefix="hpcdl-check-") as tmp:
         report = check(path, Path(tmp))
@@ -105,6 +113,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_list_site(args: argparse.Namespace) -> int:
+    from hpcdl.submission.site import build
+
     paths = [submission_path("list-site.submission", p) for p in args.submissions]
     out = Path(args.output)
     site = build(paths, out, say=err)

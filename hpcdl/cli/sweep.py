@@ -6,24 +6,24 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcdl.cli.common import add_workload_options, err, workload_specs
 from hpcdl.cli.run_options import RUN_FLAGS, add_run_options, run_config
-from hpcdl.device import resolve_device
 from hpcdl.errors import InputError
-from hpcdl.harness.runner import preflight
-from hpcdl.measure import caps
-from hpcdl.measure.config import RunConfig
 from hpcdl.parallel.world import World
 from hpcdl.records.store import NAME_RE
 from hpcdl.results.text import si, table
-from hpcdl.scaling import capsweep
-from hpcdl.scaling import sweep as sweep_mod
-from hpcdl.workloads.spec import Spec
+
+if TYPE_CHECKING:  # a sweep's modules import torch: the handlers import them (--help needs none)
+    from hpcdl.measure.config import RunConfig
+    from hpcdl.workloads.spec import Spec
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from hpcdl.harness.runner import preflight
+    from hpcdl.scaling import sweep as sweep_mod
+
     if not NAME_RE.fullmatch(args.prefix) or ".." in args.prefix:  # its files go into -o, nowhere else
         raise InputError("prefix", args.prefix, "a plain name: letters, digits and ._- (no '/' or '..')")
     specs = workload_specs(args)
@@ -82,6 +82,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cap_values(args: argparse.Namespace, nps: list[int]) -> tuple[str, list[float]] | None:
     """``--power-limit`` or ``--clock-limit`` as (kind, caps), or None; one line for bad input
     (a cap sweep runs the same work, ``--steps``, at one rank count)."""
+    from hpcdl.measure import caps
+
     given = [(kind, text) for kind in caps.KINDS if (text := getattr(args, f"{kind}_limit")) is not None]
     if not given:
         return None
@@ -114,6 +116,9 @@ def cmd_cap_sweep(
     values: list[float],
 ) -> int:
     """``hpcdl sweep --power-limit/--clock-limit``: the same work at every cap (capsweep.py)."""
+    from hpcdl.device import resolve_device
+    from hpcdl.scaling import capsweep
+
     limits = capsweep.limits_for(kind, resolve_device(cfg.device), np)
     summary, stopped = capsweep.cap_sweep(
         spec,

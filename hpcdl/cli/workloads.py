@@ -6,25 +6,30 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from hpcdl.device import device_name, memory_capacity, resolve_device
+from hpcdl.cli.common import family_names, one_of
 from hpcdl.errors import InputError, SpecError
-from hpcdl.measure import hdf5 as h5data
-from hpcdl.measure.environment import availability, environment
-from hpcdl.measure.peaks import INFO_PRECISIONS, gemm_ceiling, raised_to_ceiling, theoretical_peak
 from hpcdl.records.store import check_output
 from hpcdl.results.text import si, table
-from hpcdl.workloads import recipes
-from hpcdl.workloads.precision import PRECISIONS
-from hpcdl.workloads.registry import FAMILIES, family_class, parse_assignments, spec_from_args, spec_from_dict
-from hpcdl.workloads.sampling import sample_spec
-from hpcdl.workloads.spec import Spec
+
+if TYPE_CHECKING:  # the workloads and the device import torch: the handlers import them
+    import torch
+
+    from hpcdl.workloads.spec import Spec
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from hpcdl.workloads import recipes
+    from hpcdl.workloads.registry import (
+        FAMILIES,
+        family_class,
+        parse_assignments,
+        spec_from_args,
+        spec_from_dict,
+    )
+    from hpcdl.workloads.sampling import sample_spec
+
     if args.sample is not None:
         fixed = parse_assignments(family_class(args.family), args.knobs)
         spec = sample_spec(args.family, args.sample, **fixed)
@@ -96,6 +101,9 @@ def _peak_moment(parts: dict[str, int]) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from hpcdl.device import memory_capacity, resolve_device
+    from hpcdl.measure.environment import availability, environment
+
     device = resolve_device(args.device)
     env = environment(device)
     rows = [[k, str(v)] for k, v in env.items() if k not in ("gpus",)]
@@ -114,6 +122,10 @@ def peaks_table(device: torch.device, probe: bool) -> str:
     ``probe`` the measured GEMM ceiling and its ratio to the peak. A CPU estimate the ceiling
     beats is raised to the clock the ceiling implies, as a run's is (``raised_to_ceiling``);
     a ceiling above any other peak is flagged."""
+    from hpcdl.device import device_name
+    from hpcdl.measure.peaks import INFO_PRECISIONS, gemm_ceiling, raised_to_ceiling, theoretical_peak
+    from hpcdl.workloads.precision import PRECISIONS
+
     rows = []
     for prec in [*PRECISIONS, *(INFO_PRECISIONS if device.type == "cuda" else ())]:
         peak = theoretical_peak(device, device_name(device), prec)
@@ -141,6 +153,10 @@ IO_LIMITS = {"batches": (1, 1 << 20), "shards": (1, 4096), "workers": (0, 256), 
 def check_io(args: argparse.Namespace, spec: Spec) -> None:
     """Refuse, before writing anything, counts out of range and shards that would not fit the
     disk (or, one shard at a time, the memory they are generated in)."""
+    import torch
+
+    from hpcdl.device import memory_capacity
+
     for field, (lo, hi) in IO_LIMITS.items():
         value = getattr(args, field)
         if not lo <= value <= hi:
@@ -157,6 +173,9 @@ def check_io(args: argparse.Namespace, spec: Spec) -> None:
 
 
 def cmd_io(args: argparse.Namespace) -> int:
+    from hpcdl.measure import hdf5 as h5data
+    from hpcdl.workloads.registry import spec_from_args
+
     spec = spec_from_args(args.family, args.knobs)
     check_io(args, spec)
     w = h5data.write_shards(spec, args.dir, batches=args.batches, shards=args.shards)
@@ -181,6 +200,9 @@ def cmd_io(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from hpcdl.workloads import recipes
+    from hpcdl.workloads.registry import FAMILIES
+
     for family, cls in FAMILIES.items():
         print(f"{family}: {(cls.__doc__ or '').strip().splitlines()[0]}")
         for name, f in cls.knobs().items():
@@ -194,6 +216,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def class_table(size_class: str) -> str:
     """A size class's standard suite: each workload's size, work and memory per sample."""
+    from hpcdl.workloads import recipes
+
     s = recipes.suite(size_class)
     rows = []
     for name, spec in s.specs().items():
@@ -244,7 +268,7 @@ def add_parsers(sub: Any) -> None:
     io.add_argument("--shards", type=int, default=4)
     io.add_argument("--workers", type=int, default=2)
     io.add_argument("--epochs", type=int, default=1)
-    io.add_argument("family", nargs="?", default="cnn", choices=list(FAMILIES))
+    io.add_argument("family", nargs="?", default="cnn", type=one_of(family_names), help="a family (cnn)")
     io.add_argument("knobs", nargs="*")
     io.set_defaults(func=cmd_io)
     lst = sub.add_parser("list", help="families and their knobs, presets, the default suite")

@@ -6,9 +6,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hpcdl import metrics
-from hpcdl.measure.loop import StepLog
-from hpcdl.measure.peaks import Peak
-from hpcdl.parallel.backends import Traffic
 
 
 @dataclass(frozen=True)
@@ -21,7 +18,10 @@ class Check:
     detail: str
 
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: records read this module's Check without importing torch
+    from hpcdl.measure.loop import StepLog
+    from hpcdl.measure.peaks import Peak
+    from hpcdl.parallel.backends import Traffic
     from hpcdl.parallel.pipeline import StageLog
 
 
