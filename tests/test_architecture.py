@@ -1,8 +1,8 @@
-"""ARCHITECTURE.md's rule, checked on the source: a module imports only from its own stage or
+"""docs/architecture.md's rule, checked on the source: a module imports only from its own stage or
 earlier ones, and no modules import each other round in a cycle.
 
 Every import counts, wherever it stands: at the top, under ``if TYPE_CHECKING:``, inside a
-function. The stage order and the modules below every stage are read from ARCHITECTURE.md's
+function. The stage order and the modules below every stage are read from docs/architecture.md's
 lines ``Stage order:`` and ``Below every stage:``, so that the document and the check cannot
 drift apart. A parent package's ``__init__.py``, which Python runs before any module of the
 package, is not counted as imported (``hpcdl/__init__.py``, the Python API, imports nearly
@@ -24,10 +24,10 @@ TOP = ("hpcdl", "hpcdl.__main__")  # the Python API and ``python -m hpcdl``: abo
 Edge = tuple[str, str, int]  # importer, imported, line
 
 
-def documented(line_start: str, doc: Path = ROOT / "ARCHITECTURE.md") -> list[str]:
-    """The names in backquotes on ARCHITECTURE.md's line that starts with ``line_start``."""
+def documented(line_start: str, doc: Path = ROOT / "docs" / "architecture.md") -> list[str]:
+    """The names in backquotes on docs/architecture.md's line that starts with ``line_start``."""
     lines = [s for s in doc.read_text().splitlines() if s.startswith(line_start)]
-    assert len(lines) == 1, f"ARCHITECTURE.md needs exactly one line starting {line_start!r}"
+    assert len(lines) == 1, f"docs/architecture.md needs exactly one line starting {line_start!r}"
     return re.findall(r"`([a-z_]+)`", lines[0])
 
 
@@ -64,13 +64,13 @@ def imports(root: Path) -> list[Edge]:
 
 def level(module: str, stages: list[str], below: list[str]) -> int:
     """0 below every stage, 1.. the stages in order, above them all the API: or a failure naming
-    a module that ARCHITECTURE.md places nowhere."""
+    a module that docs/architecture.md places nowhere."""
     if module in TOP:
         return len(stages) + 1
     first = module.split(".")[1]
     if first in below:
         return 0
-    assert first in stages, f"{module}: hpcdl.{first} is neither a stage nor below them in ARCHITECTURE.md"
+    assert first in stages, f"{module}: hpcdl.{first} is no stage and not below them (docs/architecture.md)"
     return stages.index(first) + 1
 
 
@@ -136,7 +136,7 @@ def edges() -> list[Edge]:
 
 
 def test_stages_are_the_package_folders() -> None:
-    """ARCHITECTURE.md names every folder of hpcdl/ as a stage, and every module beside them
+    """docs/architecture.md names every folder of hpcdl/ as a stage, and every module beside them
     as below the stages (or the API on top): nothing new escapes the rule unplaced."""
     stages, below = documented("Stage order:"), documented("Below every stage:")
     folders = {p.name for p in (ROOT / PACKAGE).iterdir() if (p / "__init__.py").is_file()}
@@ -146,7 +146,7 @@ def test_stages_are_the_package_folders() -> None:
 
 
 def test_no_import_goes_to_a_later_stage(edges: list[Edge]) -> None:
-    """A module imports only from its own stage or earlier ones (ARCHITECTURE.md)."""
+    """A module imports only from its own stage or earlier ones (docs/architecture.md)."""
     assert upward(edges, documented("Stage order:"), documented("Below every stage:")) == []
 
 
