@@ -1,6 +1,7 @@
 """On-demand benchmark: how two emulated hosts move data both ways at once, through plain TCP and
-through Open MPI, and what Open MPI's allreduce algorithms cost at 2 and 4 hosts (METRICS.md,
-"Held against this machine": why Open MPI's allreduce does not extrapolate from 2 ranks there).
+through Open MPI, and what Open MPI's allreduce algorithms cost at 2 and 4 hosts
+(docs/validation/2026-11-25-scaling-model-emulated-cluster.md: why Open MPI's allreduce does not
+extrapolate from 2 ranks there).
 
 - TCP: 8 MiB one way, then 8 MiB each way at once on one connection (a thread sends while
   another receives), between hosts h1 and h2;

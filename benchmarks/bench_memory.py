@@ -8,7 +8,7 @@ Prints, per family and precision, the ratio measured / estimate (min, median, ma
 whose tensors are estimated above 30 MB (below that what the libraries hold dominates), then
 the peak's excess over the estimate's tensors and its convolutions' primitives per precision, with
 and without an unfused recurrent layer (what ``metrics.CPU_LIBRARY_BYTES`` stands for), and the
-allowance of that form these specs would choose, for METRICS.md. ``--skip N`` measures each row's
+allowance of that form these specs would choose, for docs/validation/. ``--skip N`` measures each row's
 specs after its first N instead: specs the allowance was not chosen on. ``--fill-mb M`` measures
 the same specs each at the batch whose estimate fills M MB, where auto-fit uses the estimate (the
 batch it starts from).

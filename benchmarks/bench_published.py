@@ -5,7 +5,7 @@ Each case is a published run, predicted from the inputs its source states: the c
 framework's reduction (buckets, algorithms) and one device's rate. Where a source lacks a
 figure, the case says what was assumed and from where. Prints published vs predicted
 efficiency and the error of each; ``tests/test_published.py`` keeps every case within the
-error METRICS.md documents ("Held against published results").
+error docs/validation/2026-11-25-published-results.md documents.
 
     .venv/bin/python benchmarks/bench_published.py
 """

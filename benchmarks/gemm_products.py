@@ -1,7 +1,7 @@
 """On-demand: the measured GEMM ceiling's parts, each library's best square product per size and
 precision (``measure.peaks.gemm_products``, timed as ``gemm_ceiling`` times them), beside the
 theoretical peak: which library sets the ceiling on this machine. On AMD CPUs fp32 ``torch.mm`` is
-MKL's AVX2 code and oneDNN's inner product its AVX-512 one (METRICS.md, ``measured_matmul_flops``).
+MKL's AVX2 code and oneDNN's inner product its AVX-512 one (docs/validation/2026-11-28-overhead-and-gemm.md).
 
     .venv/bin/python benchmarks/gemm_products.py [--seconds 1] [--precisions fp32,bf16] [--device cpu]
 """

@@ -1,6 +1,6 @@
 """On-demand: the estimate's tensors against the peak of PyTorch's allocator in a real training
 step (the profiler's allocations, ``profile_memory=True``, after one warm-up step), and the
-operators running at that peak, for the specs named (METRICS.md, "Memory estimate"): the
+operators running at that peak, for the specs named (docs/validation/2026-11-26-memory-estimate.md): the
 tensor model checked without what the libraries hold outside the allocator.
 
     .venv/bin/python benchmarks/memory_allocator.py speech:0:fp32 rnn:4:fp32 [...]

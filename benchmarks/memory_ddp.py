@@ -1,7 +1,7 @@
 """On-demand: what DDP's gradient buckets add to a rank's peak resident set on a CPU, against one
 process that frees its gradients each step and one that keeps them (``measure.trial.train_steps``'s
-``kept_grads``): the figures behind ``Backend.keeps_gradients`` (METRICS.md, "Size classes and
-auto-fit", step 7).
+``kept_grads``): the figures behind ``Backend.keeps_gradients`` (docs/validation/2026-11-26-auto-fit.md,
+step 7).
 
     MLP="mlp:0:fp32:layers=2,width=2048,input_size=2048,output_size=1000,batch_size=4000"
     .venv/bin/python benchmarks/memory_ddp.py "$MLP" [STEPS]

@@ -1,7 +1,7 @@
 """On-demand: what oneDNN holds outside PyTorch's allocator on a CPU, for the figures behind
 ``recurrent.fused_lstm_wide_input``, ``metrics.CPU_LIBRARY_BYTES`` and
-``metrics.CPU_CONV_PRIMITIVE_BYTES`` (METRICS.md, "Memory estimate"). Each measurement runs in a
-fresh process with glibc's mmap threshold fixed as auto-fit's trials fix it.
+``metrics.CPU_CONV_PRIMITIVE_BYTES`` (docs/validation/2026-11-26-memory-estimate.md). Each
+measurement runs in a fresh process with glibc's mmap threshold fixed as auto-fit's trials fix it.
 
     .venv/bin/python benchmarks/memory_onednn.py lstm        # the 15 LSTM shapes, ~1 min
     .venv/bin/python benchmarks/memory_onednn.py primitives  # resident bytes per bf16 matmul shape

@@ -1,5 +1,5 @@
 """On-demand: where a CPU training step's memory outside PyTorch's allocator goes, for the specs
-named (METRICS.md, "Memory estimate"). Each spec's trial (``measure.trial``, as auto-fit
+named (docs/validation/2026-11-26-memory-estimate.md). Each spec's trial (``measure.trial``, as auto-fit
 measures) runs four times in a fresh process: as is; with MKL's memory manager off
 (``MKL_DISABLE_FAST_MM=1``); also with oneDNN's primitive cache off
 (``ONEDNN_PRIMITIVE_CACHE_CAPACITY=0``); also with glibc's mmap threshold at 4 KiB instead of

@@ -1,6 +1,6 @@
 """On-demand: the resident set beside PyTorch's allocator on a CPU, for the figures behind
 ``recurrent.SAVED_PER_STEP``, ``recurrent.HEAP_RESIDENT`` and auto-fit's trial noise
-(METRICS.md, "Unfused recurrent layers at the fill batches").
+(docs/validation/2026-11-26-memory-estimate.md, "Unfused recurrent layers at the fill batches").
 
     .venv/bin/python benchmarks/memory_rss.py saved                       # per-step saved state
     .venv/bin/python benchmarks/memory_rss.py trace rnn:0:fp32:batch_size=362

@@ -1,6 +1,6 @@
 """On-demand: a rank's share of a sharded model, as auto-fit's trial measures it under torch's fake
 process group (``measure.trial.Shard``), against the same steps on real gloo ranks and against a
-trial of the whole model: the figures behind ``Shard`` (METRICS.md, "Size classes and auto-fit",
+trial of the whole model: the figures behind ``Shard`` (docs/validation/2026-11-26-auto-fit.md,
 step 8).
 
     MLP="mlp:0:fp32:layers=2,width=2048,input_size=2048,output_size=1000,batch_size=3000"

@@ -203,13 +203,13 @@ MMAP_THRESHOLD_BYTES = 1 << 20
 in auto-fit's trials (``pin_mmap_threshold``) so that their peak resident set is what the
 tensors hold, not what glibc's heap keeps of freed ones. Below it, the per-step tensors of a
 recurrent layer the CPU runs step by step still fragment the heap over a run's first steps
-(``measure.trial.UNFUSED_STEPS``). At 64 KiB they are mapped too and the peak is flat from the
-second step, 0.72-0.99 of the eighth step's at 1 MiB over five such specs in two runs, but their
-step time is 1.09-2.08 times as long (a CNN's and an MLP's 0.88-1.04; ``benchmarks/memory_rss.py
-mapped``, METRICS.md "Size classes and auto-fit"): a fitted run would score a slower allocator,
-not the machine. jemalloc preloaded instead of glibc's allocator held them as flat at 1.03-1.21
-times the step time: an operator may start a fitted run with it (``malloc_library``), giving
-freed blocks back from this size as glibc does (``JEMALLOC_CONF``)."""
+(``measure.trial.UNFUSED_STEPS``). A lower threshold maps those too and flattens the peak, but
+lengthens their steps (``benchmarks/memory_rss.py mapped``, in
+docs/validation/2026-11-26-auto-fit.md, step 6): a fitted run would score a slower allocator, not
+the machine. jemalloc preloaded instead of glibc's allocator
+holds them as flat at a smaller cost: an operator may start a fitted run with it
+(``malloc_library``), giving freed blocks back from this size as glibc does
+(``JEMALLOC_CONF``)."""
 JEMALLOC_CONF = f"oversize_threshold:{MMAP_THRESHOLD_BYTES}"
 """the ``MALLOC_CONF`` a run started under jemalloc takes to give freed blocks back from the size
 glibc's do (``jemalloc_oversize_threshold``)"""
@@ -229,8 +229,7 @@ def reset_peak_memory(device: torch.device, *, pin: bool = False) -> None:
     ``pin`` (auto-fit's trials, and the runs whose batch they fitted) glibc's mmap threshold is
     fixed from here on (``pin_mmap_threshold``), so that the peak follows the tensors and the
     memory estimate. Other runs do not pin it: every mapped tensor is faulted in again each step,
-    which doubled a small CNN's step time (166 against 332 ms, batch 16); at the batches that fill
-    300 MB it took 0.87-1.26x the step time (METRICS.md, "Size classes and auto-fit")."""
+    which lengthens steps (docs/validation/2026-11-26-auto-fit.md, step 5)."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -291,8 +290,8 @@ def jemalloc_oversize_threshold() -> int | None:
     """jemalloc's ``opt.oversize_threshold`` (set by ``MALLOC_CONF``; 8 MiB by default): blocks
     from this size up come from an arena that gives their pages back as they are freed, as glibc
     unmaps its mapped blocks. Below it, jemalloc keeps freed pages resident for reuse, which put a
-    CNN 15 MiB over glibc's peak at the same batch; at 1 MiB, glibc's threshold in a fitted run,
-    jemalloc's peak followed glibc's there (METRICS.md "Size classes and auto-fit", step 6). None
+    CNN above glibc's peak at the same batch; at 1 MiB, glibc's threshold in a fitted run,
+    jemalloc's peak follows glibc's (docs/validation/2026-11-26-auto-fit.md, step 6). None
     where jemalloc is not this process's ``malloc``."""
     if malloc_library() != "jemalloc":
         return None
@@ -311,7 +310,7 @@ def malloc_library() -> str:
     """Whose ``malloc`` this process calls: ``jemalloc`` or ``tcmalloc`` where one was preloaded
     (``LD_PRELOAD``, its library then mapped into the process), else ``glibc``. A CPU peak depends
     on it: glibc's heap among small per-step tensors grows over a recurrent run's first steps,
-    jemalloc's does not (METRICS.md "Size classes and auto-fit", step 6)."""
+    jemalloc's does not (docs/validation/2026-11-26-auto-fit.md, step 6)."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:

@@ -1,4 +1,4 @@
-"""Every reported figure's formula, written once (METRICS.md documents each)."""
+"""Every reported figure's formula, written once (docs/metrics.md documents each)."""
 
 from __future__ import annotations
 
@@ -82,34 +82,19 @@ CPU_LIBRARY_BYTES = {
     for unfused in (False, True)
 }
 """bytes a CPU training step adds outside PyTorch's allocator, by (autocast, an unfused recurrent
-layer): MKL's GEMM buffers; oneDNN's primitives built for the step's shapes (in bf16 every
-linear's products are oneDNN matmuls: 0.6-0.7 MB resident per new shape on an AMX CPU,
-``benchmarks/memory_onednn.py primitives``; 15 in a transformer's step); glibc's heap among the
-tensors under its mmap threshold (a GRU's per-step tensors; an Elman RNN's are its own part,
-``heap``). A base, more with
-autocast, more with an unfused recurrent layer: the values that kept the 80 specs of
-``benchmarks/bench_memory.py --seeds 8`` nearest their estimate (the greatest deviation least,
-as the benchmark prints it), chosen on 2026-11-27 once each layer's backward was a moment of its
-own, and checked on 160 held-out specs (``--skip 8``, ``--skip 16``; METRICS.md). The unfused
-term was chosen again (7.5 to 5 MiB) once the estimate counted what an unfused stack keeps and
-glibc's heap pages of an Elman RNN (``recurrent.HEAP_RESIDENT``): over the 144 rnn and speech
-specs of ``--families rnn,speech --precisions fp32 --fit-mb 0`` at batch 32 and filling 300 and
-500 MB (``--fill-mb``), on an AVX2 AMD EPYC, the greatest deviation least. The autocast term
-was chosen again (4 to 5.5 MiB) once a fused LSTM's 16-bit input gradient was counted
-(``recurrent.FUSED_LSTM_INPUT_GRADIENT``): the least of the values that keep all 240 specs of
-``--seeds 24 --fit-mb 0`` in fp32 and bf16 within 0.85-1.15 on a Zen 5 EPYC (4 kept 236), where a
-new bf16 matmul shape holds 0.57 MB (15 in a transformer's step); chosen on those same specs.
-On 60 held-out bf16 specs (``--precisions bf16 --seeds 12 --skip 24``) 56 are within with it, as
-with 4 (METRICS.md). What one spec holds outside the allocator spreads from -32 to +51 MB; a GPU's
-libraries live outside the allocator's peak that auto-fit measures there. Each distinct
-convolution adds its own term (``CPU_CONV_PRIMITIVE_BYTES``)."""
+layer): MKL's GEMM buffers, oneDNN's primitives built for the step's shapes, glibc's heap among
+the tensors under its mmap threshold (a GRU's per-step tensors; an Elman RNN's are its own part,
+``heap``). A base, more with autocast, more with an unfused recurrent layer. Fitted to measured
+CPU steps (``benchmarks/bench_memory.py``: the values that keep sampled specs nearest their
+estimate, checked on held-out specs) in docs/validation/2026-11-26-memory-estimate.md; a
+GPU's libraries live outside the allocator's peak that auto-fit measures there. Each distinct
+convolution adds its own term
+(``CPU_CONV_PRIMITIVE_BYTES``)."""
 CPU_CONV_PRIMITIVE_BYTES = 1 << 18  # 0.25 MiB
 """bytes a CPU step holds outside PyTorch's allocator for each distinct convolution it trains
 (``Count.conv_shapes``): oneDNN's forward, backward-data and backward-weights primitives for its
-shape, kept in oneDNN's cache. A new shape trained raised the resident set by 0.23-0.31 MB in fp32
-and bf16 on a Zen 5 EPYC (``benchmarks/memory_onednn.py convolutions fp32``); a CNN's excess over
-its estimate had followed its distinct convolutions (2-22 of them; correlation 0.70 over 96
-specs, 2026-11-29, METRICS.md "Memory estimate")."""
+shape, kept in oneDNN's cache. Measured per new shape by ``benchmarks/memory_onednn.py
+convolutions``, in docs/validation/2026-11-26-memory-estimate.md."""
 AUTOCAST_COPY_BYTES = 2
 """bytes per parameter of the 16-bit weight copies autocast makes and its products keep for
 backward (bf16/fp16)"""

@@ -118,8 +118,9 @@ MEMORY_SPECS = [
 def test_memory_estimate_against_measured_memory(family: str, seed: int, precision: str) -> None:
     """The estimate behind --fit against a real training step's memory, measured as auto-fit
     measures it (a trial in a child process; benchmarks/bench_memory.py reports the spread over
-    many specs, METRICS.md quotes it): within 0.85-1.2x for a spec of 60 MB or more (these
-    read 0.93-1.09 in the benchmark; the margin is for a loaded CI machine's noise)."""
+    many specs, docs/validation/2026-11-26-memory-estimate.md quotes it): within 0.85-1.2x for a
+    spec of 60 MB or more (these read 0.93-1.09 in the benchmark; the margin is for a loaded CI
+    machine's noise)."""
     batch = 32
     spec = sample_spec(family, seed, batch_size=batch, precision=precision)
     estimate = spec.memory_estimate(batch, "adamw")

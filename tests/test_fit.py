@@ -152,8 +152,8 @@ def test_a_ranks_trial_trains_only_its_share_of_a_model_its_run_divides() -> Non
     on a Zen 5 (10.4 M parameters, 159 MiB of weights, gradients and AdamW's moments, batch 8),
     twice: the whole model 195-196 MiB; rank 0 of four FSDP ranks 96, of two tp ranks 122; an
     attention layer with 8 experts, 106-107 whole and 62-63 with half of them. A trial of the
-    whole model held FSDP and tp runs at 85 % and 79 % of their target (METRICS.md, "Size
-    classes and auto-fit", 8)."""
+    whole model held FSDP and tp runs at 85 % and 79 % of their target
+    (docs/validation/2026-11-26-auto-fit.md, step 8)."""
     wide = spec_from_dict({**SMALL, "layers": 2, "width": 2048, "input_size": 2048, "output_size": 1000})
     moe = {"family": "attention", "layers": 1, "width": 256, "heads": 4, "seq_len": 16, "vocab": 1000}
     experts = spec_from_dict({**moe, "experts": 8, "expert_parallel": True, "batch_size": 2})
@@ -252,8 +252,8 @@ print(environment(torch.device("cpu"))["malloc"], (status_bytes("VmRSS") - befor
 @pytest.mark.skipif(not JEMALLOC, reason="no libjemalloc: bash scripts/setup.sh --test installs it")
 @pytest.mark.parametrize("preload", ["", "jemalloc"])
 def test_the_allocator_is_named_and_its_free_pages_are_given_back(preload: str) -> None:
-    """With jemalloc preloaded (an operator's choice: METRICS.md, step 6 of auto-fit) the record
-    names it and its oversize threshold, and a run's peak still starts from what is live:
+    """With jemalloc preloaded (an operator's choice: docs/validation/2026-11-26-auto-fit.md,
+    step 6) the record names it and its oversize threshold, and a run's peak still starts from what is live:
     jemalloc's freed pages are purged as glibc's are."""
     env = {**os.environ, "LD_PRELOAD": JEMALLOC if preload else "", "MALLOC_CONF": JEMALLOC_CONF}
     p = subprocess.run([sys.executable, "-c", _FREED], capture_output=True, text=True, env=env, check=True)

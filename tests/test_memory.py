@@ -1,5 +1,5 @@
 """The memory estimate's parts: weights, gradients, optimizer state, activations and workspace,
-each from its own term (METRICS.md, "Memory estimate")."""
+each from its own term (docs/metrics.md, "Memory"; docs/validation/2026-11-26-memory-estimate.md)."""
 
 from __future__ import annotations
 

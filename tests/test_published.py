@@ -1,5 +1,6 @@
 """The scaling model held against published scaling results (benchmarks/bench_published.py):
-analytic, nothing runs. Each case stays within the error METRICS.md documents for it."""
+analytic, nothing runs. Each case stays within the error that
+docs/validation/2026-11-25-published-results.md documents for it."""
 
 from __future__ import annotations
 

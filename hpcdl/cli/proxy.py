@@ -98,7 +98,7 @@ def fit_table(result: FitResult) -> str:
             rows.append([name, _value(key, p.figures[key]), got, error])
     if "mix" in result.best.errors:
         rows.append(["kernel mix", "", "", f"{result.best.errors['mix']:.3f} apart"])
-    note = "time error: in units of the reference work timed beside each step (METRICS.md, Profiles)"
+    note = "time error: in units of the reference work timed beside each step (docs/metrics.md, Profiles)"
     return table(["figure", "profile", "fitted", "error"], rows, numeric=False) + "\n" + note
 
 

@@ -1,5 +1,5 @@
 """CLI commands of submissions and lists: ``hpcdl system init|check``, ``hpcdl package``,
-``hpcdl check`` and ``hpcdl list-site`` (SUBMITTING.md)."""
+``hpcdl check`` and ``hpcdl list-site`` (docs/guide/submissions.md)."""
 
 from __future__ import annotations
 

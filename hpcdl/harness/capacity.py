@@ -8,7 +8,7 @@ seed (the spec's + i) and record (``NAME-iI``). First instance 0 runs alone on t
 will have (``NAME-alone``) while the others wait without spinning, then all M run together,
 starting their timed windows at one barrier after their warm-ups (a window of seconds would
 otherwise be shifted by each instance's start-up); global rank 0 writes the summary
-(``NAME-capacity.json``, METRICS.md "Capacity").
+(``NAME-capacity.json``, docs/metrics.md "Summaries").
 
 Placement, per node, before anything touches a GPU: the K = ``per_device`` instances of a group
 (instances g·K … g·K+K−1) share devices, rank r of the group's instances on the group's r-th

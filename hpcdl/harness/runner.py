@@ -231,7 +231,7 @@ def measure_rank(
     trainer.target = (cfg.target_loss_fraction, cfg.pool_batches) if cfg.target_loss_fraction else None
     trainer.before_window = before_window
     # a fitted run keeps glibc's mmap threshold where its trials fixed it, or the heap keeps what
-    # they did not: a CNN's run peaked at 1.76x its target unfixed, 1.15x fixed (METRICS.md)
+    # they did not (docs/validation/2026-11-26-auto-fit.md, step 5)
     reset_peak_memory(device, pin=cfg.fit_fraction > 0)
     report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
     local_backward = trainer.local_backward_s(CALIBRATION_STEPS)
@@ -347,7 +347,7 @@ def run(
     if cfg.fit_fraction > 0:
         # fixed from the start, as in the trials: large tensors the checks and probes below freed
         # under the dynamic threshold left chunks in the heap that later steps reused, resident
-        # (two DDP ranks at up to 1.29x their target; METRICS.md, "Size classes and auto-fit", 7)
+        # (docs/validation/2026-11-26-auto-fit.md, step 7)
         if device.type == "cpu":
             pin_mmap_threshold()
         layout = run_layout(spec, cfg, world.size)

@@ -63,7 +63,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        # a CPU step's time depends on it: 1.03-1.21x under jemalloc (METRICS.md, auto-fit's step 6)
+        # a CPU step's time and peak depend on it (docs/validation/2026-11-26-auto-fit.md, step 6)
         "malloc": malloc_library(),
         "gpus": gpus,
         "gpu_stack": gpu_stack() if device.type == "cuda" else None,

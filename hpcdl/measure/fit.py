@@ -104,7 +104,7 @@ class Fit:
     """how a trial's peak was measured"""
     mmap_threshold_bytes: int | None = None
     """CPU: glibc's mmap threshold that the trials and the run fixed (``device.pin_mmap_threshold``),
-    which took 0.87-1.26x the step time of a dynamic one at batches that fill 300 MB (METRICS.md);
+    at some cost in step time against a dynamic one (docs/validation/2026-11-26-auto-fit.md, step 5);
     None on a GPU, or where glibc's ``malloc`` is not the one called"""
     allocator: str | None = None
     """CPU: whose ``malloc`` the trials and the run called (``device.malloc_library``): glibc, or

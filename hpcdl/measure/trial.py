@@ -46,13 +46,10 @@ weights, gradients, state and activations at once, as every later step does"""
 UNFUSED_STEPS = 6
 """training steps per CPU trial of a spec with a recurrent layer the CPU runs step by step
 (``Spec.unfused_recurrent``: GRU, Elman RNN). glibc's heap among their per-step tensors keeps
-growing after the second step, and a run holds what its later steps hold: of seven such specs at
-the batches that fill 300 MB, the second step's peak was 87.5-99.0 % of the tenth's, the sixth's
-98.4-100 % (speech seed 0: 329, 370, 376 MiB after steps 2, 6 and 10; ``benchmarks/memory_rss.py
-growth``, METRICS.md "Size classes and auto-fit"). A fused LSTM's and a CNN's were flat from the
-second step. Six steps are not a bound: speech seed 12 (batch 299) rose again after its sixth
-step in both runs of ``growth`` (341 to 396 MiB by the ninth; 338 to 376 at the seventh with one
-malloc arena). A lower mmap threshold or jemalloc would end the growth, at a cost in step time
+growing after the second step, and a run holds what its later steps hold; by the sixth step most
+of the growth is in (``benchmarks/memory_rss.py growth``, in
+docs/validation/2026-11-26-auto-fit.md, step 6). Six steps are not a bound: a lower mmap threshold
+or jemalloc would end the growth, at a cost in step time
 (``device.MMAP_THRESHOLD_BYTES``)."""
 POLL_S = 0.02
 """how often the parent reads a CPU trial's resident set"""
@@ -82,9 +79,8 @@ class Shard:
     (``backend``: FSDP's fully_shard, tensor parallelism's plan over a ``tp`` x ``dp`` mesh), its
     shards and their gathered units: the trial wraps the model as the run does. A data-parallel
     backend's trial stays unwrapped (``kept_grads`` stands in for DDP's buckets; DDP's hooks need a
-    real collective's result). With trials of the whole model, fitted FSDP and tp runs peaked at
-    85 % and 79 % of their target; with trials of their share, 95 % and 94 % (METRICS.md, "Size
-    classes and auto-fit", step 8)."""
+    real collective's result). A rank that holds a share peaks below the whole model's trial,
+    so it trains its share (docs/validation/2026-11-26-auto-fit.md, step 8)."""
 
     rank: int
     ranks: int

@@ -8,7 +8,7 @@ input rows (``RowwiseParallel``: each rank's partial product summed by an allred
 hidden layers pair up the same way (a last unpaired layer stays whole). Embeddings, norms and
 the head stay whole on every rank. Per block and step that is 2 allreduces forward (after the
 row-parallel layers) and 2 backward (the gradient of the column-parallel layers' replicated
-input), each of batch x tokens x width elements (METRICS.md, "Tensor parallelism").
+input), each of batch x tokens x width elements (docs/metrics.md, "Parallel layouts").
 
 Sequence parallelism (norms and dropout on a sequence shard, reduce-scatter + all-gather in place
 of each allreduce) moves the same bytes and saves only activation memory: not built.

@@ -1,6 +1,6 @@
 """Verification of result records before they may rank: is the record intact, do its figures
 follow from its own measurements (its steps file included), and does it pass the ranking's
-validity gate? (METRICS.md, "Verification".)
+validity gate? (docs/rules.md, "The gate".)
 
 A digest without a secret detects edits, not forgery: someone who edits a figure and
 recomputes every derived figure, the steps file and the digest is caught only by re-running

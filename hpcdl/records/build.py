@@ -1,6 +1,6 @@
 """Assembling the result record of a run from every rank's measurements (rank 0's job).
 The record's blocks are the views of ``records.views``; every formula is in ``metrics`` and
-documented in METRICS.md."""
+documented in docs/metrics.md."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def straggler(rows: Sequence[RankRow], rules: type[Backend]) -> Straggler | None
 
 
 def checks_of(cfg: RunConfig, ranks: Sequence[RankMeasurement]) -> list[Check]:
-    """The validity checks of the run (METRICS.md, "Validity")."""
+    """The validity checks of the run (docs/metrics.md, "Validity")."""
     logs = [r.log for r in ranks]
     checks = [
         validity.loss_finite([v for g in logs for v in g.losses]),
@@ -196,7 +196,7 @@ def build_record(
     name: str,
     fit: Fit | None = None,
 ) -> dict[str, Any]:
-    """The result record (see METRICS.md) from every rank's measurements (rank 0 first), as
+    """The result record (docs/reference/record.md) from every rank's measurements (rank 0 first), as
     the JSON object to seal; the steps file's name and hash are added by the writer."""
     env = environment(device)
     count = spec.count()

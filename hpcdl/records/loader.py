@@ -1,5 +1,5 @@
 """Reading hpcdl's JSON documents: one file, or every ``*.json`` under a results tree, sorted
-by kind and typed (METRICS.md, "Verification").
+by kind and typed (docs/rules.md, "The gate").
 
 A results tree is data written by whoever ran it, so each file is read by the bounded reader
 of every hpcdl document (:mod:`hpcdl.reader`: regular files only, opened without blocking, at

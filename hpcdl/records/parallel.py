@@ -1,6 +1,6 @@
 """What the ranks of a run moved and how its parallel dimensions shared the work: every
 collective of a step, the exposed communication, a layout's per-rank counts and a pipeline's
-block (METRICS.md, "Distributed runs", "Parallel layouts", "Pipeline parallelism")."""
+block (docs/metrics.md, "Several ranks", "Communication", "Parallel layouts")."""
 
 from __future__ import annotations
 

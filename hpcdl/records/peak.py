@@ -1,5 +1,5 @@
 """The peak FLOP/s a record's MFU divides by, for the whole job, and the figures that cannot be
-true (METRICS.md, "Peaks and MFU")."""
+true (docs/metrics.md, `peak_flops` and `flags`)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def unknown_peak_reason(device: torch.device, name: str) -> str:
 
 def implausible(mfu: float, fraction: float, ceiling: float, peak: Peak | None) -> list[str]:
     """Figures that cannot be true, each with its likely cause: they are flagged, never shown
-    plain (METRICS.md, "Peaks and MFU")."""
+    plain (docs/metrics.md, `peak_flops` and `flags`)."""
     flags = []
     low_inputs = "the peak figure is too low for this device"
     if peak is not None and peak.kind == "estimate":

@@ -6,7 +6,7 @@ extrapolate them."""
 from __future__ import annotations
 
 RESULT = "hpcdl.result"
-"""one run's record (METRICS.md, "Record")"""
+"""one run's record (docs/reference/record.md)"""
 RESULT_VERSION = 2
 """2: the record's digest also covers its steps file (``steps_sha256``)"""
 SUITE = "hpcdl.suite"
@@ -31,14 +31,14 @@ CAPACITY = "hpcdl.capacity"
 """the summary of concurrent instances (``hpcdl capacity``)"""
 
 MANIFEST = "hpcdl.manifest"
-"""the SHA-256 of every file of a submission (``hpcdl package``; SUBMITTING.md)"""
+"""the SHA-256 of every file of a submission (``hpcdl package``; docs/rules.md)"""
 LIST = "hpcdl.list"
 """one list of a list site: a class version's systems and scores (``hpcdl list-site``)"""
 
 NOT_RECORDS = (SUITE, SWEEP, COMM, RANKING, JOBS, COLLECTED, CAPS, REPEATS, CAPACITY, MANIFEST, LIST)
 """documents that sit among records but are not records to rank or report one by one"""
 PROFILE = "hpcdl.profile"
-"""what one training step of a model costs (``hpcdl profile``; METRICS.md, "Profiles")"""
+"""what one training step of a model costs (``hpcdl profile``; docs/metrics.md, "Profiles and fits")"""
 PROFILE_VERSION = 1
 FIT = "hpcdl.fit"
 """a fitted proxy: the spec, each figure's error, its verifications (``hpcdl fit``)"""

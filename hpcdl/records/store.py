@@ -1,4 +1,4 @@
-"""Result records: one JSON file per run (schema in METRICS.md), per-step times in HDF5 beside it.
+"""Result records: one JSON file per run (schema: docs/reference/record.md), per-step times in HDF5 beside it.
 
 A record and its steps file are written as one unit: both to temporary names first, then
 renamed, the record last, under a lock per record name; the steps file's name is the record's

@@ -2,7 +2,8 @@
 schedulers) see instead of string keys, and what the record builder fills in.
 
 A view is a frozen dataclass whose fields are the keys of one block of the JSON record
-(METRICS.md, "The record"), read and written by ``records.typed`` (``parse``, ``to_json``).
+(docs/reference/record.md is generated from them), read and written by ``records.typed``
+(``parse``, ``to_json``).
 Fields with a default may be absent (they came in later versions).
 """
 
@@ -127,7 +128,7 @@ class Collective:
     """One collective of a training step (``metrics.communication.collectives[NAME]``)."""
 
     bytes_per_step: int
-    """nccl-tests' size summed over the step's calls (METRICS.md)"""
+    """nccl-tests' size summed over the step's calls (docs/metrics.md)"""
     calls_per_step: int
     seconds_per_step: float
     """the slowest rank's median time of the step's bytes (``timing`` says how it was taken)"""
@@ -181,7 +182,7 @@ class Energy:
     energy_delay_product_js: float | None
     ai_ops_per_watt: float | None
     per_rank: list[dict[str, Any]]
-    """each rank's telemetry summary (``gpu``, ``cpu_rapl``: see METRICS.md, "Energy")"""
+    """each rank's telemetry summary (``gpu``, ``cpu_rapl``: see docs/metrics.md, "Energy")"""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The best record at each rank count, chosen in one place: where a workload was measured
-several times at one scale, the fastest counts (a submitter may tune and re-run; METRICS.md,
-"Score"). The score, the report's sweeps from loose records and ``hpcdl predict --compare``
+several times at one scale, the fastest counts (a submitter may tune and re-run; docs/rules.md,
+"The score"). The score, the report's sweeps from loose records and ``hpcdl predict --compare``
 choose with it."""
 
 from __future__ import annotations

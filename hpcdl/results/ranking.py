@@ -252,7 +252,7 @@ def detail_tables(r: Ranking) -> list[Table]:
 INTRO = (
     "Score: geometric mean over a size class's standard suite of sustained AI-ops/s (analytic "
     "training FLOPs x samples/s, all ranks) at the largest measured scale; one list per class, "
-    "records of other classes never mixed in; see METRICS.md, Score."
+    "records of other classes never mixed in; see docs/rules.md, The score."
 )
 
 

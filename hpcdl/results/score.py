@@ -1,4 +1,4 @@
-"""The score of a system in one size class, defined once (METRICS.md, "Score"): the geometric
+"""The score of a system in one size class, defined once (docs/rules.md, "The score"): the geometric
 mean over the class's standard suite of sustained AI-ops/s at the largest scale where every
 workload was measured, with the suite's scaling efficiency, a quality-regulated variant and a
 time-to-quality variant (records of runs that trained to a target loss).

@@ -18,7 +18,7 @@ def si(value: float | None, unit: str = "") -> str:
 
 def mfu_text(mfu: float | None, flags: Sequence[str] = ()) -> str:
     """MFU as a percentage, ``n/a`` without a peak, and marked ``(!)`` when the record flags a
-    figure that cannot be true (METRICS.md, "Peaks and MFU"): such a figure is never shown plain."""
+    figure that cannot be true (docs/metrics.md, `flags`): such a figure is never shown plain."""
     if mfu is None or mfu != mfu:
         return "n/a"
     return f"{mfu:.1%}" + (" (!)" if flags else "")

@@ -169,7 +169,7 @@ def summarize(
 
 
 def cap_figures(record: Record) -> dict[str, Any]:
-    """A capped record's figures, for the summary and the report (METRICS.md, "Caps")."""
+    """A capped record's figures, for the summary and the report (docs/metrics.md, "Summaries")."""
     r = record.result
     m, e = r.metrics, r.metrics.energy
     samples = round(m.samples_per_s * m.timed_window_s)

@@ -4,7 +4,7 @@ A one-level cost (:class:`Comm`) is one flat ring: every rank pays the same late
 ring step and the same bus bandwidth ``β``. A two-level cost (:class:`Hierarchy`) has a link
 inside a node (NVLink, xGMI, PCIe, shared memory) and a fabric between nodes (every NIC of a
 node together), and takes, per message size, the cheapest of the algorithms a library would
-run (METRICS.md, "Scaling model"):
+run (docs/metrics.md, "Prediction"):
 
 - ring: ``2(p−1)`` steps of the slowest hop's latency; every ring edge carries
   ``2(p−1)/p · S``, inside a node and through the node's NICs alike (NCCL runs one ring

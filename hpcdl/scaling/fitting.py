@@ -2,7 +2,7 @@
 ``hpcdl comm`` (one level, or two: a sweep inside one node and one across two), γ and the
 step's phases from a 1-rank record, and the standard errors of each fit from its residuals
 (what ``Model.step_rse`` turns into the prediction's uncertainty). The model itself is
-``hpcdl.scaling.model``; METRICS.md ("Scaling model") states the fits.
+``hpcdl.scaling.model``; docs/metrics.md ("Prediction") states the fits.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ reduces the gradients bucket by bucket while backward runs (``bucket_tail``).
 γ is one rank's sustained training FLOP/s, calibrated from a measured 1-rank run (or given);
 α and β are fitted to measured sweeps (``hpcdl comm -o``) or read from a system file
 (``hpcdl.scaling.system``); the fits are ``hpcdl.scaling.fitting``'s. The assumptions are
-stated in METRICS.md ("Scaling model").
+stated in docs/metrics.md ("Prediction").
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ last micro-batch's backward; the other collectives (FSDP's all-gathers, the expe
 all-to-alls) run in every micro-batch's forward and backward and are counted whole"""
 BACKWARD_FRACTION = 2 / 3
 """backward's share of forward + backward where no record measured it: backward computes two
-products for each of forward's one (METRICS.md, training FLOPs = 3 x forward)"""
+products for each of forward's one (docs/metrics.md, "Counting": training FLOPs = 3 x forward)"""
 CostsOf = Callable[[Sequence[Traffic]], Mapping[str, Cost]]
 """the cost of each collective of a step, given what the step moves (a sweep's fit)"""
 HOROVOD_CYCLE_S = 1e-3
@@ -209,7 +209,7 @@ class Model:
 
     def layered(self, p: int) -> tuple[float, float, float, float]:
         """(compute, communication, step, bubble) seconds of one optimizer step at ``p`` ranks
-        in the layout's ``dp × tp × pp`` (METRICS.md, "Scaling model: layouts"): each of the
+        in the layout's ``dp × tp × pp`` (docs/metrics.md, "Prediction"): each of the
         ``m`` micro-batches of ``b/m`` samples takes a slot of ``F·b/(m·γ·tp·pp)`` (its stage's
         share of the work) plus its tensor-parallel collectives and its sends between stages;
         the pipeline runs ``N·(m + pp − 1)`` slots, ``pp − 1`` of them idle; the optimizer

@@ -1,5 +1,5 @@
-"""Tensor- and pipeline-parallel terms of the scaling model (METRICS.md, "Scaling model:
-layouts"): what a layout ``dp × tp × pp`` adds to a data-parallel step.
+"""Tensor- and pipeline-parallel terms of the scaling model (docs/metrics.md,
+"Prediction"): what a layout ``dp × tp × pp`` adds to a data-parallel step.
 
 - **Tensor parallelism** (Megatron-style, column- then row-parallel projections): each
   transformer block runs 2 allreduces of its activations ``b·s·h`` in forward (after the

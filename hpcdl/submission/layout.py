@@ -1,4 +1,4 @@
-"""What a submission holds and where (SUBMITTING.md, "The package"), and the bounds every file
+"""What a submission holds and where (docs/rules.md, "What a submission holds"), and the bounds every file
 of one is read within. A submission is one folder, ``NAME/``, as a directory or as the only
 top-level folder of a ``.tar.gz``::
 

@@ -1,4 +1,4 @@
-"""The system description of a submission (SUBMITTING.md, "The system description"): who
+"""The system description of a submission (docs/reference/system-description.md): who
 submits, which class, and the machine as a list needs it (nodes, processors and accelerators
 per node, memory, interconnect, storage, software, availability). A TOML or JSON file, read
 within the bounds of ``records.loader`` and checked field by field: :func:`problems` names
@@ -194,7 +194,7 @@ def _build(cls: type[T], data: Mapping[str, Any]) -> T:
 
 
 def fields_documented() -> dict[str, str]:
-    """Every field's dotted name and its documentation (SUBMITTING.md lists each)."""
+    """Every field's dotted name and its documentation (docs/reference/system-description.md lists each)."""
     out: dict[str, str] = {}
 
     def walk(cls: type, where: str) -> None:
@@ -238,7 +238,7 @@ def to_toml(data: Mapping[str, Any], comments: bool = True) -> str:
     """A description object as TOML text, each field under a comment with its documentation.
     Only the shapes a description has: tables of strings and numbers, one list of tables."""
     docs = fields_documented()
-    lines = ["# hpcdl system description: SUBMITTING.md documents every field", ""]
+    lines = ["# hpcdl system description: docs/reference/system-description.md documents every field", ""]
     for table, cls in (("submission", Submission), ("system", Machine), ("software", Software)):
         lines.append(f"[{table}]")
         nested: list[str] = []

@@ -1,6 +1,6 @@
 """Analytic work counts: the one place where FLOPs of a matrix product are defined.
 
-Convention (see METRICS.md): one multiply-accumulate is 2 FLOPs; only matrix products and
+Convention (see docs/metrics.md): one multiply-accumulate is 2 FLOPs; only matrix products and
 convolutions are counted (element-wise work -- activations, norms, softmax, optimizer -- is
 not), which is also what ``torch.utils.flop_counter.FlopCounterMode`` counts. The backward
 pass of a product ``Y = X @ W`` costs one product of the same size for each operand whose

@@ -17,7 +17,7 @@ the backend's all-to-all, come back the same way, and the gradients of a rank's 
 hold the contributions of every rank's tokens, are divided by the ranks (the data-parallel
 average); backends neither broadcast nor reduce these rank-local weights.
 
-Counting convention (METRICS.md): parameters are every expert's; FLOPs are the **active**
+Counting convention (docs/metrics.md, "Counting"): parameters are every expert's; FLOPs are the **active**
 experts' work per token: the router ``2·T·d·E`` and ``top_k`` experts per token,
 ``2·T·k·(d·h + h·d)`` forward, both twice again backward. The slots a full expert buffer holds
 beyond that (``capacity_factor`` > 1 pads the buffers) are computed but not counted, so that

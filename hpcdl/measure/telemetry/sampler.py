@@ -95,7 +95,7 @@ class TelemetrySampler:
                 due = after + self.interval_s
 
     def summary(self) -> dict[str, Any]:
-        """Figures of the window (see METRICS.md); call after the window ends."""
+        """Figures of the window (see docs/metrics.md, "Energy"); call after the window ends."""
         if self._window_s is None:
             raise RuntimeError("summary() needs a finished window: call it after the with-block")
         return {

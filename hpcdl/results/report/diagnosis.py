@@ -147,7 +147,7 @@ def diagnosis_page(doc: dict[str, Any]) -> str:
         f"<style>{STYLE}</style></head><body><h1>hpcdl diagnosis</h1>"
         f"<p>From {source}, {esc(doc.get('created'))}; page by hpcdl {esc(hpcdl_version())}. Each figure "
         f"is compared with {against}: a rate is flagged below {t:g} × its reference, a time or a "
-        f'latency above reference / {t:g} (METRICS.md, "Diagnosis").</p>'
+        f'latency above reference / {t:g} (docs/metrics.md, "Diagnosis").</p>'
         f"<h2>Flagged</h2>{flags_html(doc)}"
         f"<h2>Hosts to exclude</h2>{exclude}"
         "<p>A device's or a node's host is excluded; a link's only when the host is in two flagged links.</p>"

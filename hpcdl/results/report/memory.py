@@ -1,5 +1,5 @@
 """The report's memory figure, as data: each record's input size per rank and step against its
-measured peak memory and ``metrics.memory_estimate`` (METRICS.md, "Report figures")."""
+measured peak memory and ``metrics.memory_estimate`` (docs/metrics.md, "Memory")."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def memory_points(records: Sequence[Audit]) -> list[figures.MemoryPoint]:
             continue
         optimizer = str(r.run.get("optimizer") or "adamw")
         sample_bytes = r.counts.memory_bytes_per_sample or r.counts.activation_bytes_per_sample
-        # the record's own split where it has one (METRICS.md, "Memory estimate"); older records
+        # the record's own split where it has one (docs/metrics.md, "Memory"); older records
         # lack it, and get the estimate recomputed from their counts
         total = r.metrics.memory.get("estimated", {}).get("total")
         estimate = int(total) if total else memory_estimate(r.counts.params, sample_bytes, batch, optimizer)

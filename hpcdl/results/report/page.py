@@ -197,7 +197,7 @@ def page(
         "<!doctype html><html lang='en'><head><meta charset='utf-8'><title>hpcdl report</title>"
         f"<style>{STYLE}</style></head><body><h1>hpcdl report</h1>"
         f"<p>{len(records)} records and {len(found)} scaling sweeps from {esc(', '.join(map(str, paths)))}; "
-        f"written {now} by hpcdl {esc(hpcdl_version())}. Formulas: METRICS.md.</p>"
+        f"written {now} by hpcdl {esc(hpcdl_version())}. Formulas: docs/metrics.md.</p>"
         f"<h2>Systems</h2>{systems_table(records)}"
         f"<h2>Records</h2>{records_table(records)}"
         "<h2>Figures</h2>"

@@ -248,9 +248,8 @@ def _residual_sum(t: Tally, spec: AttentionSpec, tokens: int, width: int) -> Non
     """The forward moment of a residual sum: the branch's output, which the sum frees, beside
     the sum (counted kept) and, under autocast, the branch's fp32 copy that the sum reads; after
     a post-norm also the norm's fp32 output, the sum's other input, of which only the next
-    product's 16-bit copy is kept (the profiler's allocations: a one-layer post-norm encoder in
-    bf16 peaks at its feed-forward's sum, attention seed 24 at batch 389, 347.2 MB where the
-    estimate's tensors were 290.8)."""
+    product's 16-bit copy is kept: a post-norm encoder in bf16 can peak there (measured with the
+    profiler's allocations, docs/validation/2026-11-26-memory-estimate.md)."""
     autocast = precision(spec.precision).autocast
     norm_output = FP32_IN_16BIT if autocast and spec.norm == "post" else 0
     t.forward_transient(tokens * width * (2 * _residual(spec) - 1 + norm_output))
