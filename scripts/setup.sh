@@ -5,6 +5,7 @@
 #   bash scripts/setup.sh          # a local, single-process benchmark
 #   bash scripts/setup.sh --mpi    # also Open MPI, mpi4py and Horovod (multi-rank runs)
 #   bash scripts/setup.sh --test   # --mpi, plus the test tools (pytest, hypothesis, ruff, mypy, chromium)
+#                                  # and the docs' (mkdocs, its Material theme)
 #
 # Idempotent: a second run only checks. HPCDL_VENV overrides the environment's location;
 # HPCDL_TORCH the torch requirement (e.g. a CUDA build on a GPU cluster).
@@ -17,7 +18,7 @@ test=0
 extras="mpi"
 case "${1:-}" in
   --mpi) mpi=1 ;;
-  --test) mpi=1; test=1; extras="mpi,test,fidelity" ;;
+  --test) mpi=1; test=1; extras="mpi,test,fidelity,docs" ;;
   "") ;;
   *) echo "usage: bash scripts/setup.sh [--mpi|--test]" >&2; exit 2 ;;
 esac

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from browser import browse  # beside this file, on pytest's path
 
 from hpcdl.results.report import write_report
 
@@ -35,14 +35,6 @@ frame.addEventListener("load", () => {
 });
 </script></body></html>
 """
-CHROMIUM = [
-    "--headless=new",
-    "--no-sandbox",  # CI runs as root, where Chromium's sandbox cannot start
-    "--disable-gpu",
-    "--enable-logging=stderr",
-    "--v=0",
-    "--virtual-time-budget=10000",
-]
 pytestmark = pytest.mark.slow
 
 
@@ -53,16 +45,10 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def browse(report: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    chromium = shutil.which("chromium")
-    assert chromium, "Debian's chromium is needed: bash scripts/setup.sh --test installs it"
-    return subprocess.run([chromium, *CHROMIUM, *args], capture_output=True, text=True, timeout=120)
-
-
 def verdict(report: Path) -> tuple[dict, list[str]]:
     """(the harness's verdict, the report's console messages)."""
     (report / "check.html").write_text(HARNESS)
-    p = browse(report, "--allow-file-access-from-files", "--dump-dom", (report / "check.html").as_uri())
+    p = browse("--allow-file-access-from-files", "--dump-dom", (report / "check.html").as_uri())
     found = re.search(r'<pre id="verdict">([^<]*)</pre>', p.stdout)
     assert found, p.stdout[-2000:] + p.stderr[-2000:]
     console = [line for line in p.stderr.splitlines() if ":CONSOLE" in line and "index.html" in line]
@@ -86,7 +72,7 @@ def test_a_missing_figure_is_caught(report: Path, tmp_path: Path) -> None:
 
 def test_screenshot(report: Path, tmp_path: Path) -> None:
     shot = tmp_path / "report.png"
-    p = browse(report, "--window-size=1280,3000", f"--screenshot={shot}", (report / "index.html").as_uri())
+    p = browse("--window-size=1280,3000", f"--screenshot={shot}", (report / "index.html").as_uri())
     assert p.returncode == 0, p.stderr[-2000:]
     data = shot.read_bytes()
     assert data[:8] == PNG_SIGNATURE and len(data) > 50_000  # a page of tables and figures, not a blank one
