@@ -413,9 +413,10 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text, encoding="utf-8")
             print(f"wrote {path.relative_to(ROOT)}")
         return 0
-    for path in stale():
+    differ = stale()
+    for path in differ:
         print(f"{path.relative_to(ROOT)} differs from the code: run {WRITE}", file=sys.stderr)
-    return 1 if stale() else 0
+    return 1 if differ else 0
 
 
 if __name__ == "__main__":

@@ -51,11 +51,8 @@ NO_BATCH_ABOVE = 2**31
 RANK_PROCESS_BYTES = 384 << 20
 """what a rank process takes on a CPU before its model: Python, torch, mpi4py, Horovod and what a
 first training step loads (the kernels' code, the libraries' buffers), as a fitted run takes its
-base (``trial.warm_base``): 358-374 MiB in a one-process ``hpcdl run --fit``, 383 in each of two
-Horovod ranks (each rank's ``peak_memory_bytes`` less ``fit.run_peak_bytes`` after ``hpcdl run
---workload cnn image_size=32 stages=2 base_width=8 classes=10 --np 2 --backend horovod --fit 0.004
---steps 3 --min-duration 0``; AVX2 EPYC). It was
-256 (233-238 measured before any step), which left some 120 MiB a rank uncounted."""
+base (``trial.warm_base``): each rank's ``peak_memory_bytes`` less ``fit.run_peak_bytes``,
+measured in docs/validation/2026-11-26-auto-fit.md, step 5, and rounded up."""
 
 
 def rank_memory(device: torch.device, world: World) -> int:

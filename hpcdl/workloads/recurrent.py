@@ -98,22 +98,14 @@ HEAP_RESIDENT = {"vanilla": (0.5, 2.0)}
 heap holds them (a batch's state below its mmap threshold, ``device.MMAP_THRESHOLD_BYTES``, as
 auto-fit's trials fix it), in elements per step and unit of the state: (what a layer's forward
 leaves, until the step ends; what its backward leaves, the most of any layer: an earlier layer's
-backward reuses those pages) (``Tally.heap_states``). An Elman RNN at batch 362 (rnn seed 0:
-2 layers of 512 units over 64 steps, a step's state 0.74 MB; VmRSS sampled every 0.5 ms beside
-the profiler's allocations, ``benchmarks/memory_rss.py trace rnn:0:fp32:batch_size=362``): the
-resident set rose 45-48 MB above the allocator's live bytes in the forward pass and 145-153
-more, steadily, through the later layer's backward while the live bytes stayed flat, and not
-again in the earlier layer's (two runs); rnn seed 11 (3 layers, 0.29 MB a step, ``trace
-rnn:11:fp32:batch_size=142``) 42 MB in the forward. The two factors were chosen on the 8 Elman
-RNN specs of ``bench_memory.py --families rnn --fill-mb 300`` (fp32: 0.99-1.08 of their
-estimate with 0.5 and 2; 1.00-1.30 without). A GRU's are not counted: the rnn family's GRUs
-read 0.97-1.05 at 300 and 500 MB, but three speech GRUs 1.13-1.14 at 500 MB (0.74 MB a step),
-their tensors 1.02-1.03 of the allocator's peak."""
+backward reuses those pages) (``Tally.heap_states``). The two factors are fitted to Elman RNNs'
+measured peaks (``benchmarks/memory_rss.py trace``, ``bench_memory.py --families rnn``) in
+docs/validation/2026-11-26-memory-estimate.md; a GRU's pages are not counted."""
 FUSED_LSTM_BACKWARD = 17
 """elements per step and unit resident while oneDNN's fused CPU LSTM runs one layer's and
-direction's backward: its whole workspace (allocated: 15.6 per step and unit on one direction;
-the resident set rose by 16.5 on a 256-unit layer over 100 steps at batch 32, beside the
-gradients of its input and output), measured with ``VmHWM`` on a CPU with oneDNN"""
+direction's backward: its whole workspace, beside the gradients of its input and output
+(measured with ``VmHWM`` on a CPU with oneDNN, ``benchmarks/memory_onednn.py lstm``;
+docs/validation/2026-11-26-memory-estimate.md)"""
 FUSED_LSTM_INPUT_GRADIENT = 1 + FP32_IN_16BIT
 """16-bit elements per input feature, step and sample that a fused CPU LSTM layer's input
 gradient takes under autocast at the end of its backward: oneDNN returns it in fp32, and autograd
@@ -123,9 +115,8 @@ batch 32; ``benchmarks/memory_allocator.py --timeline 4e6 speech:36:bf16``): +33
 ``mkldnn_rnn_layer_backward``, then +16.6 MB in ``_to_copy``, the step's peak, which the resident
 set's trace shows too (``benchmarks/memory_rss.py trace speech:36:bf16``). Counted beside the
 output's gradient (``hidden``) where fp32 counts ``GRADIENT_BUFFERS * max(hidden, fan_in)``; not
-for a first layer over data, whose input needs no gradient. The spec read 1.26 of its estimate
-without it, 1.13 with it, both with the libraries' allowance of then (``benchmarks/bench_memory.py
---families rnn,speech --precisions bf16 --seeds 24 --fit-mb 0``)."""
+for a first layer over data, whose input needs no gradient (measured in
+docs/validation/2026-11-26-memory-estimate.md)."""
 
 
 def fused_lstm_wide_input(fan_in: int, hidden: int) -> float:
