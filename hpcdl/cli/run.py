@@ -285,7 +285,7 @@ def fit_text(fit: dict[str, Any]) -> str:
     ran = fit.get("run_peak_bytes")
     if ran is not None and target:
         over = ""
-        if ran > (1 + WINDOW) * target:  # speech seed 16 under glibc: 302 MiB after 2 steps, 393 after 30
+        if ran > (1 + WINDOW) * target:  # glibc: docs/validation/2026-11-26-memory-estimate.md, speech
             preload = f"LD_PRELOAD=libjemalloc.so.2 MALLOC_CONF={JEMALLOC_CONF}"
             heap = f", or glibc's heap over the steps ({preload})" if fit.get("allocator") == "glibc" else ""
             over = f" (!: past its one-process trials: a backend's buffers{heap})"
