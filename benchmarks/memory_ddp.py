@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hpcdl.device import pin_mmap_threshold, reset_peak_memory, status_bytes
 from hpcdl.measure.data import make_batch
-from hpcdl.measure.trial import _loss, train_steps, warm_base
+from hpcdl.measure.trial import train_steps, training_loss, warm_base
 from hpcdl.workloads.precision import precision
 
 CPU = torch.device("cpu")
@@ -50,7 +50,7 @@ def _rank(rank: int, world: int, init: str, name: str, case: str, steps: int, ou
         opt = torch.optim.AdamW(model.parameters())
         x, y = make_batch(spec, spec.batch_size, CPU)
         for _ in range(steps):
-            _loss(model, x, y, CPU, precision(spec.precision)).backward()
+            training_loss(model, x, y, CPU, precision(spec.precision)).backward()
             opt.step()
             opt.zero_grad()
         dist.destroy_process_group()

@@ -51,7 +51,7 @@ from torch.profiler import ProfilerActivity, profile
 import hpcdl.device
 from hpcdl.device import malloc_trim, reset_peak_memory, status_bytes
 from hpcdl.measure.data import make_batch
-from hpcdl.measure.trial import _loss, cpu_trial, train_steps, trial_steps, warm_base
+from hpcdl.measure.trial import cpu_trial, train_steps, training_loss, trial_steps, warm_base
 from hpcdl.workloads.precision import precision
 from hpcdl.workloads.recurrent import recurrent_stack
 
@@ -85,7 +85,7 @@ def trace(name: str) -> None:
     model = spec.build()
     opt = torch.optim.AdamW(model.parameters())
     x, y = make_batch(spec, spec.batch_size, cpu)
-    _loss(model, x, y, cpu, p).backward()  # warm-up
+    training_loss(model, x, y, cpu, p).backward()  # warm-up
     opt.step()
     opt.zero_grad()
     malloc_trim()
@@ -100,7 +100,7 @@ def trace(name: str) -> None:
     sampler = threading.Thread(target=sample)
     sampler.start()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        _loss(model, x, y, cpu, p).backward()
+        training_loss(model, x, y, cpu, p).backward()
         opt.step()
         opt.zero_grad()
     done.set()
@@ -144,7 +144,7 @@ def threshold_child(name: str, steps: int, mode: str) -> None:
     times, peaks = [], []
     for _ in range(steps):
         start = time.perf_counter()
-        _loss(model, x, y, cpu, p).backward()
+        training_loss(model, x, y, cpu, p).backward()
         opt.step()
         opt.zero_grad()
         times.append(time.perf_counter() - start)

@@ -3,17 +3,16 @@ each from its own term (docs/metrics.md, "Memory"; docs/validation/2026-11-26-me
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from hpcdl_cli import hpcdl
 
 from hpcdl import metrics
+from hpcdl.measure.allocations import allocations, allocator_peak, sampled
 from hpcdl.measure.fit import estimated_batch
 from hpcdl.workloads import recipes
 from hpcdl.workloads.counting import Tally
@@ -161,17 +160,7 @@ def test_what_an_unfused_cell_saves_under_autocast_is_counted(cell: str) -> None
     assert counted[True] - counted[False] // 2 == fp32_state
 
 
-ALLOCATOR = Path(__file__).resolve().parent.parent / "benchmarks" / "memory_allocator.py"
 AMX = "amx_bf16" in Path("/proc/cpuinfo").read_text()
-
-
-def _benchmark_module() -> Any:
-    """``benchmarks/memory_allocator.py``, whose profiled steps these tests read"""
-    module = importlib.util.spec_from_file_location("memory_allocator", ALLOCATOR)
-    assert module is not None and module.loader is not None
-    allocator = importlib.util.module_from_spec(module)
-    module.loader.exec_module(allocator)
-    return allocator
 
 
 def test_a_fused_lstm_over_a_wide_input_counts_onednns_buffers_in_fp32() -> None:
@@ -215,7 +204,7 @@ def test_a_fused_lstms_input_gradient_under_autocast_is_fp32_beside_its_16_bit_c
         activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
     ) as prof:
         loss.backward()
-    made = [n for _, n in _benchmark_module().allocations(prof)]
+    made = [n for _, n in allocations(prof)]
     fp32 = batch * steps * fan_in * 4
     first = made.index(fp32)
     copy = made.index(fp32 // 2, first)
@@ -254,15 +243,14 @@ def test_a_fused_lstms_input_gradient_under_autocast_is_fp32_beside_its_16_bit_c
 )
 def test_the_estimates_tensors_meet_the_allocators_peak(name: str, within: float) -> None:
     """The estimate's tensors against the peak of bytes PyTorch's allocator had live in a real
-    step (the profiler's allocations, ``benchmarks/memory_allocator.py``; nothing outside the
+    step (the profiler's allocations, ``hpcdl/measure/allocations.py``; nothing outside the
     allocator): each layer's backward is a moment of its own, with its output's and input's
     gradients beside what the layers before it keep. These read 1.23, 0.93, 1.02 and 1.18 when
     the moment as backward began counted two gradients of the largest layer output beside
     everything kept, the residual stream 16-bit, and an unfused layer's backward its own state
     beside two gradients as wide as its wider side."""
-    allocator = _benchmark_module()
-    spec, tensors = allocator.sampled(name)
-    peak, _ = allocator.allocator_peak(spec)
+    spec, tensors = sampled(name)
+    peak, _ = allocator_peak(spec)
     assert tensors / peak == pytest.approx(1.0, abs=within), (tensors, peak)
 
 
@@ -318,9 +306,7 @@ def test_backward_moments_follow_the_layers_order() -> None:
 
 def test_generate_prints_where_the_memory_goes() -> None:
     args = [f"{k}={v}" for k, v in MLP.items() if k != "family"]
-    p = subprocess.run(
-        [sys.executable, "-m", "hpcdl", "generate", "mlp", *args, "--json"], capture_output=True, text=True
-    )
+    p = hpcdl("generate", "mlp", *args, "--json")
     info = json.loads(p.stdout)
     assert sum(info["memory_parts_bytes"].values()) == info["memory_estimate_bytes"]["adamw"]
     assert info["memory_parts_bytes"] == spec_from_dict(MLP).memory_parts(4, "adamw")

@@ -160,7 +160,7 @@ def train_steps(
     for _ in range(steps):
         for i in range(n):
             with backend.accumulating(model) if backend and i < n - 1 else nullcontext():
-                _loss(model, x, y, device, p).backward()
+                training_loss(model, x, y, device, p).backward()
         if backend:
             backend.finish_reduction(opt)
         opt.step()
@@ -181,7 +181,7 @@ def warm_base(spec: Spec, optimizer: str, device: torch.device) -> int | None:
     return held_bytes(device)
 
 
-def _loss(
+def training_loss(
     model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device, p: Precision
 ) -> torch.Tensor:
     """The loss as ``measure.loop`` computes it; the logits are not held beyond it (in bf16 the
