@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from hpcdl_cli import hpcdl
 from test_schedulers import write_job
 from test_telemetry import FakeNvml
 
@@ -126,15 +125,7 @@ def test_capacity_figures() -> None:
 TINY = ["--workload", "mlp", "layers=2", "width=64", "input_size=32", "output_size=16", "batch_size=16"]
 
 
-def hpcdl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", "capacity", *TINY, *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.mark.parametrize(
@@ -149,7 +140,7 @@ def hpcdl(*args: str) -> subprocess.CompletedProcess[str]:
     ],
 )
 def test_layouts_that_do_not_fit_are_one_line(args: list[str], why: str, tmp_path: Path) -> None:
-    p = hpcdl(*args, "-o", str(tmp_path / "never"))
+    p = hpcdl("capacity", *TINY, *args, "-o", str(tmp_path / "never"))
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert p.returncode == 2 and len(lines) == 1 and why in lines[0], p.stderr
     assert not (tmp_path / "never").exists()
@@ -179,7 +170,7 @@ def check_summary(out: Path, name: str, instances: int) -> dict:
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_two_instances_on_their_own_cores(tmp_path: Path) -> None:
-    p = hpcdl("--instances", "2", "--duration", "2", "-o", str(tmp_path))
+    p = hpcdl("capacity", *TINY, "--instances", "2", "--duration", "2", "-o", str(tmp_path), env=ONE_THREAD)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = check_summary(tmp_path, "capacity", 2)
     cpus = [tuple(x["cpus"]) for x in summary["placement"]]
@@ -193,6 +184,8 @@ def test_co_located_instances_of_two_horovod_ranks(tmp_path: Path) -> None:
     """Two instances of two ranks each, both on the same two cores (per device 2): each
     instance's Horovod is its own, on its own communicator."""
     p = hpcdl(
+        "capacity",
+        *TINY,
         "--instances",
         "2",
         "--ranks-per-instance",
@@ -209,6 +202,8 @@ def test_co_located_instances_of_two_horovod_ranks(tmp_path: Path) -> None:
         "hv",
         "-o",
         str(tmp_path),
+        env=ONE_THREAD,
+        timeout=600,
     )
     assert p.returncode == 0, p.stderr[-3000:]
     summary = check_summary(tmp_path, "hv", 2)
@@ -221,12 +216,6 @@ def test_co_located_instances_of_two_horovod_ranks(tmp_path: Path) -> None:
 
 
 # --- a job file: capacity in one allocation (--executor local here; Slurm runs the same entry) ---
-
-
-def submit(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", "submit", *args], capture_output=True, text=True, timeout=600
-    )
 
 
 @pytest.mark.parametrize(
@@ -243,7 +232,7 @@ def submit(*args: str) -> subprocess.CompletedProcess[str]:
 )
 def test_job_files_with_instances_that_cannot_be_are_one_line(tmp_path: Path, fields: dict, why: str) -> None:
     f = write_job(tmp_path / "bad.toml", name="bad", output=str(tmp_path / "never"), **fields)
-    p = submit(str(f), "--executor", "local", "--dry-run")
+    p = hpcdl("submit", str(f), "--executor", "local", "--dry-run")
     assert p.returncode == 2 and why in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert not (tmp_path / "never").exists()
 
@@ -254,12 +243,12 @@ def test_a_job_file_runs_its_instances_in_one_allocation(tmp_path: Path) -> None
     f = write_job(
         tmp_path / "cap.toml", name="cap", nodes=[1], tasks_per_node=2, instances=2, output=str(tmp_path)
     )
-    dry = submit(str(f), "--executor", "local", "--dry-run")
+    dry = hpcdl("submit", str(f), "--executor", "local", "--dry-run")
     assert dry.returncode == 0 and "mpirun -np 2" in dry.stdout, dry.stdout + dry.stderr
-    p = submit(str(f), "--executor", "local")
+    p = hpcdl("submit", str(f), "--executor", "local", timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     check_summary(tmp_path, "cap-n1", 2)
     (row,) = status(tmp_path)
     assert row.state == "done"  # the point's records are all there
-    again = submit(str(f), "--executor", "local")
+    again = hpcdl("submit", str(f), "--executor", "local", timeout=600)
     assert "valid record" in again.stdout and "not submitted" in again.stdout, again.stdout

@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hpcdl_cli import hpcdl
 from test_telemetry import FakeNvml, write_domain
 
 from hpcdl.errors import HpcdlError, InputError
 from hpcdl.measure import caps
 from hpcdl.measure import journal as caps_journal
 from hpcdl.measure.limits import SYSFS_ENV, cpu_limits, gpu_limits
+from hpcdl.parallel import launch
 from hpcdl.parallel.launch import Terminated, stop_signals_raise
 from hpcdl.records.loader import read_record
 from hpcdl.results.report import figures, write_report
@@ -257,8 +259,11 @@ def test_a_cap_the_device_ignores_is_an_error_not_a_silent_no_op(journal: Path) 
     assert not journal.exists()
 
 
-def test_sigterm_inside_the_cap_restores_it(journal: Path) -> None:
-    """A real SIGTERM to this process while capped: Terminated unwinds through the restore."""
+def test_sigterm_inside_the_cap_restores_it(journal: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real SIGTERM to this process while capped: Terminated unwinds through the restore. (The
+    signal is noted in ``launch._received``: kept to this test, or every later launch here would
+    take it for its own.)"""
+    monkeypatch.setattr(launch, "_received", [])
     nv = CapNvml()
     limits = gpu_limits("power", nv, [0, 1])
     with pytest.raises(Terminated), stop_signals_raise(), caps.capped("power", 250, limits):
@@ -423,19 +428,15 @@ def test_a_journal_that_is_a_link_or_in_a_folder_others_can_write_is_refused(
     assert snapshot(sysfs) == before and victim.read_text().startswith('{"pid"')
 
 
-def test_sweep_ignores_a_planted_journal_entry_in_one_line(
-    sysfs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_sweep_ignores_a_planted_journal_entry_in_one_line(sysfs: Path, tmp_path: Path) -> None:
     """The probe of issue 16: an ordinary file named in a journal is not written by hpcdl sweep
     (in this process: the sweep refuses the cap after the journal is read, before any run)."""
-    from hpcdl.cli import main
-
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     plant(caps_journal.journal_path(), {"sysfs": str(victim), "scale": 1.0, "name": "x", "original": 7})
-    code = main(sweep(tmp_path / "out", "--np", "1", "--steps", "5", "--clock-limit", "5000")[3:])
-    err = capsys.readouterr().err
-    assert code == 2 and "accepts 1000 to 3000 MHz" in err, err
+    p = hpcdl(*sweep(tmp_path / "out", "--np", "1", "--steps", "5", "--clock-limit", "5000"))
+    err = p.stderr
+    assert p.returncode == 2 and "accepts 1000 to 3000 MHz" in err, err
     assert f"ignored 1 entries: {str(victim)!r} is not a cpufreq or RAPL limit" in err
     assert "Traceback" not in err and victim.read_text() == "precious\n"
 
@@ -446,10 +447,8 @@ TINY = ["--workload", "mlp", "layers=1", "width=16", "input_size=8", "output_siz
 
 
 def sweep(out: Path, *extra: str) -> list[str]:
+    """The arguments of ``hpcdl sweep`` of the tiny workload into ``out``."""
     return [
-        sys.executable,
-        "-m",
-        "hpcdl",
         "sweep",
         *TINY,
         "--device",
@@ -476,8 +475,9 @@ def wait_for(predicate: Any, what: str, timeout: float = 300) -> None:
         time.sleep(0.1)
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=120)
+def process(args: list[str]) -> list[str]:
+    """The command line that runs ``hpcdl ARGS`` as a process (signals reach it, not pytest)."""
+    return [sys.executable, "-m", "hpcdl", *args]
 
 
 @pytest.mark.parametrize(
@@ -495,9 +495,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_sweep_refuses_bad_caps_in_one_line(sysfs: Path, tmp_path: Path, args: list[str], why: str) -> None:
     steps = [] if "--np" in args else ["--np", "1"]
     before = snapshot(sysfs)
-    p = subprocess.run(
-        [*sweep(tmp_path / "out", "--steps", "5", *steps, *args)], capture_output=True, text=True, timeout=120
-    )
+    p = hpcdl(*sweep(tmp_path / "out", "--steps", "5", *steps, *args))
     errors = [line for line in p.stderr.splitlines() if line.strip()]
     assert p.returncode == 2 and len(errors) == 1 and why in errors[0], p.stderr
     assert snapshot(sysfs) == before and not (tmp_path / "out").exists()
@@ -505,16 +503,10 @@ def test_sweep_refuses_bad_caps_in_one_line(sysfs: Path, tmp_path: Path, args: l
 
 def test_cap_sweep_needs_steps_and_a_cappable_device(tmp_path: Path) -> None:
     for steps in ([], ["--steps", "0"]):  # 0 would be a timed window: different work per cap
-        p = cli("sweep", *TINY, "--np", "1", *steps, "--clock-limit", "1500", "-o", str(tmp_path / "o"))
+        p = hpcdl("sweep", *TINY, "--np", "1", *steps, "--clock-limit", "1500", "-o", str(tmp_path / "o"))
         assert p.returncode == 2 and "give --steps N >= 1" in p.stderr, p.stderr
     env = {**os.environ, SYSFS_ENV: str(tmp_path / "nothing")}
-    p = subprocess.run(
-        sweep(tmp_path / "o", "--np", "1", "--steps", "3", "--power-limit", "100"),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    p = hpcdl(*sweep(tmp_path / "o", "--np", "1", "--steps", "3", "--power-limit", "100"), env=env)
     assert p.returncode == 2 and "no RAPL package domains" in p.stderr, p.stderr
 
 
@@ -522,7 +514,8 @@ def test_cap_sweep_needs_steps_and_a_cappable_device(tmp_path: Path) -> None:
 def test_sigterm_mid_sweep_restores_the_limits_and_keeps_finished_points(sysfs: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     before = snapshot(sysfs)
-    cmd = sweep(out, "--np", "1", "--steps", "30", "--data", "random", "--clock-limit", "1500,2000,2500")
+    args = sweep(out, "--np", "1", "--steps", "30", "--data", "random", "--clock-limit", "1500,2000,2500")
+    cmd = process(args)
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     first = out / "sweep-clock-1500MHz-np1.json"
     wait_for(lambda: first.exists(), "the first record")
@@ -577,18 +570,20 @@ def test_a_rank_killed_mid_point_fails_the_point_and_the_limits_come_back(
 ) -> None:
     out = tmp_path / "out"
     before = snapshot(sysfs)
-    cmd = sweep(
-        out,
-        "--np",
-        "2",
-        "--steps",
-        "50",
-        "--data",
-        "random",
-        "--backend",
-        "torch",
-        "--clock-limit",
-        "1500,2000",
+    cmd = process(
+        sweep(
+            out,
+            "--np",
+            "2",
+            "--steps",
+            "50",
+            "--data",
+            "random",
+            "--backend",
+            "torch",
+            "--clock-limit",
+            "1500,2000",
+        )
     )
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: rank_pids("sweep-clock-1500MHz-np2") != [], "rank 1")

@@ -1,4 +1,4 @@
-"""The hpcdl command, run as a real process."""
+"""The hpcdl command: bad input, a run, the counts, and what a terminal and a log show."""
 
 from __future__ import annotations
 
@@ -8,12 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-
-def hpcdl(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, cwd=cwd, timeout=300
-    )
+from hpcdl_cli import hpcdl  # beside this file, on pytest's path
 
 
 @pytest.mark.parametrize(
@@ -147,6 +142,6 @@ def test_a_terminal_gets_a_live_line_and_a_log_gets_plain_lines(tmp_path: Path) 
     assert proc.wait(timeout=120) == 0, seen.decode(errors="replace")[-2000:]
     text = seen.decode(errors="replace")
     assert "\r" in text and "%|" in text and "samples/s" in text and "<" in text, text[-2000:]
-    piped = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    piped = hpcdl(*args[3:])  # a pipe: no terminal
     assert piped.returncode == 0 and "%|" not in piped.stderr
     assert "timed" in piped.stderr and "samples/s" in piped.stderr, piped.stderr

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import CLUSTER_SCRIPT, Cluster  # beside this file, on pytest's path
+from hpcdl_cli import hpcdl
 
 
 def cluster_sh(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -57,10 +57,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(
 
 def test_an_mpirun_that_is_no_executable_is_refused_before_anything_runs(tmp_path: Path) -> None:
     env = {**os.environ, "HPCDL_MPIRUN": str(tmp_path / "nothing")}
-    p = subprocess.run(
-        [sys.executable, "-m", "hpcdl", "run", "--workload", "mlp", "--np", "2", "-o", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
+    p = hpcdl("run", "--workload", "mlp", "--np", "2", "-o", str(tmp_path), env=env)
     assert p.returncode == 2, p.stderr
     assert f"HPCDL_MPIRUN='{tmp_path / 'nothing'}' is invalid: an executable file" in p.stderr
     assert "Traceback" not in p.stderr and not list(tmp_path.glob("*.json"))

@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from hpcdl import cli
+from hpcdl_cli import hpcdl, one_line
 
 LOGS = "--output {f}/%j_%t_log.out --error {f}/%j_%t_log.err"
 ENTRY = "python3 -u -m hpcdl.schedulers.entry --submitit {f}"
@@ -24,16 +23,17 @@ def job_file(path: Path, container: dict[str, Any], **top: Any) -> Path:
     return path
 
 
-def dry_run(tmp_path: Path, capsys: pytest.CaptureFixture[str], container: dict[str, Any], **top: Any) -> str:
+def dry_run(tmp_path: Path, container: dict[str, Any], **top: Any) -> str:
+    """The batch scripts ``hpcdl submit --dry-run`` prints for a job file of ``container``."""
     f = job_file(tmp_path / "job.toml", container, output=str(tmp_path / "out"), **top)
-    assert cli.main(["submit", str(f), "--executor", "slurm", "--dry-run"]) == 0
-    return capsys.readouterr().out
+    p = hpcdl("submit", str(f), "--executor", "slurm", "--dry-run")
+    assert p.returncode == 0, p.stderr
+    return p.stdout
 
 
-def test_pyxis_srun_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_pyxis_srun_line(tmp_path: Path) -> None:
     out = dry_run(
         tmp_path,
-        capsys,
         {
             "runtime": "pyxis",
             "image": "nvcr.io/nvidia/pytorch:25.01-py3",
@@ -55,13 +55,11 @@ def test_pyxis_srun_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 @pytest.mark.parametrize(
     ("gpus", "vendor", "flag"), [(2, "nvidia", "--nv "), (2, "amd", "--rocm "), (0, "nvidia", "")]
 )
-def test_apptainer_srun_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], gpus: int, vendor: str, flag: str
-) -> None:
+def test_apptainer_srun_line(tmp_path: Path, gpus: int, vendor: str, flag: str) -> None:
     image = tmp_path / "hpcdl.sif"
     image.write_bytes(b"")  # only its existence is checked before submitting
     box = {"runtime": "apptainer", "image": str(image), "mounts": ["/scratch:/scratch"], "gpu_vendor": vendor}
-    out = dry_run(tmp_path, capsys, box, gpus_per_node=gpus, tasks_per_node=2)
+    out = dry_run(tmp_path, box, gpus_per_node=gpus, tasks_per_node=2)
     o, f = tmp_path / "out", tmp_path / "out/submitit/%j"
     lines = out.splitlines()
     assert [line for line in lines if line.startswith("srun")] == [
@@ -91,21 +89,19 @@ BAD = [
 
 @pytest.mark.parametrize(("box", "top", "message"), BAD)
 def test_bad_container_is_one_line_exit_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], box: dict[str, Any], top: dict[str, Any], message: str
+    tmp_path: Path, box: dict[str, Any], top: dict[str, Any], message: str
 ) -> None:
     out = tmp_path / "out"
     f = job_file(tmp_path / "job.toml", box, output=str(out), **top)
     for extra in (["--dry-run"], []):
-        assert cli.main(["submit", str(f), "--executor", "slurm", *extra]) == 2
-        err = capsys.readouterr().err
-        assert message in err and len(err.strip().splitlines()) == 1, err
+        assert message in one_line(hpcdl("submit", str(f), "--executor", "slurm", *extra))
     assert not out.exists()
 
 
-def test_registry_image_is_not_a_path_for_pyxis(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_registry_image_is_not_a_path_for_pyxis(tmp_path: Path) -> None:
     """A pyxis image reference or an Apptainer docker:// one is not checked as a file."""
     for box in (
         {"runtime": "pyxis", "image": "nvcr.io#nvidia/pytorch:25.01-py3"},
         {"runtime": "apptainer", "image": "docker://nvcr.io/nvidia/pytorch:25.01-py3"},
     ):
-        assert "--mpi=pmix" in dry_run(tmp_path, capsys, box)
+        assert "--mpi=pmix" in dry_run(tmp_path, box)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hpcdl_cli import hpcdl, one_line
 
-from hpcdl import cli
 from hpcdl.parallel.launch import mpi_env, mpirun_command
 from hpcdl.results.diagnosis import diagnosis, flags
 
@@ -138,47 +138,40 @@ def test_clean_names_nobody_slowed_names_rank_1(diagnosed: tuple[dict[str, Any],
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_a_record_names_its_slowed_rank_and_a_clean_one_nobody(
-    ranks_out: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_record_names_its_slowed_rank_and_a_clean_one_nobody(ranks_out: Path) -> None:
     """``diagnose --record``: exit 0 and nobody for the clean record; for the slowed one rank 1
     by its CPU share (its median phases may stay a fast rank's), its host to exclude."""
     out = ranks_out / "found.json"
     (clean,) = (ranks_out / "clean-run").glob("*.json")
-    assert cli.main(["diagnose", "--record", str(clean), "--threshold", str(THRESHOLD), "-o", str(out)]) == 0
+    assert (
+        hpcdl("diagnose", "--record", str(clean), "--threshold", str(THRESHOLD), "-o", str(out)).returncode
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert doc["flags"] == [] and doc["exclude"] == [], doc["devices"]
     assert [d["rank"] for d in doc["devices"]] == [0, 1] and doc["notes"] == []
     assert all(0 < d["cpu_share"] <= 1 and d["compute_s"] > 0 for d in doc["devices"])
     (slowed,) = (ranks_out / "slowed-run").glob("*.json")
-    assert cli.main(["diagnose", "--record", str(slowed), "--threshold", str(THRESHOLD), "-o", str(out)]) == 1
+    p = hpcdl("diagnose", "--record", str(slowed), "--threshold", str(THRESHOLD), "-o", str(out))
+    assert p.returncode == 1, p.stderr
     doc = json.loads(out.read_text())
     host = doc["devices"][1]["host"]
     assert {(f["rank"], f["figure"]) for f in doc["flags"]} >= {(1, "cpu_share")}, doc["devices"]
     assert {f["rank"] for f in doc["flags"]} == {1} and doc["exclude"] == [host]
-    assert f"flagged: rank 1 on {host}: cpu_share" in capsys.readouterr().out
+    assert f"flagged: rank 1 on {host}: cpu_share" in p.stdout
 
 
-def test_bad_threshold_baseline_or_record_is_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_bad_threshold_baseline_or_record_is_one_line(tmp_path: Path) -> None:
     """A threshold outside (0, 1), a baseline that is no diagnosis, a record that is not there:
     one line, exit 2, before any rank starts."""
-    assert cli.main(["diagnose", "--threshold", "1.5"]) == 2
-    assert capsys.readouterr().err.strip() == (
+    assert one_line(hpcdl("diagnose", "--threshold", "1.5")) == (
         "hpcdl: error: threshold=1.5 is invalid: a fraction in (0, 1), e.g. 0.9: flag below 90% of the median"
     )
     (tmp_path / "b.json").write_text('{"schema": "hpcdl.record"}')
-    assert cli.main(["diagnose", "--baseline", str(tmp_path / "b.json")]) == 2
-    err = capsys.readouterr().err
-    assert (
-        "baseline=" in err
-        and "a diagnosis written by hpcdl diagnose -o" in err
-        and len(err.splitlines()) == 1
-    )
-    assert cli.main(["diagnose", "--record", str(tmp_path / "none.json")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("hpcdl: error: record=") and len(err.splitlines()) == 1
+    err = one_line(hpcdl("diagnose", "--baseline", str(tmp_path / "b.json")))
+    assert "baseline=" in err and "a diagnosis written by hpcdl diagnose -o" in err
+    err = one_line(hpcdl("diagnose", "--record", str(tmp_path / "none.json")))
+    assert err.startswith("hpcdl: error: record=")
 
 
 def test_links_latency_and_software_are_judged_as_documented() -> None:
@@ -212,9 +205,7 @@ def test_links_latency_and_software_are_judged_as_documented() -> None:
     assert diagnosis(links([1.0, 1.0, 0.5, 1.0], [2e-6, 2e-6, 9e-6, 2e-6]), 0.9, None)["exclude"] == []
 
 
-def test_the_page_marks_flagged_rows_and_lists_the_exclusions(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_page_marks_flagged_rows_and_lists_the_exclusions(tmp_path: Path) -> None:
     """``hpcdl report DIAGNOSIS.json``: the flagged device and its cell marked, the others not,
     the exclude list, the software difference marked and warned about, strings escaped; a
     diagnosis with a figure that is no number is one line, exit 2."""
@@ -228,7 +219,7 @@ def test_the_page_marks_flagged_rows_and_lists_the_exclusions(
     doc = diagnosis({"devices": devices, "software": soft}, 0.9, None, world_size=3, precision="fp32")
     assert [(f["item"], f["figure"]) for f in doc["flags"]] == [("c/rank2", "gemm_flops")]
     (tmp_path / "d.json").write_text(json.dumps(doc))
-    assert cli.main(["report", str(tmp_path / "d.json"), "-o", str(tmp_path / "page")]) == 0
+    assert hpcdl("report", str(tmp_path / "d.json"), "-o", str(tmp_path / "page")).returncode == 0
     page = (tmp_path / "page" / "index.html").read_text()
     rows = [r for r in page.split("<tr") if "<td" in r]
     bad = [r for r in rows if r.startswith(" class=bad")]
@@ -240,10 +231,8 @@ def test_the_page_marks_flagged_rows_and_lists_the_exclusions(
     assert page.count("<td class='bad'>2.") == 3  # the nccl column, in every host's row
     doc["devices"][0]["gemm_flops"] = "fast"
     (tmp_path / "d.json").write_text(json.dumps(doc))
-    capsys.readouterr()
-    assert cli.main(["report", str(tmp_path / "d.json"), "-o", str(tmp_path / "page")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.endswith("is invalid: devices[0].gemm_flops: a number or null") and len(err.splitlines()) == 1
+    err = one_line(hpcdl("report", str(tmp_path / "d.json"), "-o", str(tmp_path / "page")))
+    assert err.endswith("is invalid: devices[0].gemm_flops: a number or null")
 
 
 # The Slurm test's ranks, one per node: a diagnosis, then (once the test has limited n2's CPU

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Cluster  # beside this file, on pytest's path
+from hpcdl_cli import hpcdl
 
 from hpcdl.parallel.launch import mpi_env, mpirun_path
 
@@ -22,12 +23,6 @@ pytestmark = [pytest.mark.mpi, pytest.mark.usefixtures("on_cluster")]
 # (the one exception: without root no emulated cluster can be made).
 BACKENDS = ["torch", "horovod"]
 MLP = ["--workload", "mlp", "layers=2", "width=128", "input_size=64", "output_size=10", "batch_size=16"]
-
-
-def hpcdl(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=timeout, env=mpi_env()
-    )
 
 
 def only_record(out: Path) -> dict:
@@ -295,11 +290,9 @@ def test_a_slowed_rank_is_named_the_straggler(backend: str, slow: int, tmp_path:
     """One rank sleeps 40 ms before every forward pass. Under DDP the others wait for it inside
     backward, so every rank's forward + backward lasts alike; its computation alone names it."""
     np = 4 if slow == 3 else 2
-    env = {**mpi_env(), "HPCDL_TEST_SLOW_RANK": f"{slow}:0.04"}
-    p = subprocess.run(
-        [sys.executable, "-m", "hpcdl", "run", *MLP, "--np", str(np), "--backend", backend, "--steps", "8",
-         "--min-duration", "0", "-o", str(tmp_path)],
-        capture_output=True, text=True, timeout=240, env=env,
+    p = hpcdl(
+        "run", *MLP, "--np", str(np), "--backend", backend, "--steps", "8", "--min-duration", "0",
+        "-o", str(tmp_path), env={**os.environ, "HPCDL_TEST_SLOW_RANK": f"{slow}:0.04"},
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     m = only_record(tmp_path)["metrics"]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import pytest
+from hpcdl_cli import hpcdl, one_line
 from hypothesis import given
 from hypothesis import strategies as st
-from test_inputs import FAST, NUMBERS, TOO_BIG, one_refusal
+from test_inputs import FAST, NUMBERS, TOO_BIG
 
 # after every option is checked, preflight refuses TOO_BIG for memory: nothing ever runs
 ACCEPTED = "batch_size=1000000"
@@ -25,10 +25,10 @@ def _number(value: str) -> float:
 
 @FAST
 @given(option=st.sampled_from(["power-limit", "clock-limit"]), value=NUMBERS)
-def test_cap_options(option: str, value: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_cap_options(option: str, value: str, tmp_path: Path) -> None:
     out = tmp_path / "never"
-    line = one_refusal(
-        ["sweep", *TOO_BIG, "--np", "1", "--steps", "5", f"--{option}={value}", "-o", str(out)], capsys
+    line = one_line(
+        hpcdl("sweep", *TOO_BIG, "--np", "1", "--steps", "5", f"--{option}={value}", "-o", str(out))
     )
     if ACCEPTED in line:
         caps = [_number(v) for v in value.split(",") if v.strip()]
@@ -40,12 +40,10 @@ def test_cap_options(option: str, value: str, capsys: pytest.CaptureFixture[str]
 
 @FAST
 @given(value=NUMBERS, command=st.sampled_from(["run", "sweep"]))
-def test_target_loss_fraction(
-    value: str, command: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_target_loss_fraction(value: str, command: str, tmp_path: Path) -> None:
     out = tmp_path / "never"
     ranks = ["--np", "1"] if command == "sweep" else []
-    line = one_refusal([command, *TOO_BIG, *ranks, f"--target-loss-fraction={value}", "-o", str(out)], capsys)
+    line = one_line(hpcdl(command, *TOO_BIG, *ranks, f"--target-loss-fraction={value}", "-o", str(out)))
     if ACCEPTED in line:
         assert 0 < _number(value) < 1, value
     assert not out.exists()
@@ -56,16 +54,14 @@ def test_target_loss_fraction(
     option=st.sampled_from(["repeat", "instances", "ranks-per-instance", "per-device"]),
     value=NUMBERS,
 )
-def test_repeat_and_capacity_options(
-    option: str, value: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_repeat_and_capacity_options(option: str, value: str, tmp_path: Path) -> None:
     out = tmp_path / "never"
     if option == "repeat":
         argv = ["run", *TOO_BIG, f"--repeat={value}"]
     else:
         layout = {"instances": "2", "ranks-per-instance": "1", "per-device": "1", option: value}
         argv = ["capacity", *TOO_BIG, *(f"--{k}={v}" for k, v in layout.items())]
-    line = one_refusal([*argv, "-o", str(out)], capsys)
+    line = one_line(hpcdl(*argv, "-o", str(out)))
     if ACCEPTED in line:
         n = int(value)
         assert n >= 1 and (option != "per-device" or 2 % n == 0), (option, value)

@@ -6,35 +6,31 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-from hpcdl.parallel.launch import mpi_env
+from hpcdl_cli import hpcdl_process
 
 PLUGINS = Path(__file__).parent / "plugins"
 
 
-def hpcdl(*args: str, plugins: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**mpi_env(), "HPCDL_PLUGINS": plugins}
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+def plugins(paths: str) -> dict[str, str]:
+    """The environment that loads ``paths``. Commands run as processes here: a plugin registers
+    itself in its process's registries for good, and every rank loads it from the environment."""
+    return {**os.environ, "HPCDL_PLUGINS": paths}
 
 
 def test_a_family_from_one_file(tmp_path: Path) -> None:
     plugin = str(PLUGINS / "tiny_family.py")
-    listed = hpcdl("list", plugins=plugin)
+    listed = hpcdl_process("list", env=plugins(plugin))
     assert listed.returncode == 0 and "tiny: Two linear layers" in listed.stdout, listed.stderr
-    gen = hpcdl("generate", "tiny", "width=8", "--json", plugins=plugin)
+    gen = hpcdl_process("generate", "tiny", "width=8", "--json", env=plugins(plugin))
     assert gen.returncode == 0, gen.stderr
     info = json.loads(gen.stdout)
     assert info["params"] == 8 * 8 + 8 + 8 * 4 + 4 and info["spec"]["family"] == "tiny"
-    sampled = hpcdl("generate", "tiny", "--sample", "3", "--json", plugins=plugin)
+    sampled = hpcdl_process("generate", "tiny", "--sample", "3", "--json", env=plugins(plugin))
     assert json.loads(sampled.stdout)["spec"]["width"] in (4, 8, 16)
-    run = hpcdl(
+    run = hpcdl_process(
         "run",
         "--workload",
         "tiny",
@@ -44,19 +40,19 @@ def test_a_family_from_one_file(tmp_path: Path) -> None:
         "0",
         "-o",
         str(tmp_path),
-        plugins=plugin,
+        env=plugins(plugin),
     )
     assert run.returncode == 0, run.stderr[-2000:]
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     assert record["spec"]["family"] == "tiny" and record["validity"]["passed"]
     # without the plugin the family is unknown: one line naming it and what is allowed
-    bare = hpcdl("generate", "tiny", plugins="")
+    bare = hpcdl_process("generate", "tiny", env=plugins(""))
     assert bare.returncode == 2 and "family='tiny' is invalid: allowed:" in bare.stderr
 
 
 def test_a_kernel_that_fails_mid_run_is_one_line_and_its_traceback_a_file(tmp_path: Path) -> None:
     plugin = str(PLUGINS / "faulty_family.py")
-    p = hpcdl("run", "--workload", "faulty", "--steps", "2", "-o", str(tmp_path), plugins=plugin)
+    p = hpcdl_process("run", "--workload", "faulty", "--steps", "2", "-o", str(tmp_path), env=plugins(plugin))
     lines = [line for line in p.stderr.splitlines() if "failed" in line]
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert len(lines) == 2 and "mat1 and mat2 shapes cannot be multiplied" in lines[0], p.stderr
@@ -69,7 +65,7 @@ def test_a_kernel_that_fails_mid_run_is_one_line_and_its_traceback_a_file(tmp_pa
 def test_a_plugin_that_does_not_import_is_one_line(tmp_path: Path) -> None:
     broken = tmp_path / "broken.py"
     broken.write_text("import no_such_module_anywhere\n")
-    p = hpcdl("list", plugins=str(broken))
+    p = hpcdl_process("list", env=plugins(str(broken)))
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "HPCDL_PLUGINS=" in p.stderr and "no_such_module_anywhere" in p.stderr
 
@@ -78,7 +74,7 @@ def test_a_plugin_that_does_not_import_is_one_line(tmp_path: Path) -> None:
 def test_a_backend_from_one_file_trains_correctly(tmp_path: Path) -> None:
     plugin = str(PLUGINS / "naive_backend.py")
     args = ["--workload", "mlp", "layers=2", "width=32", "input_size=16", "output_size=4", "batch_size=8"]
-    run = hpcdl(
+    run = hpcdl_process(
         "run",
         *args,
         "--np",
@@ -91,7 +87,7 @@ def test_a_backend_from_one_file_trains_correctly(tmp_path: Path) -> None:
         "0",
         "-o",
         str(tmp_path),
-        plugins=plugin,
+        env=plugins(plugin),
     )
     assert run.returncode == 0, run.stderr[-3000:]
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hpcdl_cli import Ran, hpcdl, hpcdl_process, one_line
 
 from hpcdl.records.audit import audit
 from hpcdl.records.loader import read_record
@@ -32,18 +33,6 @@ TINY = [
     "--data",
     "random",
 ]
-
-
-def hpcdl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "hpcdl", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-
-
-def one_line(p: subprocess.CompletedProcess[str], code: int = 2) -> str:
-    assert p.returncode == code, p.stderr[-2000:]
-    errors = [line for line in p.stderr.splitlines() if line.startswith("hpcdl: error")]
-    assert len(errors) == 1 and "Traceback" not in p.stderr, p.stderr
-    return errors[0]
 
 
 @pytest.fixture
@@ -78,14 +67,16 @@ def test_outputs_that_cannot_be_written_are_refused_before_measuring(tmp_path: P
     }
     for out, why in cases.items():
         t0 = time.monotonic()
-        line = one_line(hpcdl("run", *TINY, "--duration", "30", "-o", str(out)))
+        line = one_line(hpcdl("run", *TINY, "--duration", "30", "-o", str(out)), alone=False)
         assert why in line and "output=" in line, line
         assert time.monotonic() - t0 < 30  # refused up front, not after a 30 s measurement
 
 
 @pytest.mark.parametrize("name", ["../evil", "/tmp/evil", "a/b", ".hidden", "x" * 200])
 def test_names_are_file_names(tmp_path: Path, name: str) -> None:
-    line = one_line(hpcdl("run", *TINY, "--steps", "2", "--name", name, "-o", str(tmp_path / "out")))
+    line = one_line(
+        hpcdl("run", *TINY, "--steps", "2", "--name", name, "-o", str(tmp_path / "out")), alone=False
+    )
     assert f"name={name!r} is invalid" in line
     assert not (tmp_path / "evil").exists() and not Path("/tmp/evil.json").exists()
 
@@ -121,9 +112,10 @@ def test_a_disk_that_fills_up_leaves_no_half_pair_and_the_older_record_intact(mo
 
 def test_two_runs_of_one_name_leave_one_whole_pair(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    results: list[subprocess.CompletedProcess[str]] = []
+    results: list[Ran] = []
     args = ("run", *TINY, "--steps", "30", "--min-duration", "0", "--name", "same", "-o", str(out))
-    threads = [threading.Thread(target=lambda: results.append(hpcdl(*args))) for _ in range(2)]
+    # two processes racing (in this one, the second call would wait for the first)
+    threads = [threading.Thread(target=lambda: results.append(hpcdl_process(*args))) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -220,7 +212,7 @@ def test_sigterm_during_a_sweep_keeps_finished_points_and_exits_143(tmp_path: Pa
 
 def test_more_ranks_than_the_machine_can_hold_are_refused(tmp_path: Path) -> None:
     t0 = time.monotonic()
-    line = one_line(hpcdl("run", *TINY, "--np", "10000", "-o", str(tmp_path)))
+    line = one_line(hpcdl("run", *TINY, "--np", "10000", "-o", str(tmp_path)), alone=False)
     assert "np=10000 is invalid: at most about" in line and time.monotonic() - t0 < 30
     assert not any(tmp_path.iterdir()) if tmp_path.exists() else True
 
@@ -252,13 +244,13 @@ def test_damaged_foreign_or_misplaced_shards_are_one_line(shards: Path, tmp_path
         "-o",
         str(tmp_path / "o"),
     ]
-    foreign = one_line(hpcdl(*other, "--data-dir", str(shards)))
+    foreign = one_line(hpcdl(*other, "--data-dir", str(shards)), alone=False)
     assert "holds shards of another workload" in foreign
     afile = tmp_path / "afile"
     afile.write_text("x")
-    assert "not a file" in one_line(hpcdl(*run, "--data-dir", str(afile)))
+    assert "not a file" in one_line(hpcdl(*run, "--data-dir", str(afile)), alone=False)
     subprocess.run(["truncate", "-s", "500", str(shards / "shard-00001.h5")], check=True)
-    damaged = one_line(hpcdl(*run, "--data-dir", str(shards)))
+    damaged = one_line(hpcdl(*run, "--data-dir", str(shards)), alone=False)
     assert "shard shard-00001.h5 is damaged" in damaged and "truncated" in damaged
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.json"))
 

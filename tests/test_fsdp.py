@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hpcdl_cli import hpcdl
 from torch import nn
 
 from hpcdl.parallel.backends.fsdp import FsdpBackend, units
@@ -19,12 +20,6 @@ from hpcdl.scaling.traffic import step_traffic
 from hpcdl.workloads.registry import FAMILIES, spec_from_dict
 
 MLP = ["--workload", "mlp", "layers=3", "width=64", "input_size=32", "output_size=10", "batch_size=8"]
-
-
-def hpcdl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=timeout, env=mpi_env()
-    )
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES.names()))

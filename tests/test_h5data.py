@@ -12,6 +12,7 @@ import hpcdl
 from hpcdl.errors import InputError
 from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.config import RunConfig
+from hpcdl.measure.data import teacher_targets
 
 SPEC = {"family": "mlp", "layers": 1, "width": 32, "input_size": 16, "output_size": 5, "batch_size": 8}
 
@@ -25,12 +26,15 @@ def test_shards_round_trip_through_workers(tmp_path: Path) -> None:
         assert f["inputs"].shape == (16, 16) and f["targets"].shape == (16,)
     batches = list(h5data.loader(tmp_path, workers=2))
     assert len(batches) == 6 and all(x.shape == (8, 16) and y.shape == (8,) for x, y in batches)
-    # every written sample comes back exactly once, and the labels are the teacher's
-    got = torch.cat([x for x, _ in batches])
+    # every written sample comes back exactly once, each with the teacher's label for it
+    got_x, got_y = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
     want = torch.cat(
         [torch.from_numpy(h5py.File(p)["inputs"][:]) for p in sorted(tmp_path.glob("shard-*.h5"))]
     )
-    assert sorted(got.sum(1).tolist()) == sorted(want.sum(1).tolist())
+    order = lambda x: sorted(range(len(x)), key=lambda i: x[i].tolist())  # noqa: E731
+    assert torch.equal(got_x[order(got_x)], want[order(want)])
+    assert torch.equal(got_y, teacher_targets(spec, got_x))
+    assert len(set(got_y.tolist())) > 1  # labels that say something: not one class for all
     r = h5data.read_throughput(tmp_path, workers=2)
     assert r.samples == 40 and r.bytes_per_s > 0  # the first batch starts the workers, untimed
 

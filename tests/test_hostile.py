@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 
 import pytest
+from hpcdl_cli import hpcdl, one_line
 from test_caps import fake_sysfs
 
 from hpcdl.errors import HpcdlError
@@ -283,13 +284,11 @@ def test_every_reader_has_a_wrong_field_row_or_says_where_it_is_tested() -> None
 
 
 def test_commands_refuse_hostile_documents_in_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """hpcdl fit on a link to /dev/zero, hpcdl sweep under a journal nested 100,000 deep, through
     the command line's own error path (hpcdl submit on a FIFO, in a subprocess:
     tests/test_faults.py)."""
-    from hpcdl.cli import main
-
     zero, deep = tmp_path / "zero.json", tmp_path / "j" / "caps.json"
     zero.symlink_to("/dev/zero")
     deep.parent.mkdir(mode=0o700)
@@ -301,9 +300,7 @@ def test_commands_refuse_hostile_documents_in_one_line(
         (["fit", str(zero)], "a character device, not a regular file"),
         ([*sweep, "-o", str(tmp_path / "out")], "JSON nested deeper than 64 levels"),
     ]:
-        code = main(argv)
-        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-        assert code == 2 and len(lines) == 1 and why in lines[0], lines
+        assert why in one_line(hpcdl(*argv))
     assert not (tmp_path / "out").exists()
 
 
@@ -354,19 +351,18 @@ def test_a_forged_figure_is_refused_before_arithmetic(tmp_path: Path, name: str)
     assert audit(record).problems[-len(found) :] == tuple(found)
 
 
-def test_rank_and_report_reject_forged_figures_in_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_rank_and_report_reject_forged_figures_in_one_line(tmp_path: Path) -> None:
     """The issue's probes: rank died of a math domain error on a time to target of 0 or -5,
     report in matplotlib on caps of +-1e308."""
-    from hpcdl.cli import main
-
     records = tmp_path / "records"
     for name, (where, value) in FORGED.items():
         forge(records, name, where, value)
-    assert main(["rank", str(records), "-o", str(tmp_path / "rank")]) == 0
-    out, err = capsys.readouterr()
-    assert (out + err).count("rejected:") == len(FORGED) and "Traceback" not in err, out + err
-    assert main(["report", str(records), "-o", str(tmp_path / "report")]) == 2
-    err = capsys.readouterr().err
+    p = hpcdl("rank", str(records), "-o", str(tmp_path / "rank"))
+    out, err = p.stdout, p.stderr
+    assert p.returncode == 0 and (out + err).count("rejected:") == len(FORGED) and "Traceback" not in err, (
+        out + err
+    )
+    p = hpcdl("report", str(records), "-o", str(tmp_path / "report"))
+    err = p.stderr
+    assert p.returncode == 2
     assert err.count("figures out of range") == len(FORGED) and "no hpcdl records" in err, err

@@ -8,11 +8,11 @@ import argparse
 import math
 from pathlib import Path
 
-import pytest
+from hpcdl_cli import hpcdl, one_line
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpcdl.cli import build_parser, main
+from hpcdl.cli import build_parser
 from hpcdl.cli.workloads import check_io
 from hpcdl.errors import HpcdlError
 from hpcdl.workloads.registry import spec_from_args
@@ -46,27 +46,12 @@ FAST = settings(
 )
 
 
-def one_refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """``main(argv)`` must end with exit code 2 and exactly one line, no traceback."""
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse's own one-line errors
-        code = e.code
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2 and "Traceback" not in err, (argv, code, err)
-    assert len(lines) == 1 and "error" in lines[0], (argv, err)
-    return lines[0]
-
-
 @FAST
 @given(option=st.sampled_from(RUN_OPTIONS), value=NUMBERS, command=st.sampled_from(["run", "sweep"]))
-def test_run_and_sweep_options(
-    option: str, value: str, command: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_run_and_sweep_options(option: str, value: str, command: str, tmp_path: Path) -> None:
     out = tmp_path / "never"
     ranks = [] if option == "np" or command == "run" else ["--np=1,2"]
-    line = one_refusal([command, *TOO_BIG, *ranks, f"--{option}={value}", "-o", str(out)], capsys)
+    line = one_line(hpcdl(command, *TOO_BIG, *ranks, f"--{option}={value}", "-o", str(out)))
     if "batch_size=1000000" in line:  # the option was accepted: it must hold a finite number
         parsed = build_parser().parse_args([command, *TOO_BIG, *ranks, f"--{option}={value}"])
         raw = getattr(parsed, option.replace("-", "_"))
@@ -78,14 +63,11 @@ def test_run_and_sweep_options(
 
 @FAST
 @given(field=st.sampled_from(["gamma", "alpha", "beta", "nodes", "ranks-per-node"]), value=NUMBERS)
-def test_predict_options(field: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_predict_options(field: str, value: str) -> None:
     base = {"gamma": "1e12", "alpha": "1e-6", "beta": "1e9", "nodes": "1,2", "ranks-per-node": "1"}
     argv = ["predict", "--workload", "mlp", *(f"--{k}={value if k == field else v}" for k, v in base.items())]
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-    err = capsys.readouterr().err
+    p = hpcdl(*argv)
+    code, err = p.returncode, p.stderr
     assert code in (0, 2) and "Traceback" not in err, (argv, err)
     if code == 2:
         assert len([line for line in err.splitlines() if line.strip()]) == 1, err
@@ -95,10 +77,10 @@ def test_predict_options(field: str, value: str, capsys: pytest.CaptureFixture[s
 
 @FAST
 @given(field=st.sampled_from(["reps", "sizes"]), value=NUMBERS)
-def test_comm_options(field: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_comm_options(field: str, value: str) -> None:
     """One rank can never run the benchmark, so every value ends in a refusal; bad ones are
     refused before any rank would start."""
-    line = one_refusal(["comm", "--np", "1", f"--{field}={value}"], capsys)
+    line = one_line(hpcdl("comm", "--np", "1", f"--{field}={value}"))
     assert f"{field}=" in line or "at least 2 ranks" in line or "invalid int value" in line, line
 
 

@@ -7,8 +7,7 @@ and bad layouts refused in one line."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from test_inputs import one_refusal  # beside this file, on pytest's path
+from hpcdl_cli import hpcdl, one_line
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -24,7 +23,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from hpcdl.errors import InputError, SpecError
 from hpcdl.measure.data import device_pool
-from hpcdl.parallel.launch import mpi_env
 from hpcdl.parallel.layout import (
     Layout,
     check_layout,
@@ -251,14 +249,10 @@ def test_tensor_parallel_runs_train_as_one_process(
     layout: str, np: int, dp: int, per_host: str, tmp_path: Path
 ) -> None:
     steps = ["--warmup", "1", "--steps", "3", "--min-duration", "0"]
-    p = subprocess.run(
-        [sys.executable, "-m", "hpcdl", "run", *WORKLOAD, *steps, "--np", str(np), "--layout", layout],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**mpi_env(), "HPCDL_CLUSTER_HOSTS": "2", "HPCDL_CLUSTER_PPN": per_host},
-        cwd=tmp_path,
-    )
+    p = hpcdl(
+        "run", *WORKLOAD, *steps, "--np", str(np), "--layout", layout, cwd=tmp_path,
+        env={**os.environ, "HPCDL_CLUSTER_HOSTS": "2", "HPCDL_CLUSTER_PPN": per_host},
+    )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     (path,) = (tmp_path / "results").glob("*.json")
     rec = json.loads(path.read_text())
@@ -291,9 +285,7 @@ def test_tensor_parallel_runs_train_as_one_process(
         ("pp=2,schedule=zigzag", "run.layout.schedule='zigzag' is invalid: allowed: 1f1b, gpipe"),
     ],
 )
-def test_cli_refuses_bad_layouts_in_one_line(
-    layout: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_refuses_bad_layouts_in_one_line(layout: str, says: str, tmp_path: Path) -> None:
     argv = ["run", *WORKLOAD, "heads=2", "--np", "4", "--layout", layout, "-o", str(tmp_path)]
-    assert says in one_refusal(argv, capsys)
+    assert says in one_line(hpcdl(*argv))
     assert not any(tmp_path.iterdir())  # nothing ran

@@ -12,13 +12,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from hpcdl_cli import hpcdl
 
 from hpcdl.errors import InputError
 from hpcdl.records import schema
@@ -122,11 +122,6 @@ def test_read_json_refuses_what_it_cannot_read(tmp_path: Path) -> None:
 
 
 # --- the commands over a hostile tree --------------------------------------------------------
-
-
-def hpcdl(*args: str) -> subprocess.CompletedProcess[str]:
-    """The CLI; a command that hangs on a file fails the test instead of the suite."""
-    return subprocess.run([sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hpcdl_cli import hpcdl
 from mlperf_logging.compliance_checker import mlp_parser
 
 from hpcdl.records import mllog
@@ -25,14 +26,10 @@ TINY = ["--workload", "mlp", "layers=2", "width=64", "input_size=32", "output_si
 def logged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two runs of one workload logged into one file."""
     out = tmp_path_factory.mktemp("mllog")
-    cmd = [sys.executable, "-m", "hpcdl", "run", *TINY, "--duration", "2.5", "--repeat", "2"]
-    p = subprocess.run(
-        [*cmd, "--mllog", str(out / "log.txt"), "--name", "m", "-o", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    p = hpcdl(
+        "run", *TINY, "--duration", "2.5", "--repeat", "2", "--mllog", str(out / "log.txt"), "--name", "m",
+        "-o", str(out), env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
     return out
 

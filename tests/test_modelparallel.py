@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from hpcdl_cli import hpcdl, one_line
 
 from hpcdl.errors import InputError
 from hpcdl.scaling.collectives import Comm, Hierarchy
@@ -129,9 +130,7 @@ def test_bad_layouts_name_the_field(text: str, field: str) -> None:
     assert e.value.field == field
 
 
-def test_predict_cli_layout(capsys: pytest.CaptureFixture[str]) -> None:
-    from hpcdl.cli import main
-
+def test_predict_cli_layout() -> None:
     args = [
         "predict",
         "--workload",
@@ -142,25 +141,14 @@ def test_predict_cli_layout(capsys: pytest.CaptureFixture[str]) -> None:
         "seq_len=64",
         "batch_size=8",
     ]
-    code = main(
-        [
-            *args,
-            "--gamma",
-            "1e12",
-            "--system",
-            "dgx-a100",
-            "--nodes",
-            "1,2",
-            "--layout",
-            "tp=2,pp=2",
-            "--json",
-        ]
+    p = hpcdl(
+        *args, "--gamma", "1e12", "--system", "dgx-a100", "--nodes", "1,2", "--layout", "tp=2,pp=2", "--json"
     )
-    points = json.loads(capsys.readouterr().out)["points"]
-    assert code == 0 and [p["ranks"] for p in points] == [8, 16]
+    points = json.loads(p.stdout)["points"]
+    assert p.returncode == 0 and [p["ranks"] for p in points] == [8, 16]
     assert all(
         p["layout"].startswith("dp=rest,tp=2,pp=2") and 0 < p["bubble_s"] < p["step_s"] for p in points
     )
-    code = main([*args, "--gamma", "1e12", "--beta", "1e9", "--layout", "tp=3"])
-    err = capsys.readouterr().err
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "predict.layout.tp" in err
+    assert "predict.layout.tp" in one_line(
+        hpcdl(*args, "--gamma", "1e12", "--beta", "1e9", "--layout", "tp=3")
+    )

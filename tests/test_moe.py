@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from hpcdl_cli import hpcdl
 
-from hpcdl.parallel.launch import mpi_env
 from hpcdl.scaling.traffic import step_traffic
 from hpcdl.workloads import moe
 from hpcdl.workloads.crosscheck import counted_flops, saved_activation_elements
@@ -129,12 +127,6 @@ def test_a_dense_spec_writes_no_expert_knobs() -> None:
         "expert_parallel": True,
     }
     assert spec_from_dict(sparse) == AttentionSpec(experts=4)
-
-
-def hpcdl(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=timeout, env=mpi_env()
-    )
 
 
 @pytest.mark.parametrize(

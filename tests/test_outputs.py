@@ -11,18 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hpcdl_cli import hpcdl, one_line
 
-from hpcdl.cli import main
 from hpcdl.errors import InputError
 from hpcdl.records import mllog
 
 TINY = ["--workload", "mlp", "layers=1", "width=16", "input_size=8", "output_size=2", "batch_size=4"]
-
-
-def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 @pytest.mark.parametrize("target", ["fifo", "/dev/full", "/dev/null", "directory", "missing/log"])
@@ -37,12 +31,10 @@ def test_a_log_that_is_not_a_regular_file_is_refused_without_waiting(tmp_path: P
 
 
 @pytest.mark.parametrize("prefix", ["../x", "a/b", "", ".hidden", "x/../../y"])
-def test_sweep_prefix_is_a_plain_name(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], prefix: str
-) -> None:
+def test_sweep_prefix_is_a_plain_name(tmp_path: Path, prefix: str) -> None:
     out = tmp_path / "out"
-    code = main(["sweep", *TINY, "--np", "1", "--steps", "2", "--prefix", prefix, "-o", str(out)])
-    assert code == 2 and "prefix=" in one_error_line(capsys)
+    p = hpcdl("sweep", *TINY, "--np", "1", "--steps", "2", "--prefix", prefix, "-o", str(out))
+    assert "prefix=" in one_line(p)
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
@@ -58,11 +50,10 @@ def test_sweep_prefix_is_a_plain_name(
     ],
 )
 def test_sizes_and_names_are_checked_before_anything_is_built(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], field: str
+    tmp_path: Path, argv: list[str], field: str
 ) -> None:
     out = tmp_path / "out"
-    code = main([*argv, "--steps", "1", "-o", str(out)])
-    assert code == 2 and field in one_error_line(capsys)
+    assert field in one_line(hpcdl(*argv, "--steps", "1", "-o", str(out)))
     assert not out.exists()
 
 
@@ -85,16 +76,13 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def test_a_log_write_that_fails_keeps_every_record_and_run(
-    tmp_path: Path, full_disk: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+def test_a_log_write_that_fails_keeps_every_record_and_run(tmp_path: Path, full_disk: Path) -> None:
     out, log = tmp_path / "o", full_disk / "log.txt"
     args = ["run", *TINY, "--warmup", "1", "--steps", "2", "--min-duration", "0", "--peak-flops", "1e12"]
     args += ["--repeat", "2", "--name", "m"]
-    code = main([*args, "--mllog", str(log), "-o", str(out)])
-    err = capsys.readouterr().err
-    assert code == 1, err
+    p = hpcdl(*args, "--mllog", str(log), "-o", str(out), env={**os.environ, "OMP_NUM_THREADS": "1"})
+    err = p.stderr
+    assert p.returncode == 1, err
     assert sorted(p.name for p in out.glob("m-r*.json")) == ["m-r1.json", "m-r2.json"]
     assert err.count("were not written (No space left on device); its record was") == 2, err
     assert "Traceback" not in err

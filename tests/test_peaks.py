@@ -70,11 +70,17 @@ def test_cpu_peak_is_cores_times_clock_times_flops_per_cycle_and_says_so() -> No
     assert cpu_peak("fp32", replace(ZEN5, clock_hz=None)) is None  # no clock: no guess
 
 
-def test_this_machine_has_a_cpu_peak() -> None:
+def test_this_machine_has_a_cpu_peak_wherever_it_says_its_clock() -> None:
+    """The peak of this CPU is its cores x clock x FLOPs per cycle; a CPU that states no clock
+    (some VMs) gets no peak rather than a guess."""
     info = cpu_info()
     assert info.cores >= 1
     peak = theoretical_peak(torch.device("cpu"), "", "fp32")
-    assert peak is None or peak.flops > 0
+    if info.clock_hz is None:
+        assert peak is None
+    else:
+        per_cycle = flops_per_cycle(info, "fp32")[0]
+        assert peak is not None and peak.flops == info.cores * info.clock_hz * per_cycle > 0
 
 
 @pytest.mark.parametrize(

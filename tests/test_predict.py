@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hpcdl_cli import hpcdl
 
 from hpcdl.errors import InputError
 from hpcdl.parallel.backends import Traffic
@@ -101,10 +100,6 @@ def test_calibration_from_reference_records() -> None:
         model_from_records(read_record(REF / "mlp-horovod-weak-np2.json").result, comm)
 
 
-def hpcdl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=120)
-
-
 def test_predict_cli_against_measured_points(tmp_path: Path) -> None:
     args = ["predict", "--base", str(REF / "mlp-torch-weak-np1.json"), "--comm", str(REF / "comm-torch.json")]
     p = hpcdl(*args, "--compare", str(REF))
@@ -138,15 +133,17 @@ def test_predict_cli_against_measured_points(tmp_path: Path) -> None:
         ["--base", str(REF / "mlp-torch-weak-np1.json"), "--comm", str(REF / "mlp-torch-weak-np1.json")],
     ],
 )
-def test_predict_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], bad: list[str]) -> None:
-    code, _, err = predict(capsys, *bad)  # in-process: the CLI's own exit-code policy, no start-up
+def test_predict_bad_input_is_one_line_and_exit_2(bad: list[str]) -> None:
+    p = hpcdl("predict", *bad)
+    code, err = p.returncode, p.stderr  # in-process: the CLI's own exit-code policy, no start-up
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err
 
 
-def test_predict_refuses_a_fifo_at_once(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_predict_refuses_a_fifo_at_once(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "base.json")  # opening it for reading would wait for a writer
-    code, _, err = predict(capsys, "--base", str(tmp_path / "base.json"), "--beta", "1e9")
+    p = hpcdl("predict", "--base", str(tmp_path / "base.json"), "--beta", "1e9")
+    code, err = p.returncode, p.stderr
     assert code == 2 and "a FIFO, not a regular file" in err
     assert len(err.strip().splitlines()) == 1, err
 
@@ -322,20 +319,12 @@ def test_every_catalogue_system_reads_and_cites_its_sources() -> None:
         h100.cost("allreduce", 9)
 
 
-def predict(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    from hpcdl.cli import main
-
-    code = main(["predict", *args])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 RESNET = ["--preset", "resnet50", "batch_size=64", "--throughput", "400"]
 
 
-def test_two_systems_side_by_side_in_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = predict(
-        capsys,
+def test_two_systems_side_by_side_in_json() -> None:
+    p = hpcdl(
+        "predict",
         *RESNET,
         "accumulation_steps=2",
         "--system",
@@ -346,6 +335,7 @@ def test_two_systems_side_by_side_in_json(capsys: pytest.CaptureFixture[str]) ->
         "1,4",
         "--json",
     )
+    code, out = p.returncode, p.stdout
     assert code == 0
     doc = json.loads(out)
     assert doc["schema"] == "hpcdl.prediction" and len(doc["points"]) == 4
@@ -367,14 +357,22 @@ def test_two_systems_side_by_side_in_json(capsys: pytest.CaptureFixture[str]) ->
     assert a100["samples_per_s"] == pytest.approx(32 * 64 * 2 / a100["step_s"])
 
 
-def test_two_sweeps_fit_two_levels(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = predict(
-        capsys,
-        "--base", str(REF / "mlp-torch-weak-np1.json"),
-        "--comm", str(REF / "comm-torch.json"),
-        "--comm-inter", str(REF / "comm-horovod.json"),
-        "--ranks-per-node", "2", "--nodes", "1,2", "--json",
-    )  # fmt: skip
+def test_two_sweeps_fit_two_levels() -> None:
+    p = hpcdl(
+        "predict",
+        "--base",
+        str(REF / "mlp-torch-weak-np1.json"),
+        "--comm",
+        str(REF / "comm-torch.json"),
+        "--comm-inter",
+        str(REF / "comm-horovod.json"),
+        "--ranks-per-node",
+        "2",
+        "--nodes",
+        "1,2",
+        "--json",
+    )
+    code, out = p.returncode, p.stdout  # fmt: skip
     assert code == 0
     doc = json.loads(out)
     assert set(doc["model"]["comms"]["allreduce"]) >= {"intra", "inter", "ranks_per_node"}
@@ -393,25 +391,26 @@ def test_two_sweeps_fit_two_levels(capsys: pytest.CaptureFixture[str]) -> None:
         ["--preset", "resnet50", "--throughput", "nan", "--system", "dgx-a100"],
     ],
 )
-def test_predict_system_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], bad: list[str]) -> None:
-    code, out, err = predict(capsys, *bad)
+def test_predict_system_bad_input_is_one_line(bad: list[str]) -> None:
+    p = hpcdl("predict", *bad)
+    code, out, err = p.returncode, p.stdout, p.stderr
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert len(err) < 300
 
 
-def test_a_system_file_of_zero_bandwidth_is_refused(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_a_system_file_of_zero_bandwidth_is_refused(tmp_path: Path) -> None:
     text = (
         (catalogue_dir() / "cpu-100gbe.toml")
         .read_text()
         .replace("bandwidth_GB_s = 20.0", "bandwidth_GB_s = 0")
     )
     (tmp_path / "zero.toml").write_text(text)
-    code, _, err = predict(capsys, *RESNET, "--system", str(tmp_path / "zero.toml"))
+    p = hpcdl("predict", *RESNET, "--system", str(tmp_path / "zero.toml"))
+    code, err = p.returncode, p.stderr
     assert code == 2 and "system.intra.bandwidth_GB_s=0" in err
     os.mkfifo(tmp_path / "fifo.toml")
-    code, _, err = predict(capsys, *RESNET, "--system", str(tmp_path / "fifo.toml"))
+    p = hpcdl("predict", *RESNET, "--system", str(tmp_path / "fifo.toml"))
+    code, err = p.returncode, p.stderr
     assert code == 2 and "a FIFO, not a regular file" in err
 
 

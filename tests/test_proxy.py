@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import hpcdl_cli  # beside this file, on pytest's path
 import pytest
 import torch
 from torch import nn
 
 import hpcdl
-from hpcdl.cli import main
 from hpcdl.errors import InputError
 from hpcdl.proxy import kernels, layout, structure
 from hpcdl.proxy.document import Profile
@@ -237,12 +237,6 @@ def test_interleaved_comparison() -> None:
     assert c.a_step_s > 0 and c.b_step_s > 0
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -264,40 +258,57 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
         (["fit", str(HERE / "data" / "none.json"), "--verify", "--model", "nowhere:f"], "unreadable"),
     ],
 )
-def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
-    code, _, err = _run(capsys, *argv)
+def test_bad_input_is_one_line(argv: list[str], message: str) -> None:
+    p = hpcdl_cli.hpcdl(*argv)
+    code, err = p.returncode, p.stderr
     assert code == 2
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
 
 
-def test_bad_profile_and_unreachable_family_are_one_line(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_bad_profile_and_unreachable_family_are_one_line(tmp_path: Path) -> None:
     bad = copy.deepcopy(HAND_WRITTEN)
     bad["figures"]["params"] = -1
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(bad))
-    code, _, err = _run(capsys, "fit", str(path))
+    p = hpcdl_cli.hpcdl("fit", str(path))
+    code, err = p.returncode, p.stderr
     assert code == 2 and "profile.figures.params=-1 is invalid" in err and err.count("\n") == 1
     path.write_text(json.dumps(far_profile()))
-    code, out, err = _run(capsys, "fit", str(path), "--family", "cnn", "--budget", "2", "--finalists", "1")
+    p = hpcdl_cli.hpcdl("fit", str(path), "--family", "cnn", "--budget", "2", "--finalists", "1")
+    code, out, err = p.returncode, p.stdout, p.stderr
     # a miss: the closest spec's table, and exit code 1
     assert code == 1 and "closest (misses the tolerance) cnn" in out and "\nparams " in out
     assert "misses the 2% tolerance: params +" in out and "Traceback" not in err
-    code, _, err = _run(capsys, "fit", str(path), "--family", "attention")
+    p = hpcdl_cli.hpcdl("fit", str(path), "--family", "attention")
+    code, err = p.returncode, p.stderr
     assert code == 2 and "cannot take inputs ['images', 3, 16, 16]" in err
 
 
 @pytest.mark.slow
-def test_profile_fit_verify_and_verify_again(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_profile_fit_verify_and_verify_again(tmp_path: Path) -> None:
     profile = tmp_path / "gpt2.json"
-    code, out, _ = _run(capsys, "profile", f"{MODELS}:tiny_gpt2", "-o", str(profile), "--steps", "2")
+    p = hpcdl_cli.hpcdl("profile", f"{MODELS}:tiny_gpt2", "-o", str(profile), "--steps", "2")
+    code, out = p.returncode, p.stdout
     assert code == 0 and "hint: activation" in out
     spec = tmp_path / "gpt2.toml"
-    code, out, _ = _run(
-        capsys, "fit", str(profile), "--family", "attention", "--budget", "900", "--finalists", "1",
-        "--verify", "--model", f"{MODELS}:tiny_gpt2", "--rounds", "2", "-o", str(spec),
-    )  # fmt: skip
+    p = hpcdl_cli.hpcdl(
+        "fit",
+        str(profile),
+        "--family",
+        "attention",
+        "--budget",
+        "900",
+        "--finalists",
+        "1",
+        "--verify",
+        "--model",
+        f"{MODELS}:tiny_gpt2",
+        "--rounds",
+        "2",
+        "-o",
+        str(spec),
+    )
+    code, out = p.returncode, p.stdout  # fmt: skip
     assert code == 0 and "step time, proxy / real model" in out
     record_path = tmp_path / "gpt2.fit.json"
     record = json.loads(record_path.read_text())
@@ -306,18 +317,20 @@ def test_profile_fit_verify_and_verify_again(capsys: pytest.CaptureFixture[str],
     import tomllib
 
     assert hpcdl.spec_from_dict(tomllib.loads(spec.read_text())) == hpcdl.spec_from_dict(record["spec"])
-    code, out, _ = _run(
-        capsys, "fit", str(record_path), "--verify", "--model", f"{MODELS}:tiny_gpt2", "--rounds", "2"
+    p = hpcdl_cli.hpcdl(
+        "fit", str(record_path), "--verify", "--model", f"{MODELS}:tiny_gpt2", "--rounds", "2"
     )
+    code, out = p.returncode, p.stdout
     assert code == 0 and "drift against" in out
     record = json.loads(record_path.read_text())
     assert len(record["verifications"]) == 2 and "drift" in record["verifications"][1]
 
 
-def test_a_fit_record_needs_verify(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_fit_record_needs_verify(tmp_path: Path) -> None:
     path = tmp_path / "r.fit.json"
     path.write_text(json.dumps({"schema": "hpcdl.fit", "spec": {"family": "mlp"}}))
-    code, _, err = _run(capsys, "fit", str(path))
+    p = hpcdl_cli.hpcdl("fit", str(path))
+    code, err = p.returncode, p.stderr
     assert code == 2 and "add --verify" in err
 
 
@@ -362,7 +375,7 @@ def make():
 """
 
 
-def test_no_document_runs_code(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_no_document_runs_code(tmp_path: Path) -> None:
     # a shared profile and fit record whose source names a .py file shipped beside them
     marker = tmp_path / "marker"
     planted = tmp_path / "beside.py"
@@ -375,13 +388,13 @@ def test_no_document_runs_code(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     for name, doc in (("p.json", prof), ("r.fit.json", record)):
         path = tmp_path / name
         path.write_text(json.dumps(doc))
-        code, _, err = _run(capsys, "fit", str(path), "--verify", "--budget", "1")
+        p = hpcdl_cli.hpcdl("fit", str(path), "--verify", "--budget", "1")
+        code, err = p.returncode, p.stderr
         assert code == 2 and err.count("\n") == 1 and f"pass --model {ref} if you trust" in err
         assert not marker.exists(), f"{name}: the document's reference was imported"
     # named on the command line, the same file does run (so the test above can fail)
-    code, out, err = _run(
-        capsys, "fit", str(tmp_path / "r.fit.json"), "--verify", "--model", ref, "--rounds", "1"
-    )
+    p = hpcdl_cli.hpcdl("fit", str(tmp_path / "r.fit.json"), "--verify", "--model", ref, "--rounds", "1")
+    code, out, err = p.returncode, p.stdout, p.stderr
     assert code == 0 and marker.exists() and f"loading the real model {ref}" in err
     assert "step time, proxy / real model" in out
 
@@ -408,11 +421,10 @@ HOSTILE = {
 
 @pytest.mark.parametrize("kind", HOSTILE)
 @pytest.mark.parametrize("verify", [[], ["--verify", "--model", "nowhere:f"]])
-def test_hostile_documents_are_one_line(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, kind: str, verify: list[str]
-) -> None:
+def test_hostile_documents_are_one_line(tmp_path: Path, kind: str, verify: list[str]) -> None:
     path = HOSTILE[kind](tmp_path / "doc.json")
-    code, out, err = _run(capsys, "fit", str(path), "--budget", "1", *verify)
+    p = hpcdl_cli.hpcdl("fit", str(path), "--budget", "1", *verify)
+    code, out, err = p.returncode, p.stdout, p.stderr
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err and not out
 
 
@@ -512,8 +524,9 @@ def test_a_bad_structure_names_the_field(structure_doc: Any, field: str) -> None
     assert err.value.field == field
 
 
-def test_a_batch_that_does_not_fit_the_model_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run(capsys, "profile", f"{MODELS}:wrong_input", "--steps", "1")
+def test_a_batch_that_does_not_fit_the_model_is_one_line() -> None:
+    p = hpcdl_cli.hpcdl("profile", f"{MODELS}:wrong_input", "--steps", "1")
+    code, err = p.returncode, p.stderr
     errors = [line for line in err.splitlines() if "error" in line]  # after one progress line
     assert code == 2 and errors == err.splitlines()[-1:] and "Traceback" not in err
     assert "model='wrong_input' is invalid: its forward pass fails on the example batch (RuntimeError" in err

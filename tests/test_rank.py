@@ -8,11 +8,10 @@ import csv
 import json
 import math
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import hpcdl_cli  # beside this file, on pytest's path
 import pytest
 
 import hpcdl
@@ -195,15 +194,11 @@ def test_quality_factor() -> None:
     assert quality_factor(-0.1) == 0.0  # a loss that rose
 
 
-def hpcdl_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=120)
-
-
 def test_rank_cli(tmp_path: Path) -> None:
-    p = hpcdl_cli("rank", f"cpu={REF}", "-o", str(tmp_path))
+    p = hpcdl_cli.hpcdl("rank", f"cpu={REF}", "-o", str(tmp_path))
     assert p.returncode == 0, p.stderr
     assert "cpu" in p.stdout and "0 rejected" in p.stdout
     assert "<td>cpu</td>" in (tmp_path / "ranking.html").read_text()
     for bad in (["rank", str(tmp_path / "missing")], ["rank", f"a={REF}", f"a={REF}"]):
-        p = hpcdl_cli(*bad)
+        p = hpcdl_cli.hpcdl(*bad)
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr

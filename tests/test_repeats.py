@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hpcdl_cli import hpcdl
 from test_schedulers import write_job
 
 from hpcdl import metrics
@@ -22,10 +21,7 @@ from hpcdl.schedulers.status import status
 TINY = ["--workload", "mlp", "layers=1", "width=32", "input_size=16", "output_size=4", "batch_size=8"]
 
 
-def hpcdl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "hpcdl", "run", *TINY, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def test_olympic_mean_drops_the_fastest_and_the_slowest() -> None:
@@ -35,7 +31,10 @@ def test_olympic_mean_drops_the_fastest_and_the_slowest() -> None:
 
 
 def test_repeats_keep_their_records_and_the_summary_follows_from_them(tmp_path: Path) -> None:
-    p = hpcdl("--steps", "40", "--min-duration", "0", "--repeat", "4", "--name", "rep", "-o", str(tmp_path))
+    p = hpcdl(
+        "run", *TINY, "--steps", "40", "--min-duration", "0", "--repeat", "4", "--name", "rep",
+        "-o", str(tmp_path), env=ONE_THREAD,
+    )  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
     records = [read_record(tmp_path / f"rep-r{i}.json") for i in range(1, 5)]
     assert all(not audit(r).problems for r in records)
@@ -55,7 +54,7 @@ def test_repeats_keep_their_records_and_the_summary_follows_from_them(tmp_path: 
 
 @pytest.mark.parametrize("value", ["0", "-2", "x", "1.5"])
 def test_a_bad_repeat_count_is_one_line(value: str, tmp_path: Path) -> None:
-    p = hpcdl(f"--repeat={value}", "-o", str(tmp_path / "never"))
+    p = hpcdl("run", *TINY, f"--repeat={value}", "-o", str(tmp_path / "never"))
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert p.returncode == 2 and len(lines) == 1 and "repeat" in lines[0], p.stderr
     assert not (tmp_path / "never").exists()
@@ -66,6 +65,8 @@ def test_a_bad_repeat_count_is_one_line(value: str, tmp_path: Path) -> None:
 def test_repeats_of_a_multi_rank_run_with_a_target(tmp_path: Path) -> None:
     """Two ranks started once, three runs each to the target: the summary's time to target."""
     p = hpcdl(
+        "run",
+        *TINY,
         "--np",
         "2",
         "--backend",
@@ -80,6 +81,8 @@ def test_repeats_of_a_multi_rank_run_with_a_target(tmp_path: Path) -> None:
         "mr",
         "-o",
         str(tmp_path),
+        env=ONE_THREAD,
+        timeout=600,
     )
     assert p.returncode == 0, p.stderr[-2000:]
     views = [read_record(tmp_path / f"mr-r{i}.json").result for i in range(1, 4)]
@@ -97,12 +100,7 @@ def test_a_job_file_repeats_its_point_in_one_allocation(tmp_path: Path) -> None:
     f = write_job(
         tmp_path / "rep.toml", name="rep", nodes=[2], repeat=3, backend="torch", output=str(tmp_path)
     )
-    p = subprocess.run(
-        [sys.executable, "-m", "hpcdl", "submit", str(f), "--executor", "local"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    p = hpcdl("submit", str(f), "--executor", "local", timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     views = [read_record(tmp_path / f"rep-n2-r{i}.json").result for i in range(1, 4)]
     assert all(v.world_size == 2 and v.validity.passed for v in views)

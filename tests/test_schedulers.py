@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hpcdl_cli import hpcdl, hpcdl_process
 
-from hpcdl import cli
 from hpcdl.schedulers.status import status
 
 MLP = {"family": "mlp", "layers": 2, "width": 64, "input_size": 32, "output_size": 10, "batch_size": 16}
@@ -111,18 +111,6 @@ def write_job(path: Path, **fields: Any) -> Path:
     return path
 
 
-def hpcdl(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 180
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
 def record(out: Path, point: str) -> dict[str, Any]:
     return json.loads((out / f"{point}.json").read_text())
 
@@ -151,17 +139,19 @@ def test_local_executor_runs_the_same_job_file(tmp_path: Path) -> None:
     assert row.state == "done"
 
 
-def test_not_toml_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_not_toml_is_one_line_exit_2(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text("name = 'x'\nnodes = [1,\n")
-    assert cli.main(["submit", str(tmp_path / "bad.toml")]) == 2
-    err = capsys.readouterr().err
+    p = hpcdl("submit", str(tmp_path / "bad.toml"))
+    err = p.stderr
+    assert p.returncode == 2
     assert "not valid TOML" in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_unknown_executor_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_executor_is_one_line_exit_2(tmp_path: Path) -> None:
     f = write_job(tmp_path / "job.toml", name="x", output=str(tmp_path / "out"))
-    assert cli.main(["submit", str(f), "--executor", "pbs"]) == 2
-    err = capsys.readouterr().err
+    p = hpcdl("submit", str(f), "--executor", "pbs")
+    err = p.stderr
+    assert p.returncode == 2
     assert "executor='pbs' is invalid: allowed: auto, local, slurm" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
@@ -170,13 +160,13 @@ def test_slurm_dry_run_needs_no_slurm_but_submission_does(tmp_path: Path) -> Non
     """A job file can be checked on a laptop; auto picks the local executor there."""
     bare = {"PATH": str(Path(sys.executable).parent)}  # no sbatch or srun on it
     f = write_job(tmp_path / "job.toml", name="x", output=str(tmp_path / "out"), slurm={"partition": "gpu"})
-    p = hpcdl("submit", str(f), "--executor", "slurm", "--dry-run", env=bare)
+    p = hpcdl("submit", str(f), "--executor", "slurm", "--dry-run", env={**os.environ, **bare})
     assert p.returncode == 0 and "#SBATCH --partition=gpu" in p.stdout, p.stdout + p.stderr
-    p = hpcdl("submit", str(f), "--executor", "slurm", env=bare)
+    p = hpcdl("submit", str(f), "--executor", "slurm", env={**os.environ, **bare})
     assert p.returncode == 2 and p.stderr.strip() == (
         "hpcdl: error: --executor slurm: sbatch and srun are not on PATH (run from a login node)"
     ), p.stderr
-    p = hpcdl("submit", str(f), "--dry-run", env=bare)
+    p = hpcdl("submit", str(f), "--dry-run", env={**os.environ, **bare})
     assert p.returncode == 0 and "not submitted (--dry-run, local)" in p.stdout, p.stdout + p.stderr
     assert not (tmp_path / "out").exists()
 
@@ -184,7 +174,8 @@ def test_slurm_dry_run_needs_no_slurm_but_submission_does(tmp_path: Path) -> Non
 # ------------------------------------------------------------------------------ one-file scheduler
 @pytest.fixture
 def plugin(tmp_path: Path) -> dict[str, str]:
-    """The environment that loads the one-file scheduler ``plain`` from outside the package."""
+    """The environment that loads the one-file scheduler ``plain`` from outside the package (in
+    commands run as processes: a plugin registers itself in its process's registries for good)."""
     path = tmp_path / "plain_scheduler.py"
     path.write_text(PLUGIN)
     return {"HPCDL_PLUGINS": str(path)}
@@ -194,13 +185,13 @@ def test_one_file_scheduler_dry_run_and_table(tmp_path: Path, plugin: dict[str, 
     f = write_job(
         tmp_path / "job.toml", name="ext", nodes=[1, 2], output=str(tmp_path / "out"), plain={"nice": 5}
     )
-    p = hpcdl("submit", str(f), "--executor", "plain", "--dry-run", env=plugin)
+    p = hpcdl_process("submit", str(f), "--executor", "plain", "--dry-run", env={**os.environ, **plugin})
     assert p.returncode == 0, p.stderr
     assert "# ---- ext-n2: 2 node(s) x 1 task(s), not submitted (--dry-run, plain)" in p.stdout, p.stdout
     assert "nice -n 5 " in p.stdout and "-m hpcdl.schedulers.entry --start here" in p.stdout, p.stdout
     assert not (tmp_path / "out").exists()
     bad = write_job(tmp_path / "bad.toml", name="ext", plain={"nice": 50})
-    p = hpcdl("submit", str(bad), "--executor", "plain", env=plugin)
+    p = hpcdl_process("submit", str(bad), "--executor", "plain", env={**os.environ, **plugin})
     assert p.returncode == 2 and p.stderr.strip() == (
         "hpcdl: error: job.plain.nice=50 is invalid: must be in [0, 19]"
     ), p.stderr
@@ -210,14 +201,14 @@ def test_one_file_scheduler_dry_run_and_table(tmp_path: Path, plugin: dict[str, 
 
 def test_one_file_scheduler_runs_a_point(tmp_path: Path, plugin: dict[str, str]) -> None:
     f = write_job(tmp_path / "job.toml", name="ext", nodes=[1], output=str(tmp_path))
-    p = hpcdl("submit", str(f), "--executor", "plain", env=plugin)
+    p = hpcdl_process("submit", str(f), "--executor", "plain", env={**os.environ, **plugin})
     assert p.returncode == 0, p.stdout + p.stderr
     assert "ext-n1: running here (plain process, job" in p.stdout and "ext-n1: done:" in p.stdout, p.stdout
     rec = record(tmp_path, "ext-n1")
     assert rec["validity"]["passed"] and rec["settings"]["world_size"] == 1
     state = json.loads((tmp_path / "hpcdl-jobs.json").read_text())["points"]["ext-n1"]
     assert state["cluster"] == "plain" and state["job_id"]
-    p = hpcdl("status", str(tmp_path), env=plugin)
+    p = hpcdl_process("status", str(tmp_path), env={**os.environ, **plugin})
     assert p.returncode == 0 and any(
         line.startswith("ext-n1") and " done " in line for line in p.stdout.splitlines()
     ), p.stdout

@@ -13,15 +13,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hpcdl_cli import hpcdl, one_line
 
-from hpcdl import cli
 from hpcdl.cli.jobs import status_table
 from hpcdl.scaling.sweep import valid_point
 from hpcdl.schedulers.jobfile import Job
@@ -68,12 +67,6 @@ def write_job(path: Path, **fields: Any) -> Path:
             lines += [f"[{k}]", *(f"{kk} = {toml_value(vv)}" for kk, vv in v.items())]
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def hpcdl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpcdl", *args], capture_output=True, text=True, timeout=timeout
-    )
 
 
 def all_job_ids() -> set[str]:
@@ -412,33 +405,28 @@ def test_preempted_point_is_requeued_and_runs_again(sweep: Path) -> None:
     ],
 )
 def test_bad_job_file_is_one_line_exit_2_and_submits_nothing(
-    cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], fields: dict[str, Any], expected: str
+    cluster: None, tmp_path: Path, fields: dict[str, Any], expected: str
 ) -> None:
     f = write_job(tmp_path / "bad.toml", name="bad", output=str(tmp_path / "out"), **fields)
     before = all_job_ids()
-    assert cli.main(["submit", str(f)]) == 2
-    err = capsys.readouterr().err
-    assert expected in err and len(err.strip().splitlines()) == 1, err
+    assert expected in one_line(hpcdl("submit", str(f)))
     assert all_job_ids() == before and not (tmp_path / "out").exists()
 
 
-def test_submission_refused_by_sbatch_is_one_line_exit_2(
-    cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_submission_refused_by_sbatch_is_one_line_exit_2(cluster: None, tmp_path: Path) -> None:
     f = write_job(
         tmp_path / "gpu.toml", name="nogpu", slurm={"partition": "gpu"}, output=str(tmp_path / "out")
     )
-    assert cli.main(["submit", str(f)]) == 2
-    err = capsys.readouterr().err
+    err = one_line(hpcdl("submit", str(f)))
     assert "nogpu-n1: submission failed: sbatch: error: Batch job submission failed: Invalid partition" in err
-    assert len(err.strip().splitlines()) == 1, err
 
 
-def test_dry_run_submits_nothing(cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_submits_nothing(cluster: None, tmp_path: Path) -> None:
     f = write_job(tmp_path / "dry.toml", name="dry", nodes=[1, 2], output=str(tmp_path / "out"))
     before = all_job_ids()
-    assert cli.main(["submit", str(f), "--dry-run"]) == 0
-    text = capsys.readouterr().out
+    p = hpcdl("submit", str(f), "--dry-run")
+    text = p.stdout
+    assert p.returncode == 0, p.stderr
     assert "#SBATCH --nodes=1" in text and "#SBATCH --nodes=2" in text and "--mpi=pmix" in text
     assert "#SBATCH --job-name=dry-n2" in text
     assert all_job_ids() == before and not (tmp_path / "out").exists()

@@ -12,14 +12,13 @@ import json
 import re
 import shutil
 import tarfile
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hpcdl_cli import hpcdl
 
-from hpcdl.cli import main
 from hpcdl.records.loader import MAX_JSON_BYTES, load_tree
 from hpcdl.records.store import seal
 from hpcdl.results import ranking as rank_mod
@@ -86,34 +85,12 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return made
 
 
-@dataclass
-class Ran:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-@pytest.fixture
-def hpcdl_cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., Ran]:
-    """The hpcdl command, in this process (an interpreter with torch takes seconds to start)."""
-
-    def run(*args: str) -> Ran:
-        capsys.readouterr()
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return Ran(code, out, err)
-
-    return run
-
-
 # --- the description --------------------------------------------------------------------------
 
 
-def test_init_fills_what_the_records_know_and_marks_the_rest(
-    tmp_path: Path, hpcdl_cli: Callable[..., Ran]
-) -> None:
+def test_init_fills_what_the_records_know_and_marks_the_rest(tmp_path: Path) -> None:
     out = tmp_path / "system.toml"
-    p = hpcdl_cli("system", "init", str(SYSTEMS["epyc-b"]), "-o", str(out))
+    p = hpcdl("system", "init", str(SYSTEMS["epyc-b"]), "-o", str(out))
     assert p.returncode == 0, p.stderr
     data = system.read(out)
     assert data["system"]["processor"]["model"] == "AMD EPYC" and data["system"]["cpus_per_node"] == 2
@@ -121,12 +98,12 @@ def test_init_fills_what_the_records_know_and_marks_the_rest(
     assert (data["submission"]["size_class"], data["submission"]["class_version"]) == ("S", 1)
     todo = [k for t in data.values() for k, v in t.items() if isinstance(v, str) and v.startswith("FILL-IN")]
     assert set(todo) == set(FILLED) - {"count"}
-    p = hpcdl_cli("system", "check", str(out))
+    p = hpcdl("system", "check", str(out))
     assert p.returncode == 2 and len(p.stdout.splitlines()) == len(todo) + 1  # + processor.count
     assert all("placeholder (FILL-IN)" in line for line in p.stdout.splitlines())
 
 
-def test_a_bad_description_gets_one_line_per_problem(tmp_path: Path, hpcdl_cli: Callable[..., Ran]) -> None:
+def test_a_bad_description_gets_one_line_per_problem(tmp_path: Path) -> None:
     good = filled(from_records([r.result for r in load_tree([SYSTEMS["epyc-b"]]).records]), "x")
     assert system.problems(good) == []
     bad = json.loads(json.dumps(good))
@@ -138,7 +115,7 @@ def test_a_bad_description_gets_one_line_per_problem(tmp_path: Path, hpcdl_cli: 
     bad["submission"]["edition"] = "November"
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(bad))
-    p = hpcdl_cli("system", "check", str(path))
+    p = hpcdl("system", "check", str(path))
     assert p.returncode == 2 and "Traceback" not in p.stderr
     lines = p.stdout.splitlines()
     assert len(lines) == 6, lines
@@ -152,7 +129,7 @@ def test_a_bad_description_gets_one_line_per_problem(tmp_path: Path, hpcdl_cli: 
     ):
         assert sum(line.startswith(field) for line in lines) == 1, (field, lines)
     (tmp_path / "broken.toml").write_text("[system\n")
-    p = hpcdl_cli("system", "check", str(tmp_path / "broken.toml"))
+    p = hpcdl("system", "check", str(tmp_path / "broken.toml"))
     assert p.returncode == 2 and "not valid TOML" in p.stderr and len(p.stderr.splitlines()) == 1
 
 
@@ -168,9 +145,7 @@ def test_every_field_is_in_the_generated_reference() -> None:
 # --- packages and checks ----------------------------------------------------------------------
 
 
-def test_both_reference_submissions_pass(
-    packages: dict[str, Path], tmp_path: Path, hpcdl_cli: Callable[..., Ran]
-) -> None:
+def test_both_reference_submissions_pass(packages: dict[str, Path], tmp_path: Path) -> None:
     for name, archive in packages.items():
         work = tmp_path / name
         work.mkdir()
@@ -179,7 +154,7 @@ def test_both_reference_submissions_pass(
         assert report.verified.score is not None and report.verified.score.score
         text = summary(report)
         assert "verdict: PASS" in text and "score" in text and f"system {name}" in text
-    p = hpcdl_cli("check", str(packages["epyc-a"]))
+    p = hpcdl("check", str(packages["epyc-a"]))
     assert p.returncode == 0 and "verdict: PASS" in p.stdout, p.stdout + p.stderr
 
 
@@ -200,7 +175,7 @@ def add(
 
 
 def test_a_tampered_submission_fails_with_one_line_per_problem(
-    packages: dict[str, Path], tmp_path: Path, hpcdl_cli: Callable[..., Ran]
+    packages: dict[str, Path], tmp_path: Path
 ) -> None:
     root = unpacked(packages["epyc-b"], tmp_path / "src")
     name = root.name
@@ -249,7 +224,7 @@ def test_a_tampered_submission_fails_with_one_line_per_problem(
     assert len(lines) == len(expect) + 1, "\n".join(lines)  # + the mlp-wide steps file missing
     assert not (tmp_path / "escaped.txt").exists() and not Path("/tmp/absolute.txt").exists()
     assert sorted(p.name for p in work.iterdir()) == [name]  # nothing beside the submission's folder
-    p = hpcdl_cli("check", str(archive))
+    p = hpcdl("check", str(archive))
     assert p.returncode == 1 and "verdict: FAIL, 15 problems" in p.stdout and "Traceback" not in p.stderr
 
 
@@ -307,7 +282,7 @@ def test_a_description_that_disagrees_with_the_records_fails(
     ], "\n".join(lines)
 
 
-def test_package_refuses_results_that_do_not_verify(tmp_path: Path, hpcdl_cli: Callable[..., Ran]) -> None:
+def test_package_refuses_results_that_do_not_verify(tmp_path: Path) -> None:
     results = tmp_path / "results"
     shutil.copytree(SYSTEMS["epyc-b"] / "suite-np1", results / "suite-np1")
     record = next(results.glob("suite-np1/*-rnn-lstm-lm.json"))
@@ -318,7 +293,7 @@ def test_package_refuses_results_that_do_not_verify(tmp_path: Path, hpcdl_cli: C
     with pytest.raises(NotVerified) as e:
         package(results, desc, tmp_path / "x.tar.gz")
     assert any("rnn-lstm-lm.json: digest mismatch" in x for x in e.value.report.problems)
-    p = hpcdl_cli("package", str(results), "--system", str(desc), "-o", str(tmp_path / "x.tar.gz"))
+    p = hpcdl("package", str(results), "--system", str(desc), "-o", str(tmp_path / "x.tar.gz"))
     assert p.returncode == 1 and p.stdout.splitlines() == e.value.report.problems
     assert p.stderr.strip().endswith("does not verify (2 problems); nothing written"), p.stderr
     assert not list(tmp_path.glob("*.tar.gz")) and not list(tmp_path.glob(".*tmp*"))

@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import hpcdl_cli  # beside this file, on pytest's path
 import numpy as np
 import pytest
 
@@ -80,12 +79,8 @@ def test_runs_without_a_target_have_none(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("value", ["0", "1", "1.5", "-0.2", "nan", "inf", "half"])
 def test_a_target_outside_zero_one_is_one_line(value: str, tmp_path: Path) -> None:
-    p = subprocess.run(
-        [sys.executable, "-m", "hpcdl", "run", "--workload", "mlp", f"--target-loss-fraction={value}"]
-        + ["-o", str(tmp_path / "never")],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    p = hpcdl_cli.hpcdl(
+        "run", "--workload", "mlp", f"--target-loss-fraction={value}", "-o", str(tmp_path / "never")
     )
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert p.returncode == 2 and len(lines) == 1 and "target" in lines[0], p.stderr
@@ -102,14 +97,10 @@ def test_time_to_quality_score_of_a_class_run_with_the_target(tmp_path: Path) ->
     """The class S suite trained to the quality target: every record passes the gate though
     its window is short, and the time-to-quality score is the geomean of their times."""
     out = tmp_path / "sys"
-    cmd = [sys.executable, "-m", "hpcdl", "run", "--class", "S", "batch_size=8", "--steps", "3000"]
-    p = subprocess.run(
-        [*cmd, "--target-loss-fraction", str(QUALITY_TARGET), "-o", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    p = hpcdl_cli.hpcdl(
+        "run", "--class", "S", "batch_size=8", "--steps", "3000", "--target-loss-fraction",
+        str(QUALITY_TARGET), "-o", str(out), env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900,
+    )  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.count("reached 0.5 of the first loss") == 5
     targets = [read_record(f).result.metrics.target for f in out.glob("*.json") if "suite" not in f.name]

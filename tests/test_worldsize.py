@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hpcdl_cli import hpcdl
 
-from hpcdl import cli
 from hpcdl.harness.runner import run
 from hpcdl.parallel.worldsize import EXPECTED_ENV, WorldMismatch, check_world_size, promised_sizes
 from hpcdl.schedulers.load import job_from_dict
@@ -114,17 +114,16 @@ def test_which_variables_promise_a_size() -> None:
         check_world_size(8, {"OMPI_COMM_WORLD_SIZE": 8, EXPECTED_ENV: 4})
 
 
-def test_collect_refuses_a_record_of_another_world(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_collect_refuses_a_record_of_another_world(tmp_path: Path) -> None:
     """A 1-rank record where the 2-node point's record belongs (what a split launch of an older
     hpcdl wrote) is shown as refused, not collected."""
     job = job_from_dict({**JOB, "output": str(tmp_path)})
     (point,) = points(job, "local", tmp_path)
     remember(tmp_path, point, None, job, "")
     run(point.workload(), point.config(), output_dir=tmp_path, name=point.name)  # one rank, here
-    assert cli.main(["collect", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
+    p = hpcdl("collect", str(tmp_path))
+    out = p.stdout
+    assert p.returncode == 0, p.stderr
     assert "split-n2.json was measured on a world of 1 rank(s), the point has 2: not collected" in out, out
     assert "0 of 1 points have a valid record" in out
     (row,) = json.loads((tmp_path / "collected.json").read_text())["points"]

@@ -206,7 +206,7 @@ def knobs_page() -> str:
         "",
     ]
     out += table(head, knob_rows(Spec))
-    for name, cls in FAMILIES.items():
+    for name, cls in sorted(FAMILIES.items()):
         if not _built_in(cls):
             continue
         out += [f"## {name}", "", prose(cls.__doc__), ""]
@@ -247,7 +247,7 @@ def job_file_page() -> str:
     out += table(head, knob_rows(Job, {"tables"}))
     out += ["## [container]", "", prose(ContainerOptions.__doc__), ""]
     out += table(head, knob_rows(ContainerOptions))
-    for name, scheduler in SCHEDULERS.items():
+    for name, scheduler in sorted(SCHEDULERS.items()):
         options = getattr(scheduler, "options", None)
         if options is None or not _built_in(scheduler):
             continue
