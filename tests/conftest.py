@@ -1,8 +1,14 @@
-"""Shared test settings, and the emulated cluster that multi-node tests run on."""
+"""Shared test settings, the tiers' rules, and the clusters that multi-node tests run on.
+
+Tiers (markers, pyproject.toml): ``mpi`` starts real MPI ranks; ``slurm`` runs jobs on the local
+Slurm cluster; ``browser`` opens pages in headless Chromium; ``slow`` is left out of the README's
+test command and needs a reason (``@pytest.mark.slow(reason=...)``); ``gpu`` needs a GPU and never
+runs in CI (``scripts/gpu_reference.sh`` runs it, or ``pytest -m gpu`` by hand on a GPU)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,16 +31,42 @@ multi-rank tests' small gradients (~100 kB) cost a few ms a step"""
 
 @dataclass(frozen=True)
 class Cluster:
-    """The running emulated cluster: ``hosts`` hosts h1 ... hN, each on a link of ``rate_mbit``."""
+    """Where multi-rank tests place their ranks: the running emulated cluster (``hosts`` hosts
+    h1 ... hN, each on a link of ``rate_mbit``), or, where it cannot be made (not root), this
+    host alone through Open MPI's own mpirun (``mpirun`` None, no link limit)."""
 
     hosts: int
-    rate_mbit: int
-    mpirun: str
+    rate_mbit: int | None
+    mpirun: str | None
     """scripts/cluster/mpirun: set it as HPCDL_MPIRUN to place hpcdl's ranks on the hosts"""
 
     def exec_cmd(self, host: str, *cmd: str) -> list[str]:
         """The command line that runs ``cmd`` on ``host`` (its name, network and hosts file)."""
         return ["bash", str(CLUSTER_SCRIPT), "exec", host, *cmd]
+
+    def host_names(self, ranks: int) -> list[str]:
+        """The host of each of ``ranks`` ranks placed one per host (all on this one, alone)."""
+        if self.mpirun is None:
+            return [socket.gethostname()] * ranks
+        return [f"h{i + 1}" for i in range(ranks)]
+
+
+LOCALHOST = Cluster(1, None, None)
+NOT_ROOT = "the emulated cluster needs root (network namespaces, tc): multi-rank tests run on this host"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test moves to the slow tier only with a reason; a GPU test skips where there is none."""
+    cuda = None
+    for item in items:
+        for mark in item.iter_markers("slow"):
+            if not mark.kwargs.get("reason"):
+                raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.slow needs reason=...: why not fast")
+        if item.get_closest_marker("gpu") is not None:
+            if cuda is None:
+                cuda = torch.cuda.is_available()
+            if not cuda:
+                item.add_marker(pytest.mark.skip(reason="needs a GPU (torch.cuda.is_available() is False)"))
 
 
 def _cluster_script(*args: str) -> subprocess.CompletedProcess[str]:
@@ -48,7 +80,7 @@ def emulated_cluster() -> Iterator[Cluster]:
     (or HPCDL_CLUSTER_KEEP=1). Skipped only where namespaces cannot be made (not root); a
     start that fails as root fails the tests that need it."""
     if os.geteuid() != 0:
-        pytest.skip("the emulated cluster needs root (network namespaces, tc)")
+        pytest.skip(NOT_ROOT)
     was_running = _cluster_script("status").returncode == 0
     start = _cluster_script("start", str(CLUSTER_HOSTS), f"{CLUSTER_RATE_MBIT}mbit")
     if start.returncode != 0:  # as root it must start: a broken script is a failure, not a skip
@@ -61,13 +93,18 @@ def emulated_cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def on_cluster(emulated_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Cluster:
+def on_cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Cluster:
     """hpcdl's mpirun (and every ``mpi_env()``) places ranks on the emulated hosts, one per
-    host, for this test only."""
-    monkeypatch.setenv("HPCDL_MPIRUN", emulated_cluster.mpirun)
+    host, for this test only; without root, on this host (``LOCALHOST``: the MPI tests still
+    run, with localhost's mpirun)."""
+    if os.geteuid() != 0:
+        return LOCALHOST
+    cluster: Cluster = request.getfixturevalue("emulated_cluster")
+    assert cluster.mpirun is not None
+    monkeypatch.setenv("HPCDL_MPIRUN", cluster.mpirun)
     monkeypatch.delenv("HPCDL_CLUSTER_PPN", raising=False)
     monkeypatch.delenv("HPCDL_CLUSTER_HOSTS", raising=False)
-    return emulated_cluster
+    return cluster
 
 
 @pytest.fixture(scope="session")

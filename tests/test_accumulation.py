@@ -116,7 +116,7 @@ def test_record_counts_samples_of_every_micro_batch(tmp_path: Path) -> None:
     assert audit(read_record(tmp_path / "a.json")).problems == ()  # the audit counts them too
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="auto-fit's trials in child processes, twice: about 30 s")
 def test_memory_and_auto_fit_follow_the_micro_batch() -> None:
     """Accumulation runs the micro-batches one after the other, each freeing its activations;
     from the second on every gradient is alive beside them, so the batch that fits is smaller by
@@ -250,7 +250,9 @@ def ranks() -> dict[str, Any]:
 
 
 @pytest.mark.mpi
-@pytest.mark.slow  # the module's 2 ranks start once for all these tests: ~10-25 s
+@pytest.mark.slow(
+    reason="two ranks started once for the module (10-25 s); the fast tier checks accumulation end to end"
+)
 @pytest.mark.parametrize("backend", ["torch", "horovod", "fsdp"])
 def test_two_ranks_of_n_micro_batches_step_like_one_process(ranks: dict[str, Any], backend: str) -> None:
     """2 ranks x N micro-batches of b: one step gives the parameters of one process on the
@@ -260,7 +262,7 @@ def test_two_ranks_of_n_micro_batches_step_like_one_process(ranks: dict[str, Any
 
 
 @pytest.mark.mpi
-@pytest.mark.slow
+@pytest.mark.slow(reason="shares the module's two ranks with the test above")
 @pytest.mark.parametrize("backend", ["torch", "horovod"])
 def test_gradients_are_reduced_once_per_step(ranks: dict[str, Any], backend: str) -> None:
     """Every reduction starts in the last micro-batch of a step, and every step has them: DDP's

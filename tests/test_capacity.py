@@ -168,7 +168,7 @@ def check_summary(out: Path, name: str, instances: int) -> dict:
 
 
 @pytest.mark.mpi
-@pytest.mark.slow
+@pytest.mark.slow(reason="two MPI instances, each measured alone and together")
 def test_two_instances_on_their_own_cores(tmp_path: Path) -> None:
     p = hpcdl("capacity", *TINY, "--instances", "2", "--duration", "2", "-o", str(tmp_path), env=ONE_THREAD)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -179,7 +179,7 @@ def test_two_instances_on_their_own_cores(tmp_path: Path) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.slow
+@pytest.mark.slow(reason="four ranks of Horovod on two cores")
 def test_co_located_instances_of_two_horovod_ranks(tmp_path: Path) -> None:
     """Two instances of two ranks each, both on the same two cores (per device 2): each
     instance's Horovod is its own, on its own communicator."""
@@ -238,7 +238,7 @@ def test_job_files_with_instances_that_cannot_be_are_one_line(tmp_path: Path, fi
 
 
 @pytest.mark.mpi
-@pytest.mark.slow
+@pytest.mark.slow(reason="a job of two instances through submitit's local executor")
 def test_a_job_file_runs_its_instances_in_one_allocation(tmp_path: Path) -> None:
     f = write_job(
         tmp_path / "cap.toml", name="cap", nodes=[1], tasks_per_node=2, instances=2, output=str(tmp_path)

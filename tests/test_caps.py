@@ -510,7 +510,7 @@ def test_cap_sweep_needs_steps_and_a_cappable_device(tmp_path: Path) -> None:
     assert p.returncode == 2 and "no RAPL package domains" in p.stderr, p.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a three-cap sweep in a process, stopped and rerun")
 def test_sigterm_mid_sweep_restores_the_limits_and_keeps_finished_points(sysfs: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     before = snapshot(sysfs)
@@ -563,7 +563,7 @@ def rank_pids(name: str) -> list[int]:
     return found
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a two-rank sweep over two caps with a rank killed")
 @pytest.mark.mpi
 def test_a_rank_killed_mid_point_fails_the_point_and_the_limits_come_back(
     sysfs: Path, tmp_path: Path

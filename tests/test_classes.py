@@ -104,7 +104,7 @@ MEMORY_SPECS = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a trial in a child process per spec, seven specs")
 @pytest.mark.parametrize(("family", "seed", "precision"), MEMORY_SPECS)
 def test_memory_estimate_against_measured_memory(family: str, seed: int, precision: str) -> None:
     """The estimate behind --fit against a real training step's memory, measured as auto-fit
@@ -134,7 +134,7 @@ def test_classes_are_refused_up_front_when_they_cannot_fit(tmp_path: Path) -> No
     assert not any(tmp_path.iterdir())  # nothing ran, nothing written
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a fit's trials in child processes: about a minute per allocator")
 @pytest.mark.parametrize("preload", ["", "jemalloc"])  # glibc's malloc, or jemalloc's preloaded
 def test_fit_measures_the_batch_that_fills_the_target_and_records_how(tmp_path: Path, preload: str) -> None:
     jemalloc = ctypes.util.find_library("jemalloc")
@@ -199,7 +199,7 @@ def test_fit_measures_the_batch_that_fills_the_target_and_records_how(tmp_path: 
     assert ("malloc: jemalloc, freed blocks given back from 1 MiB" in p.stdout) == bool(preload)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="two ranks fitted by trials per backend: about a minute each")
 @pytest.mark.parametrize("how", ["--backend=torch", "--backend=horovod", "--backend=fsdp", "--layout=tp=2"])
 def test_a_fitted_run_of_two_ranks_stays_within_its_target(how: str, tmp_path: Path) -> None:
     """Two ranks of a 10.4 M-parameter MLP fitted to about 330 MiB each: their own peak (the

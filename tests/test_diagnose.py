@@ -120,7 +120,7 @@ def diagnosed(ranks_out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 @pytest.mark.mpi
-@pytest.mark.slow
+@pytest.mark.slow(reason="two ranks diagnosed twice, one slowed by a spinner and a cgroup limit")
 def test_clean_names_nobody_slowed_names_rank_1(diagnosed: tuple[dict[str, Any], dict[str, Any]]) -> None:
     clean, slowed = diagnosed
     assert clean["world_size"] == 2 and len(clean["devices"]) == 2
@@ -137,7 +137,7 @@ def test_clean_names_nobody_slowed_names_rank_1(diagnosed: tuple[dict[str, Any],
 
 
 @pytest.mark.mpi
-@pytest.mark.slow
+@pytest.mark.slow(reason="shares the two slowed ranks of the test above")
 def test_a_record_names_its_slowed_rank_and_a_clean_one_nobody(ranks_out: Path) -> None:
     """``diagnose --record``: exit 0 and nobody for the clean record; for the slowed one rank 1
     by its CPU share (its median phases may stay a fast rank's), its host to exclude."""
@@ -284,7 +284,7 @@ def named(doc: dict[str, Any]) -> set[str]:
 
 @pytest.mark.slurm
 @pytest.mark.mpi
-@pytest.mark.slow
+@pytest.mark.slow(reason="a Slurm job of four ranks with one node held at 5 % of a CPU")
 def test_slurm_names_the_node_a_cgroup_cpu_limit_slows(slurm_cluster: None, tmp_path: Path) -> None:
     """``hpcdl diagnose`` as one srun step over the four nodes: clean, it names nobody; after
     scripts/slurm/slow-node.sh has put n2's slurmd and its step (the rank on n2) in a cgroup of

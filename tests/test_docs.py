@@ -53,6 +53,7 @@ def test_the_site_builds_with_warnings_as_errors(site: Path) -> None:
     assert (site / "reference" / "cli.html").is_file() and (site / "metrics.html").is_file()
 
 
+@pytest.mark.browser
 def test_a_browser_opens_the_index_and_a_generated_page(site: Path) -> None:
     for page, heading, expected in (
         ("index.html", "hpcdl", "Guides"),

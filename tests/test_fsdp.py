@@ -50,7 +50,9 @@ def test_traffic_gathers_blocks_twice_and_the_root_once() -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("np", [2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "np", [2, pytest.param(4, marks=pytest.mark.slow(reason="the same sharded run with four ranks"))]
+)
 def test_sharded_run_checks_itself_and_records_its_collectives(np: int, tmp_path: Path) -> None:
     p = hpcdl(
         "run",
@@ -90,7 +92,7 @@ def test_sharded_run_checks_itself_and_records_its_collectives(np: int, tmp_path
 
 
 @pytest.mark.mpi
-@pytest.mark.slow
+@pytest.mark.slow(reason="two sharded and two replicated ranks of a 10 M-parameter model")
 def test_sharding_lowers_the_peak_memory_of_a_rank(tmp_path: Path) -> None:
     """A model whose weights and AdamW state dominate (67 M parameters, batch 2; at 25 M, FSDP's
     own buffers outweighed what sharding saved): every rank's peak below DDP's (0.60x measured

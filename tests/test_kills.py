@@ -169,7 +169,7 @@ def write_fails(run: Launched, code: int) -> None:
 FAULTS = ("hangup-then-kill", "write")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="every command killed every way: about two minutes")
 @pytest.mark.mpi
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -236,8 +236,10 @@ def reference_losses(spec: Spec, streams: int, steps: int) -> list[float]:
 
 
 @pytest.mark.mpi
-@pytest.mark.slow
-@pytest.mark.usefixtures("on_cluster")
+@pytest.mark.slow(
+    reason="tensor-parallel runs of two and four ranks across hosts; the fast tier checks tp's plan"
+)
+@pytest.mark.usefixtures("emulated_cluster", "on_cluster")  # two hosts of their own
 @pytest.mark.parametrize(
     ("layout", "np", "dp", "per_host"),
     [

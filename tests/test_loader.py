@@ -221,7 +221,15 @@ def read_only_dir(path: Path) -> Iterator[Path]:
         path.chmod(0o755)
 
 
-@pytest.mark.parametrize("command", ["rank", pytest.param("report", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "rank",
+        pytest.param(
+            "report", marks=pytest.mark.slow(reason="the report over the hostile tree draws every figure")
+        ),
+    ],
+)
 def test_output_that_cannot_be_written_is_one_line(command: str, tmp_path: Path) -> None:
     (tmp_path / "file").write_text("a regular file")
     source = str(REF / "scaling")

@@ -155,7 +155,10 @@ MOE = ["--workload", "attention", "layers=2", "width=32", "heads=2", "seq_len=8"
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("backend", ["torch", "horovod", pytest.param("fsdp", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "backend",
+    ["torch", "horovod", pytest.param("fsdp", marks=pytest.mark.slow(reason="the same experts under FSDP"))],
+)
 def test_experts_sharded_across_ranks_train_correctly(backend: str, tmp_path: Path) -> None:
     """4 experts on 2 ranks: 2 each, tokens dispatched by the backend's all-to-all; one step of
     2 ranks equals one process's, the gathered parameters agree, and the all-to-all the record

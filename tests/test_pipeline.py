@@ -190,7 +190,10 @@ with open(f"{sys.argv[2]}/rank{world.rank}.json", "w") as f:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "tp",
+    [1, pytest.param(2, marks=pytest.mark.slow(reason="the same schedules with tp=2 inside each stage"))],
+)
 def test_every_schedule_trains_as_one_process_does(tp: int, tmp_path: Path) -> None:
     """pp=2 with GPipe, 1F1B and interleaved 1F1B (two stages per rank), attention (also with a
     tied head, its table's gradients summed between the ends) and MLP; and tp=2 x pp=2 on 4
@@ -230,7 +233,7 @@ def test_every_schedule_trains_as_one_process_does(tp: int, tmp_path: Path) -> N
 
 
 @pytest.mark.mpi
-@pytest.mark.slow
+@pytest.mark.slow(reason="a pipeline run per schedule")
 @pytest.mark.parametrize("schedule", ["gpipe"])  # 1f1b: the dp x pp test; every schedule: above
 def test_a_pipeline_run_records_its_schedule_and_bubble(schedule: str, tmp_path: Path) -> None:
     """``hpcdl run --np 2 --layout pp=2``: a valid, audited record whose losses are those of
@@ -265,7 +268,7 @@ def test_a_pipeline_run_records_its_schedule_and_bubble(schedule: str, tmp_path:
 
 
 @pytest.mark.mpi
-@pytest.mark.slow
+@pytest.mark.slow(reason="eight ranks (dp x tp x pp) on two cores")
 def test_data_tensor_and_pipeline_parallelism_step_as_one_process(tmp_path: Path) -> None:
     """dp=2 x tp=2 x pp=2 on 8 ranks, a tied head: two pipelines of two stages, each stage's
     blocks split across a tensor-parallel pair, each stage's gradients averaged across the

@@ -284,7 +284,7 @@ def test_bad_profile_and_unreachable_family_are_one_line(tmp_path: Path) -> None
     assert code == 2 and "cannot take inputs ['images', 3, 16, 16]" in err
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a fit with a 900-trial budget and an interleaved verification")
 def test_profile_fit_verify_and_verify_again(tmp_path: Path) -> None:
     profile = tmp_path / "gpt2.json"
     p = hpcdl_cli.hpcdl("profile", f"{MODELS}:tiny_gpt2", "-o", str(profile), "--steps", "2")

@@ -61,7 +61,7 @@ def test_a_bad_repeat_count_is_one_line(value: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.slow
+@pytest.mark.slow(reason="three runs of two ranks to the loss target")
 def test_repeats_of_a_multi_rank_run_with_a_target(tmp_path: Path) -> None:
     """Two ranks started once, three runs each to the target: the summary's time to target."""
     p = hpcdl(
@@ -95,7 +95,7 @@ def test_repeats_of_a_multi_rank_run_with_a_target(tmp_path: Path) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.slow
+@pytest.mark.slow(reason="a job of three repeats of two ranks through the local executor")
 def test_a_job_file_repeats_its_point_in_one_allocation(tmp_path: Path) -> None:
     f = write_job(
         tmp_path / "rep.toml", name="rep", nodes=[2], repeat=3, backend="torch", output=str(tmp_path)

@@ -35,7 +35,10 @@ frame.addEventListener("load", () => {
 });
 </script></body></html>
 """
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow(reason="draws a full report of the reference results and opens every page in Chromium"),
+]
 
 
 @pytest.fixture(scope="module")

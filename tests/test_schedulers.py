@@ -231,7 +231,11 @@ def processes_with(mark: str) -> list[str]:
     "sig, nodes",
     [
         # mpirun and its ranks end too
-        pytest.param(signal.SIGTERM, 2, marks=(pytest.mark.mpi, pytest.mark.slow)),
+        pytest.param(
+            signal.SIGTERM,
+            2,
+            marks=(pytest.mark.mpi, pytest.mark.slow(reason="mpirun's two ranks under submit, signalled")),
+        ),
         (signal.SIGINT, 1),
         (signal.SIGHUP, 1),
     ],

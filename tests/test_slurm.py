@@ -258,7 +258,7 @@ def four_ranks(cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.slow  # the fixture's six jobs: about 2.5 minutes
+@pytest.mark.slow(reason="the fixture's six Slurm jobs: about 2.5 minutes")
 @pytest.mark.mpi
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("backend", ["torch", "horovod", "fsdp"])
@@ -280,7 +280,7 @@ def test_four_ranks_every_node_in_the_record(four_ranks: Path, backend: str, lay
     assert set(collectives) == (expected | {"all_to_all"} if per_node == 1 else expected)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="four ranks on Slurm with one slowed")
 @pytest.mark.mpi
 def test_a_slow_rank_is_named_with_its_node(four_ranks: Path) -> None:
     rec = record(four_ranks, "torch-4x1-n4")
@@ -311,7 +311,7 @@ def test_cancelled_point_is_reported_and_other_records_stay(sweep: Path) -> None
     assert valid_point(sweep / "torch-n1.json", spec, 1) and valid_point(sweep / "torch-n2.json", spec, 2)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a node taken down mid-job and its job's end awaited")
 @pytest.mark.mpi
 def test_node_down_mid_job_shows_the_failure(sweep: Path) -> None:
     """Bounded: 85 s from submission to the end, whatever Slurm does."""
@@ -345,7 +345,7 @@ def test_node_down_mid_job_shows_the_failure(sweep: Path) -> None:
     wait_for(sweep, "nodefail-n2", lambda r: not r.active, left(15))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a preempted point requeued and run again")
 @pytest.mark.mpi
 def test_preempted_point_is_requeued_and_runs_again(sweep: Path) -> None:
     """USR2 is what Slurm sends before the time limit (--signal) or on preemption: submitit

@@ -347,7 +347,7 @@ def _reseal(root: Path) -> None:
     (root / "manifest.json").write_text(json.dumps(doc))
 
 
-@pytest.mark.slow  # the site's fixture draws two reports (about 15 s on a loaded 2-core machine)
+@pytest.mark.slow(reason="the site's fixture draws two reports (about 15 s)")
 def test_the_site_lists_each_class_version_with_exports(
     site: tuple[Path, Site], packages: dict[str, Path]
 ) -> None:
@@ -379,7 +379,8 @@ def test_the_site_lists_each_class_version_with_exports(
     assert "hpcdl &lt;b&gt;tests&lt;/b&gt; &amp; co" in history and "<b>tests" not in index + history
 
 
-@pytest.mark.slow
+@pytest.mark.browser
+@pytest.mark.slow(reason="shares the site's fixture, which draws two reports (about 15 s)")
 def test_the_site_opens_in_chromium(site: tuple[Path, Site], tmp_path: Path) -> None:
     """Every page (the index, the class list, each system) loads with every figure and a quiet
     console; screenshots of the index and a system page are pages, not blanks."""
@@ -407,7 +408,7 @@ def test_the_site_opens_in_chromium(site: tuple[Path, Site], tmp_path: Path) -> 
         assert p.returncode == 0 and shot.read_bytes()[:8] == PNG_SIGNATURE and shot.stat().st_size > least
 
 
-@pytest.mark.slow  # the site fixture (shared with the tests above)
+@pytest.mark.slow(reason="shares the site's fixture")
 def test_a_rebuilt_site_drops_the_pages_of_withdrawn_lists_and_systems(
     site: tuple[Path, Site], tmp_path: Path
 ) -> None:

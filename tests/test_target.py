@@ -92,7 +92,7 @@ def test_random_data_cannot_have_a_target() -> None:
         hpcdl.RunConfig(target_loss_fraction=0.5, data="random")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="the class S suite trained to its loss target: minutes")
 def test_time_to_quality_score_of_a_class_run_with_the_target(tmp_path: Path) -> None:
     """The class S suite trained to the quality target: every record passes the gate though
     its window is short, and the time-to-quality score is the geomean of their times."""

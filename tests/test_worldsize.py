@@ -52,7 +52,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     }
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="two singleton processes waiting for their world's bound")
 def test_singletons_told_two_ranks_end_with_one_line_and_no_record(tmp_path: Path) -> None:
     """Two processes at once, each alone in its MPI world: rank 0 of a job file's 2-node point
     (hpcdl's job entry, which sets HPCDL_WORLD_SIZE) as a task of an srun step without PMIx, and

@@ -27,8 +27,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from hpcdl.device import synchronize
 from hpcdl.parallel.backends import Traffic
@@ -36,26 +34,38 @@ from hpcdl.workloads.counting import Count
 from hpcdl.workloads.precision import precision
 
 if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
+
     from hpcdl.workloads.spec import Spec
 
 TIMING_REPEATS = 5
 """timed repetitions of a step's collectives of one dimension (after 1 untimed), median taken"""
 
 
+# torch.distributed.tensor is imported where a tensor-parallel model is made or read: it takes
+# half a second to import, which every process of an eager, data-parallel run would pay
+
+
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``t``: a DTensor's local shard, or ``t`` itself."""
+    from torch.distributed.tensor import DTensor
+
     return t.to_local() if isinstance(t, DTensor) else t
 
 
 def whole(t: torch.Tensor) -> torch.Tensor:
     """``t`` whole: a DTensor gathered from its group's shards (collective over its mesh), or
     ``t`` itself."""
+    from torch.distributed.tensor import DTensor
+
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def plan(model: nn.Module) -> dict[str, ParallelStyle]:
     """Which submodule of ``model`` (an attention ``Transformer`` or an MLP ``Sequential``) is
     split how: column-parallel then row-parallel, pair by pair."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
     blocks = getattr(model, "blocks", None)
     if blocks is not None:  # attention: q/k/v and the feed-forward's first layer by columns
         styles: dict[str, ParallelStyle] = {}

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor.parallel import parallelize_module
 
 from hpcdl.parallel.backends import BACKENDS, MakeOptimizer, Traffic, Wrapped
 from hpcdl.parallel.backends.torch_ddp import DistGroup
@@ -60,6 +59,8 @@ class TensorParallel(DistGroup):
         # every rank built the same weights from the spec's seed; the dp replicas still take
         # their first rank's, as DDP would, so that no build difference can go unseen
         if self.layout.tp > 1:
+            from torch.distributed.tensor.parallel import parallelize_module  # 0.5 s: tp runs only
+
             parallelize_module(model, self.mesh["tp"], plan(model))
         if self.layout.dp > 1:
             source = self.layout.dp_group(self.rank)[0]
