@@ -44,6 +44,11 @@ class Cluster:
         """The command line that runs ``cmd`` on ``host`` (its name, network and hosts file)."""
         return ["bash", str(CLUSTER_SCRIPT), "exec", host, *cmd]
 
+    def environ(self) -> dict[str, str]:
+        """This process's environment with hpcdl's mpirun placing ranks one per host."""
+        env = {k: v for k, v in os.environ.items() if k not in ("HPCDL_CLUSTER_PPN", "HPCDL_CLUSTER_HOSTS")}
+        return env | ({"HPCDL_MPIRUN": self.mpirun} if self.mpirun else {})
+
     def host_names(self, ranks: int) -> list[str]:
         """The host of each of ``ranks`` ranks placed one per host (all on this one, alone)."""
         if self.mpirun is None:
@@ -92,16 +97,22 @@ def emulated_cluster() -> Iterator[Cluster]:
             _cluster_script("stop")
 
 
-@pytest.fixture
-def on_cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Cluster:
-    """hpcdl's mpirun (and every ``mpi_env()``) places ranks on the emulated hosts, one per
-    host, for this test only; without root, on this host (``LOCALHOST``: the MPI tests still
-    run, with localhost's mpirun)."""
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Cluster:
+    """Where multi-rank tests place their ranks: the emulated hosts as root; without root this
+    host (``LOCALHOST``: the MPI tests still run, with localhost's mpirun)."""
     if os.geteuid() != 0:
         return LOCALHOST
-    cluster: Cluster = request.getfixturevalue("emulated_cluster")
-    assert cluster.mpirun is not None
-    monkeypatch.setenv("HPCDL_MPIRUN", cluster.mpirun)
+    emulated: Cluster = request.getfixturevalue("emulated_cluster")
+    return emulated
+
+
+@pytest.fixture
+def on_cluster(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    """hpcdl's mpirun (and every ``mpi_env()``) places ranks on ``cluster``'s hosts, one per
+    host, for this test only."""
+    if cluster.mpirun is not None:
+        monkeypatch.setenv("HPCDL_MPIRUN", cluster.mpirun)
     monkeypatch.delenv("HPCDL_CLUSTER_PPN", raising=False)
     monkeypatch.delenv("HPCDL_CLUSTER_HOSTS", raising=False)
     return cluster

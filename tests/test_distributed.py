@@ -30,6 +30,31 @@ def only_record(out: Path) -> dict:
     return json.loads(path.read_text())
 
 
+class DataParallel:
+    """Data-parallel runs of ``MLP`` for 12 steps (4 ranks: 2 micro-batches a step), each run
+    once per module and read by every test that checks what such a run records."""
+
+    def __init__(self, cluster: Cluster, out: Path) -> None:
+        self.cluster, self.out, self.records = cluster, out, {}
+
+    def __call__(self, np: int, backend: str) -> dict:
+        if (np, backend) not in self.records:
+            out = self.out / f"np{np}-{backend}"
+            micro = 2 if np == 4 else 1
+            p = hpcdl(
+                "run", *MLP, f"accumulation_steps={micro}", "--np", str(np), "--backend", backend,
+                "--steps", "12", "--min-duration", "0", "-o", str(out), env=self.cluster.environ(),
+            )  # fmt: skip
+            assert p.returncode == 0, p.stderr[-3000:]
+            self.records[np, backend] = only_record(out)
+        return self.records[np, backend]
+
+
+@pytest.fixture(scope="module")
+def data_parallel(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> DataParallel:
+    return DataParallel(cluster, tmp_path_factory.mktemp("data-parallel"))
+
+
 @pytest.mark.parametrize(
     ("np", "backend"),
     [
@@ -39,32 +64,16 @@ def only_record(out: Path) -> dict:
         pytest.param(4, "horovod", marks=pytest.mark.slow(reason="the same check with four Horovod ranks")),
     ],
 )
-def test_every_rank_measured_and_checked(backend: str, np: int, tmp_path: Path, on_cluster: Cluster) -> None:
+def test_every_rank_measured_and_checked(backend: str, np: int, data_parallel: DataParallel) -> None:
     micro = 2 if np == 4 else 1  # 4 ranks also accumulate: 2 micro-batches per step
-    p = hpcdl(
-        "run",
-        *MLP,
-        f"accumulation_steps={micro}",
-        "--np",
-        str(np),
-        "--backend",
-        backend,
-        "--steps",
-        "12",
-        "--min-duration",
-        "0",
-        "-o",
-        str(tmp_path),
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    rec = only_record(tmp_path)
+    rec = data_parallel(np, backend)
     assert rec["settings"]["world_size"] == np and rec["settings"]["backend"] == backend
     assert rec["settings"]["global_batch"] == 16 * micro * np
     assert rec["settings"]["accumulation_steps"] == micro
     m = rec["metrics"]
     ranks = m["per_rank"]
     assert sorted(r["rank"] for r in ranks) == list(range(np))
-    hosts = on_cluster.host_names(np)
+    hosts = data_parallel.cluster.host_names(np)
     assert [r["host"] for r in sorted(ranks, key=lambda r: r["rank"])] == hosts
     assert rec["settings"]["nodes"] == len(set(hosts)) and rec["settings"]["hosts"] == sorted(set(hosts))
     assert all(r["timed_steps"] == 12 and r["samples_per_s"] > 0 for r in ranks)
@@ -245,23 +254,8 @@ def test_a_rank_that_raises_names_itself_and_ends_all(tmp_path: Path) -> None:
     assert "rank 1 on" in p.stderr and "RuntimeError: injected fault" in p.stderr, p.stderr[-2000:]
 
 
-def test_energy_is_unavailable_not_zero_without_meters(tmp_path: Path) -> None:
-    p = hpcdl(
-        "run",
-        *MLP,
-        "--np",
-        "2",
-        "--backend",
-        "horovod",
-        "--steps",
-        "3",
-        "--min-duration",
-        "0",
-        "-o",
-        str(tmp_path),
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    energy = only_record(tmp_path)["metrics"]["energy"]
+def test_energy_is_unavailable_not_zero_without_meters(data_parallel: DataParallel) -> None:
+    energy = data_parallel(2, "horovod")["metrics"]["energy"]
     assert energy["measured"] == "unavailable" and energy["energy_to_solution_j"] is None
     assert [r["gpu"]["available"] for r in energy["per_rank"]] == [False, False]
     assert all(r["gpu"]["reason"] for r in energy["per_rank"])
