@@ -103,7 +103,9 @@ def overhead(device: torch.device, rounds: int, steps: int) -> list[list[str]]:
         x, y = make_batch(spec, device=device)
         models = [spec.build().to(device) for _ in range(2)]
         opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in models]
-        trainer = Trainer(models[0], opts[0], Fixed(x, y), device, spec.precision)
+        trainer = Trainer(
+            model=models[0], optimizer=opts[0], source=Fixed(x, y), device=device, precision=spec.precision
+        )
         trainer.run(3, 3, 0)
         bare_steps(models[1], opts[1], x, y, 3, device, spec.precision)
         ours, bare = [], []

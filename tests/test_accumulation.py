@@ -53,11 +53,11 @@ def one_step(spec: Spec, batches: list[tuple[torch.Tensor, torch.Tensor]], optim
     model = spec.build()
     make = torch.optim.SGD if optimizer == "sgd" else torch.optim.AdamW
     trainer = Trainer(
-        model,
-        make(model.parameters(), lr=0.1),
-        Batches(batches),
-        CPU,
-        "fp32",
+        model=model,
+        optimizer=make(model.parameters(), lr=0.1),
+        source=Batches(batches),
+        device=CPU,
+        precision="fp32",
         accumulation_steps=spec.accumulation_steps,
     )
     trainer.step()
@@ -89,11 +89,11 @@ def test_data_and_forward_phases_sum_over_the_micro_batches() -> None:
     model = spec.build()
     pool = list(zip(*(t.split(2) for t in make_batch(spec, 6, CPU)), strict=True))
     trainer = Trainer(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        Batches(pool, delay_s=0.02),
-        CPU,
-        "fp32",
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        source=Batches(pool, delay_s=0.02),
+        device=CPU,
+        precision="fp32",
         delay_s=0.02,
         accumulation_steps=3,
     )
@@ -205,7 +205,11 @@ def reductions(backend: Any, world: World, steps: int) -> dict[str, Any]:
         opt._allreduce_grad_async = spy
     x, y = make_batch(spec, 4 * spec.batch_size, CPU, stream=world.rank)
     source = Batches(list(zip(x.split(spec.batch_size), y.split(spec.batch_size), strict=True)))
-    Trainer(wrapped, opt, source, CPU, "fp32", backend=backend, accumulation_steps=N).run(1, steps - 1, 0)
+    trainer = Trainer(
+        model=wrapped, optimizer=opt, source=source, device=CPU, precision="fp32", backend=backend,
+        accumulation_steps=N,
+    )  # fmt: skip
+    trainer.run(1, steps - 1, 0)
     return {
         "steps": steps,
         "micro_batches": sorted({(f - 1) % N for f in at}),

@@ -114,11 +114,13 @@ def test_two_runs_of_one_name_leave_one_whole_pair(tmp_path: Path) -> None:
     out = tmp_path / "out"
     results: list[Ran] = []
     args = ("run", *TINY, "--steps", "30", "--min-duration", "0", "--name", "same", "-o", str(out))
-    # two processes racing (in this one, the second call would wait for the first)
-    threads = [threading.Thread(target=lambda: results.append(hpcdl_process(*args))) for _ in range(2)]
-    for t in threads:
+    # two processes racing (in this one, the second call would wait for the first), a thread
+    # each: two cores, one for each, and neither waits for a CPU the other holds (quiet_machine)
+    one = {**os.environ, "OMP_NUM_THREADS": "1"}
+    race = [threading.Thread(target=lambda: results.append(hpcdl_process(*args, env=one))) for _ in range(2)]
+    for t in race:
         t.start()
-    for t in threads:
+    for t in race:
         t.join()
     assert [r.returncode for r in results] == [0, 0], [r.stderr[-500:] for r in results]
     record = out / "same.json"

@@ -44,7 +44,8 @@ def test_run_writes_a_complete_valid_record(tmp_path: Path) -> None:
     assert sum(p["mean"] for p in m["phases_s"].values()) == pytest.approx(st["mean"], rel=0.05)
     assert 0 < m["mfu"] < 1.5 and m["peak_memory_bytes"] > 0
     assert rec["validity"]["passed"], rec["validity"]
-    assert {c["name"] for c in rec["validity"]["checks"]} == {"loss_finite", "min_duration", "loss_falls"}
+    names = {c["name"] for c in rec["validity"]["checks"]}
+    assert names == {"loss_finite", "min_duration", "loss_falls", "quiet_machine", "steady_steps"}
     steps = read_steps(tmp_path / rec["steps_file"])
     assert len(steps["step_s"]) == 20 and len(steps["loss"]) == 20 + 3
     assert steps["step_s"].sum() <= m["timed_window_s"] + 1e-6

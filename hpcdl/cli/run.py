@@ -67,16 +67,21 @@ def class_run(
     return specs, cfg, ""
 
 
-def class_settings(cfg: RunConfig, name: str, world: World, lr_given: bool = False) -> RunConfig:
+def class_settings(
+    cfg: RunConfig, name: str, world: World, lr_given: bool = False, mode_given: bool = False
+) -> RunConfig:
     """The run settings of a class's workload ``name``: its learning rate from the class's file
-    (``Suite.settings``) unless ``--lr`` set one (``lr_given``), and the class's default layout
-    for this job (``Suite.default_layout``) unless ``--layout`` names one; data parallelism where
-    tp x pp of that layout does not divide the ranks."""
+    (``Suite.settings``) unless ``--lr`` set one (``lr_given``), the class's execution mode
+    (``Suite.mode``) unless ``--compile`` or ``--eager`` set one (``mode_given``), and the class's
+    default layout for this job (``Suite.default_layout``) unless ``--layout`` names one; data
+    parallelism where tp x pp of that layout does not divide the ranks."""
     from hpcdl.workloads import recipes
 
     if not cfg.suite_class:
         return cfg
     suite = recipes.suite(cfg.suite_class)
+    if not mode_given:
+        cfg = cfg.replace(mode=suite.mode)
     if not lr_given and "lr" in suite.settings.get(name, {}):
         cfg = cfg.replace(lr=float(suite.settings[name]["lr"]))
     if cfg.layout or world.size == 1:
@@ -127,9 +132,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(specs) > 1 and args.duration is None and args.steps is None:
         cfg = cfg.replace(duration_s=12.0)  # the default suite: ~2 minutes on a 2-core CPU
     local = World(size=args.np, local_size=1 if under_mpi() else args.np)  # --np: all ranks here
-    lr_given = args.lr is not None
+    given = {"lr_given": args.lr is not None, "mode_given": args.execution_mode is not None}
     for name, spec in specs.items():
-        preflight(spec, class_settings(cfg, name, local, lr_given), local)  # bad input refused up front
+        preflight(spec, class_settings(cfg, name, local, **given), local)  # bad input refused up front
     if args.mllog:
         mllog.check(Path(args.mllog))
     if not under_mpi():
@@ -162,7 +167,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             with LiveLine(prefix, cfg.steps, cfg.duration_s) as line:
                 res = run(
                     spec,
-                    class_settings(cfg, name, world, lr_given),
+                    class_settings(cfg, name, world, **given),
                     output_dir=out,
                     name=repeats.repeat_name(base, r, args.repeat),
                     progress=line.say,

@@ -28,7 +28,27 @@ RUN_FLAGS = {
     "stall": "stall_s",
     "target_loss_fraction": "target_loss_fraction",
     "layout": "layout",
+    "execution_mode": "mode",
+    "graphs": "graphs",
+    "fused_optimizer": "fused_optimizer",
+    "memory_format": "memory_format",
 }
+
+
+def run_argv(args: argparse.Namespace) -> list[str]:
+    """The measurement options given, as command-line words again (a sweep's points)."""
+    words = []
+    for flag in RUN_FLAGS:
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if flag == "execution_mode":
+            words.append(f"--{value}")
+        elif flag == "graphs":
+            words.append("--graphs")
+        else:
+            words.append(f"--{flag.replace('_', '-')}={value}")
+    return words
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:
@@ -89,6 +109,40 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
         help="size each workload's batch per rank to fill this fraction of the device memory (default 0.8)",
     )
     r.add_argument("--timeout", type=float, help="end a multi-rank run that takes longer than this (seconds)")
+    how = r.add_mutually_exclusive_group()
+    how.add_argument(
+        "--compile",
+        dest="execution_mode",
+        action="store_const",
+        const="compile",
+        help="torch.compile the model (inductor); the warm-up compiles, and the time to the first "
+        "step is recorded apart (default: the class's mode, else eager)",
+    )
+    how.add_argument(
+        "--eager",
+        dest="mode",
+        action="store_const",
+        const="eager",
+        help="eager PyTorch, also for a class that compiles",
+    )
+    r.add_argument(
+        "--graphs",
+        action="store_const",
+        const="true",
+        help="CUDA: capture the compiled steps as CUDA graphs (with --compile; static shapes)",
+    )
+    r.add_argument(
+        "--fused-optimizer",
+        dest="fused_optimizer",
+        metavar="auto|on|off",
+        help="the optimizer's fused implementation (default auto: where faster, on CUDA)",
+    )
+    r.add_argument(
+        "--memory-format",
+        dest="memory_format",
+        metavar="auto|contiguous|channels_last",
+        help="convolutions' memory format for cnn and speech (default auto: channels_last on CUDA)",
+    )
     r.add_argument(
         "--target-loss-fraction",
         dest="target_loss_fraction",

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcdl.cli.common import add_workload_options, err, workload_specs
-from hpcdl.cli.run_options import RUN_FLAGS, add_run_options, run_config
+from hpcdl.cli.run_options import add_run_options, run_argv, run_config
 from hpcdl.errors import InputError
 from hpcdl.parallel.world import World
 from hpcdl.records.store import NAME_RE
@@ -46,11 +46,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             cfg,
             World(size=np),
         )
-    run_args = [
-        f"--{flag.replace('_', '-')}={getattr(args, flag)}"
-        for flag in RUN_FLAGS
-        if getattr(args, flag) is not None
-    ]
+    run_args = run_argv(args)
     if cap is not None:
         return cmd_cap_sweep(args, spec, cfg, nps[0], run_args, *cap)
     summary, stopped = sweep_mod.sweep(

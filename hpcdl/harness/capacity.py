@@ -229,7 +229,14 @@ def run_capacity(
         )
     try:
         me, note = place(world, layout, on_gpus(cfg.device))
-        placements = world.gather(me)
+        everyone = world.allgather(me)
+        placements = everyone if world.rank == 0 else None
+        shared = set(me.cpus)
+        co_runners = sum(
+            p.threads
+            for p in everyone
+            if p.instance != me.instance and p.host == me.host and shared & set(p.cpus)
+        )
         instance = world_of(world.comm.Split(me.instance, world.rank)) if world.comm is not None else world
         mine = spec.replace(seed=spec.seed + me.instance)
         lead = world.rank == 0
@@ -247,6 +254,7 @@ def run_capacity(
             name=f"{name}-i{me.instance}",
             world=instance,
             before_window=lambda: idle_barrier(world),  # every instance times the same span
+            co_runners=co_runners,
         )
         records = world.gather(together.record if instance.rank == 0 else None)
     except HpcdlError as e:

@@ -47,7 +47,10 @@ def gpu_identity(device: torch.device) -> str | None:
     return cuda_uuid(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def make_optimizer(params: Iterable[torch.nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: Iterable[torch.nn.Parameter], cfg: RunConfig, fused: bool = False
+) -> torch.optim.Optimizer:
+    """The run's optimizer; ``fused``: its one-kernel implementation (``measure.execution``)."""
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
-    return torch.optim.AdamW(params, lr=cfg.lr)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, fused=fused or None)
+    return torch.optim.AdamW(params, lr=cfg.lr, fused=fused or None)

@@ -32,7 +32,7 @@ from hpcdl.measure.data import device_pool, make_batch
 from hpcdl.measure.loop import IN_STEP_PHASES, BatchSource, StepLog, Trainer
 from hpcdl.measure.measurement import Check, RankMeasurement
 from hpcdl.measure.peaks import theoretical_peak
-from hpcdl.measure.schedstat import Descheduled, together
+from hpcdl.measure.schedstat import Descheduled, kernel_id, together
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.watchdog import Watchdog
 from hpcdl.parallel.backends import Traffic
@@ -58,37 +58,51 @@ class PipelineTrainer(Trainer):
 
     def __init__(
         self,
+        *,
         pipeline: Pipeline,
         optimizer: torch.optim.Optimizer,
         source: BatchSource,
         device: torch.device,
         precision: str,
-        phase_sync: bool,
         group: dist.ProcessGroup | None,
+        on_step: Callable[[], None] | None = None,
+        before_window: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(nn.ModuleList(pipeline.modules), optimizer, source, device, precision, phase_sync)
+        super().__init__(
+            model=nn.ModuleList(pipeline.modules),
+            optimizer=optimizer,
+            source=source,
+            device=device,
+            precision=precision,
+            on_step=on_step,
+            before_window=before_window,
+        )
         self.pipeline, self.group = pipeline, group
         self.times: list[StepTimes] = []
 
     def step(self) -> tuple[float, dict[str, float], dict[str, float]]:
-        start = self._mark()
+        clock = self.clock
+        t0 = time.perf_counter()
+        marks = [clock.mark()]
         x, y = self.source.next()
-        t1 = self._mark()
+        marks.append(clock.mark())
         loss, times = self.pipeline.step(x, y)
-        t2 = self._mark()
+        marks.append(clock.mark())
         self.pipeline.reduce_gradients()
-        t3 = self._mark()
+        marks.append(clock.mark())
         self.optimizer.step()
         self.optimizer.zero_grad()
-        synchronize(self.device)
-        t4 = time.perf_counter()
+        marks.append(clock.mark())
+        synchronize(self.device)  # the step's one wait for the device
+        wall = time.perf_counter() - t0
         # the stages before the last have no loss: theirs is filled in after the run
         self._losses.append(loss if loss is not None else torch.tensor(float("nan")))
-        self.times.append(times)
+        self.times.append(times())
         if self.on_step is not None:
             self.on_step()
-        phases = {"data": t1 - start, "schedule": t2 - t1, "allreduce": t3 - t2, "optimizer": t4 - t3}
-        return t4 - start, phases, dict.fromkeys(IN_STEP_PHASES, 0.0)
+        phases = {p: clock.seconds(a, b) for p, a, b in zip(PIPELINE_PHASES, marks, marks[1:], strict=True)}
+        clock.recycle(*marks)
+        return wall, phases, dict.fromkeys(IN_STEP_PHASES, 0.0)
 
     def local_backward_s(self, steps: int) -> list[float]:
         return []  # a stage's backward waits for its neighbour's gradients: not computation alone
@@ -239,18 +253,24 @@ def measure_pipeline_rank(
     source = device_pool(
         spec, device, cfg.pool_batches, learnable=cfg.data == "learnable", stream=coords["dp"]
     )
+    guard: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+    on_step = None
+    if heartbeats is not None and cfg.stall_s > 0:
+        watchdog = Watchdog(heartbeats, world, cfg.stall_s)
+        guard, on_step = watchdog, watchdog.step_done
     trainer = PipelineTrainer(
-        pipe, make_optimizer(own, cfg), source, device, spec.precision, cfg.phase_sync, groups.pp
+        pipeline=pipe,
+        optimizer=make_optimizer(own, cfg),
+        source=source,
+        device=device,
+        precision=spec.precision,
+        group=groups.pp,
+        on_step=on_step,
+        before_window=before_window,
     )
-    trainer.before_window = before_window
     reset_peak_memory(device, pin=cfg.fit_fraction > 0)  # as runner.measure_rank: a fitted run as its trials
     report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
     sampler, descheduled = TelemetrySampler(device), Descheduled()
-    guard: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
-    if heartbeats is not None and cfg.stall_s > 0:
-        watchdog = Watchdog(heartbeats, world, cfg.stall_s)
-        trainer.on_step = watchdog.step_done
-        guard = watchdog
     with guard:
         log = trainer.run(
             cfg.warmup_steps,
@@ -293,6 +313,7 @@ def measure_pipeline_rank(
         energy=sampler.summary(),
         on_cpu_s=descheduled.ran_s,
         descheduled_s=descheduled.waited_s,
+        kernel=kernel_id(),
         power_trace=sampler.trace(),
         checks=checks,
         digest=pipeline_digest(model, pipe, layout, world),

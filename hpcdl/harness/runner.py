@@ -35,11 +35,12 @@ from hpcdl.measure import hdf5 as h5data
 from hpcdl.measure.checks import one_step_equivalence, parameter_digest
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import device_pool
+from hpcdl.measure.execution import Execution, compiled, compiled_graphs, inputs, prepare, resolve
 from hpcdl.measure.fit import Fit, estimated_batch, fit_batch, rank_memory
 from hpcdl.measure.loop import BatchSource, Trainer
 from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import theoretical_peak
-from hpcdl.measure.schedstat import Descheduled, together
+from hpcdl.measure.schedstat import Descheduled, kernel_id, together
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.trial import Shard, warm_base
 from hpcdl.measure.watchdog import Watchdog
@@ -51,10 +52,11 @@ from hpcdl.parallel.backends import (
     resolve_backend_name,
 )
 from hpcdl.parallel.backends.choose import backend_class, start_backend
+from hpcdl.parallel.backends.fsdp import units
 from hpcdl.parallel.backends.tensor import TensorParallel
 from hpcdl.parallel.commbench import backend_time
 from hpcdl.parallel.launch import not_stopped
-from hpcdl.parallel.layout import Layout
+from hpcdl.parallel.layout import Layout, parse_layout
 from hpcdl.parallel.placement import full_parameters, spread
 from hpcdl.parallel.tensor import rank_count
 from hpcdl.parallel.world import World, init_world, others_wait
@@ -105,6 +107,7 @@ def preflight(spec: Spec, cfg: RunConfig, world: World | None = None) -> torch.d
     estimate."""
     world = world or World()
     device = rank_device(cfg, world)
+    execution_of(spec, cfg, device)
     backend_name = resolve_backend_name(cfg.backend, world.size)
     layout = run_layout(spec, cfg, world.size)
     if cfg.data == "hdf5":
@@ -148,15 +151,24 @@ def distinct_gpus(device: torch.device, world: World) -> None:
 
 
 def make_source(
-    spec: Spec, cfg: RunConfig, device: torch.device, world: World, shard: tuple[int, int] | None = None
+    spec: Spec,
+    cfg: RunConfig,
+    device: torch.device,
+    world: World,
+    shard: tuple[int, int] | None = None,
+    execution: Execution | None = None,
 ) -> tuple[BatchSource, dict]:
     """This rank's batch source and, for HDF5, the I/O figures measured while preparing it.
     Each rank draws its own data stream (its shard; ``shard`` = (stream, streams) where ranks
-    share one, as a tensor-parallel group does); HDF5 shards are written by rank 0."""
+    share one, as a tensor-parallel group does); HDF5 shards are written by rank 0. Inputs come
+    in the execution's memory format (a pool's converted once, read batches as they are read)."""
     stream, streams = shard or (world.rank, world.size)
     if cfg.data != "hdf5":
         learnable = cfg.data == "learnable"
-        return device_pool(spec, device, cfg.pool_batches, learnable=learnable, stream=stream), {}
+        pool = device_pool(spec, device, cfg.pool_batches, learnable=learnable, stream=stream)
+        if execution is not None:
+            pool.batches[:] = [(inputs(x, execution), y) for x, y in pool.batches]
+        return pool, {}
     io: dict[str, Any] = {}
     if world.rank == 0 and not h5data.has_shards(spec, cfg.data_dir):
         batches = max(cfg.pool_batches, 2) * world.size  # every rank gets its own batches
@@ -164,7 +176,29 @@ def make_source(
             io["write"] = h5data.write_shards(spec, cfg.data_dir, batches=batches).to_dict()
     world.barrier()
     io["read"] = h5data.read_throughput(cfg.data_dir, cfg.data_workers, rank=stream, ranks=streams).to_dict()
-    return h5data.HDF5Source(cfg.data_dir, device, cfg.data_workers, stream, streams), io
+    source: BatchSource = h5data.HDF5Source(cfg.data_dir, device, cfg.data_workers, stream, streams)
+    return (Formatted(source, execution) if execution is not None else source), io
+
+
+@dataclass(frozen=True)
+class Formatted:
+    """A batch source whose inputs are put in the execution's memory format as they are read."""
+
+    source: BatchSource
+    execution: Execution
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.source.next()
+        return inputs(x, self.execution), y
+
+
+def execution_of(spec: Spec, cfg: RunConfig, device: torch.device) -> Execution:
+    """The run's execution (``measure.execution``), refused in one line where the device, the
+    layout or the host cannot run it."""
+    pipeline = bool(cfg.layout) and parse_layout(cfg.layout).pp > 1
+    return resolve(
+        cfg.mode, cfg.graphs, cfg.fused_optimizer, cfg.memory_format, spec.family, device, pipeline
+    )
 
 
 def slow_rank_delay(rank: int) -> float:
@@ -201,46 +235,53 @@ def measure_rank(
     ceiling = measured_ceiling(device, spec.precision, torch.get_num_threads())
     report.say(f"building {spec.family} model and {cfg.data} data")
     held = warm_base(spec, cfg.optimizer, device) if cfg.fit_fraction > 0 else None  # only a fit compares
-    model = spec.build().to(device)
+    execution = execution_of(spec, cfg, device)
+    model = prepare(spec.build().to(device), execution)
     in_step = spread(model, world.rank, world.size, backend, device)
     traffic, grad_bytes = backend.traffic(model, spec.accumulation_steps), gradient_bytes(model)
     shard = data_shard(backend, world.rank, world.size)
-    source, io = make_source(spec, cfg, device, world, shard)
+    source, io = make_source(spec, cfg, device, world, shard, execution)
     inner = model  # the module itself: backends wrap it (DDP) or shard it in place (FSDP, TP)
+    late = getattr(backend, "compiles_after_wrap", False)
+    if not late:  # DDP around the compiled model; FSDP around each compiled block (torchtitan's way)
+        model = compiled(model, execution, units(model) if backend.shards_state else None)
     model, optimizer = backend.wrap(
-        model, lambda params: make_optimizer(params, cfg), spec.accumulation_steps
+        model, lambda params: make_optimizer(params, cfg, execution.fused_optimizer), spec.accumulation_steps
     )
+    if late:
+        model = compiled(model, execution)
     layered = backend.step_traffic(inner, spec) if isinstance(backend, TensorParallel) else None
     if layered is not None and isinstance(backend, TensorParallel):  # what a rank moves: its shards
         traffic = list(layered.values())
         # the shards' gradients are reduced only across data-parallel replicas (dp > 1)
         grad_bytes = backend.traffic(inner)[0].bytes if backend.layout.dp > 1 else 0
-    delay = slow_rank_delay(world.rank)
-    trainer = Trainer(
-        model,
-        optimizer,
-        source,
-        device,
-        spec.precision,
-        cfg.phase_sync,
-        backend,
-        in_step,
-        delay,
-        spec.accumulation_steps,
-    )
-    trainer.target = (cfg.target_loss_fraction, cfg.pool_batches) if cfg.target_loss_fraction else None
-    trainer.before_window = before_window
-    # a fitted run keeps glibc's mmap threshold where its trials fixed it, or the heap keeps what
-    # they did not (docs/validation/2026-11-26-auto-fit.md, step 5)
-    reset_peak_memory(device, pin=cfg.fit_fraction > 0)
-    report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
-    local_backward = trainer.local_backward_s(CALIBRATION_STEPS)
-    sampler, descheduled = TelemetrySampler(device), Descheduled()
     guard: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+    on_step = None
     if heartbeats is not None and world.size > 1 and cfg.stall_s > 0:
         watchdog = Watchdog(heartbeats, world, cfg.stall_s)
-        trainer.on_step = watchdog.step_done
-        guard = watchdog
+        guard, on_step = watchdog, watchdog.step_done
+    delay = slow_rank_delay(world.rank)
+    trainer = Trainer(
+        model=model,
+        optimizer=optimizer,
+        source=source,
+        device=device,
+        precision=spec.precision,
+        backend=backend,
+        in_step=in_step,
+        delay_s=delay,
+        accumulation_steps=spec.accumulation_steps,
+        on_step=on_step,
+        target=(cfg.target_loss_fraction, cfg.pool_batches) if cfg.target_loss_fraction else None,
+        before_window=before_window,
+    )
+    # a fitted run keeps glibc's mmap threshold where its trials fixed it, or the heap keeps what
+    # they did not (docs/validation/2026-11-26-auto-fit.md)
+    reset_peak_memory(device, pin=cfg.fit_fraction > 0)
+    compiling = ", compiling" if execution.mode == "compile" else ""
+    report.say(f"warm-up {cfg.warmup_steps} steps{compiling}, then timing")
+    local_backward = trainer.local_backward_s(CALIBRATION_STEPS)
+    sampler, descheduled = TelemetrySampler(device), Descheduled()
     with guard:
         log = trainer.run(
             cfg.warmup_steps,
@@ -250,6 +291,7 @@ def measure_rank(
             window=together(sampler, descheduled),
             agree=world.all_true,  # the window ends when every rank's clock says so
         )
+    graphs = compiled_graphs() if execution.mode == "compile" else {}
     mem_bytes, mem_kind = peak_memory(device)  # before the collectives below allocate theirs
     several = world.size > 1
     return RankMeasurement(
@@ -277,8 +319,11 @@ def measure_rank(
         injected_delay_s=delay,
         on_cpu_s=descheduled.ran_s,
         descheduled_s=descheduled.waited_s,
+        kernel=kernel_id(),
         digest=parameter_digest(full_parameters(inner, backend)) if several else "",
         collective_s=collective_seconds(world, backend, device, traffic, layered),
+        execution=execution.to_dict(),
+        compiled=graphs,
     )
 
 
@@ -314,6 +359,7 @@ def run(
     world: World | None = None,
     ticks: Ticks | None = None,
     before_window: Callable[[], None] | None = None,
+    co_runners: int = 0,
 ) -> RunResult:
     """Measure one workload and write its record (unless ``output_dir`` is None).
 
@@ -322,7 +368,8 @@ def run(
     rank returns it). Raises :class:`hpcdl.errors.SpecError` before running anything when the
     spec cannot fit the device or the backend is unavailable. ``before_window`` is called on
     every rank after warm-up, just before timing (concurrent instances start their windows
-    together).
+    together); ``co_runners``: threads of other runs of the same job on this rank's CPUs (those
+    instances), whose waits for a CPU are the job's own, not a disturbance.
     """
     cfg = config or RunConfig()
     world = world or init_world()
@@ -378,6 +425,7 @@ def run(
             mine = measure_pipeline_rank(spec, cfg, device, world, layout, report, heartbeats, before_window)
         else:
             mine = measure_rank(spec, cfg, device, world, backend, report, heartbeats, before_window)
+        mine.co_runner_threads = co_runners
     finally:
         backend.close()
         if world.rank == 0 and heartbeats is not None:

@@ -41,7 +41,25 @@ class RunConfig(Knobs):
     backend: str = knob(
         "auto", doc="gradient reduction across ranks: horovod, torch (DDP), auto (horovod if installed)"
     )
-    phase_sync: bool = knob(True, doc="synchronise the device between phases to time each (costs a little)")
+    mode: str = knob(
+        "eager",
+        choices=("eager", "compile"),
+        doc="eager PyTorch, or torch.compile (inductor) of the model: the warm-up steps compile,"
+        " and the time to the first step is recorded apart from the timed window",
+    )
+    graphs: bool = knob(
+        False, doc="CUDA: capture the compiled steps as CUDA graphs (torch.compile's reduce-overhead)"
+    )
+    fused_optimizer: str = knob(
+        "auto",
+        choices=("auto", "on", "off"),
+        doc="the optimizer's fused implementation; auto: where it is faster on the device (CUDA)",
+    )
+    memory_format: str = knob(
+        "auto",
+        choices=("auto", "contiguous", "channels_last"),
+        doc="the convolutions' memory format (cnn, speech); auto: channels_last where it is faster (CUDA)",
+    )
     stall_s: float = knob(
         120.0,
         lo=0.0,

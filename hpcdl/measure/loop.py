@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcdl import metrics
+from hpcdl.clock import StepClock
 from hpcdl.device import synchronize
 from hpcdl.parallel.backends import Backend
 from hpcdl.parallel.backends.single import SingleProcess
@@ -47,6 +48,9 @@ class StepLog:
     """bytes those collectives sent per timed step (one rank's send buffers)"""
     in_step_calls: int = 0
     """their calls per timed step"""
+    warmup_s: list[float] = field(default_factory=list)
+    """wall time of each warm-up step: the first holds what a user waits for before training
+    runs (compilation, first allocations; the time to first step)"""
 
     def in_step_per_step(self) -> list[float]:
         """Seconds of blocking in-step collectives in each timed step, forward and backward."""
@@ -54,51 +58,52 @@ class StepLog:
 
 
 class Trainer:
-    """One model, optimizer and batch source; ``run`` executes steps and times them."""
+    """One model, optimizer and batch source; ``run`` executes steps and times them.
+
+    A timed step waits for the device once, at its end: its phases (and the blocking collectives
+    inside forward and backward) are read from the step clock's marks afterwards (CUDA events on
+    a GPU, host clock readings on a CPU: ``hpcdl.clock``), so that timing where the time goes
+    does not slow the step it times."""
 
     phases: tuple[str, ...] = PHASES
     """the phases ``step`` times (a pipeline's differ: ``hpcdl.harness.pipelined``)"""
 
     def __init__(
         self,
+        *,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         source: BatchSource,
         device: torch.device,
         precision: str,
-        phase_sync: bool = True,
         backend: Backend | None = None,
         in_step: InStepCollectives | None = None,
         delay_s: float = 0.0,
         accumulation_steps: int = 1,
+        on_step: Callable[[], None] | None = None,
+        target: tuple[float, int] | None = None,
+        before_window: Callable[[], None] | None = None,
     ) -> None:
         """``in_step`` times the collectives layers call inside a step; ``delay_s`` is slept
         before every forward pass (a slow rank made on purpose, for tests). A step is
-        ``accumulation_steps`` micro-batches (the backend wrapped the model for as many)."""
+        ``accumulation_steps`` micro-batches (the backend wrapped the model for as many).
+        ``on_step`` is called after every step (the stall watchdog's heartbeat); ``target``
+        (fraction, window) also ends the timed window once the mean loss of the last ``window``
+        timed steps has fallen to ``fraction`` of the first timed step's (time to target);
+        ``before_window`` is called after warm-up, right before the timed window."""
         self.model, self.optimizer, self.source, self.device = model, optimizer, source, device
         self.accumulation_steps = accumulation_steps
         self.backend = backend or SingleProcess()
         self.in_step = in_step or InStepCollectives(device)
+        self.clock = StepClock(device)
         self.delay_s = delay_s
         self.precision = precision_of(precision)
         self.scaler = torch.amp.GradScaler(
             device.type, enabled=needs_loss_scaling(self.precision, device, model)
         )
-        self.phase_sync = phase_sync
-        self.on_step: Callable[[], None] | None = None
-        """called after every step (the stall watchdog's heartbeat)"""
-        self.target: tuple[float, int] | None = None
-        """(fraction, window): also stop once the mean loss of the last ``window`` timed steps
-        has fallen to ``fraction`` of the first timed step's (time to target)"""
-        self.before_window: Callable[[], None] | None = None
-        """called after warm-up, right before the timed window"""
+        self.on_step, self.target, self.before_window = on_step, target, before_window
         self._losses: list[torch.Tensor] = []
         self._first_timed = 0
-
-    def _mark(self) -> float:
-        if self.phase_sync:
-            synchronize(self.device)
-        return time.perf_counter()
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward pass in the run's precision, then the mean cross-entropy in fp32."""
@@ -112,48 +117,46 @@ class Trainer:
         """One training step: ``accumulation_steps`` micro-batches, each loaded, run forward
         and backward on its loss divided by their number (the gradients sum to those of their
         mean), all but the last inside the backend's ``accumulating`` context; then the
-        reduction and the optimizer, once. Returns its wall time, the time of each phase (data,
-        forward and backward summed over the micro-batches) and the time spent in blocking
-        in-step collectives during forward and backward."""
-        n = self.accumulation_steps
-        phases = dict.fromkeys(PHASES, 0.0)
-        in_step = dict.fromkeys(IN_STEP_PHASES, 0.0)
+        reduction and the optimizer, once; then one wait for the device. Returns its wall time,
+        the time of each phase (data, forward and backward summed over the micro-batches) and
+        the time spent in blocking in-step collectives during forward and backward."""
+        n, clock = self.accumulation_steps, self.clock
         losses = []
-        start = self._mark()
+        t0 = time.perf_counter()
+        marks = [clock.mark()]  # data, forward, backward per micro-batch; then the reduction, the optimizer
         for i in range(n):
-            last = i == n - 1
-            with nullcontext() if last else self.backend.accumulating(self.model):
-                t0 = self._mark() if i else start
+            with nullcontext() if i == n - 1 else self.backend.accumulating(self.model):
                 x, y = self.source.next()
-                t1 = self._mark()
-                c1 = self.in_step.seconds
+                marks.append(clock.mark())
+                self.in_step.phase = "forward"
                 loss = self._loss(x, y)
                 if n > 1:  # the micro-batches' gradients then sum to those of their mean loss
                     loss = loss / n
-                t2 = self._mark()
-                c2 = self.in_step.seconds
+                marks.append(clock.mark())
+                self.in_step.phase = "backward"
                 self.scaler.scale(loss).backward()
-                t3 = self._mark()
-                c3 = self.in_step.seconds
+                marks.append(clock.mark())
             losses.append(loss.detach())
-            phases["data"] += t1 - t0
-            phases["forward"] += t2 - t1
-            phases["backward"] += t3 - t2
-            in_step["forward"] += c2 - c1
-            in_step["backward"] += c3 - c2
         self.backend.finish_reduction(self.optimizer)
-        t4 = self._mark()
+        marks.append(clock.mark())
         self.backend.step(self.optimizer, self.scaler)
         self.scaler.update()
         self.optimizer.zero_grad()  # None grads: the default since torch 2.0
-        synchronize(self.device)  # the step's end is always synchronised
-        t5 = time.perf_counter()
+        marks.append(clock.mark())
+        synchronize(self.device)  # the step's one wait for the device
+        wall = time.perf_counter() - t0
         self._losses.append(torch.stack(losses).sum() if n > 1 else losses[0])  # the mean loss
-        phases["allreduce"] = t4 - t3
-        phases["optimizer"] = t5 - t4
+        phases = dict.fromkeys(PHASES, 0.0)
+        for i in range(n):
+            for j, phase in enumerate(("data", "forward", "backward")):
+                phases[phase] += clock.seconds(marks[3 * i + j], marks[3 * i + j + 1])
+        phases["allreduce"] = clock.seconds(marks[-3], marks[-2])
+        phases["optimizer"] = clock.seconds(marks[-2], marks[-1])
+        clock.recycle(*marks)
+        in_step = dict.fromkeys(IN_STEP_PHASES, 0.0) | self.in_step.take()
         if self.on_step is not None:
             self.on_step()
-        return t5 - start, phases, in_step
+        return wall, phases, in_step
 
     def local_backward_s(self, steps: int) -> list[float]:
         """Backward times with the backend's reduction switched off (DDP's ``no_sync``) and
@@ -169,10 +172,13 @@ class Trainer:
             with self.backend.no_reduction(self.model) or nullcontext():
                 for _ in range(self.accumulation_steps):
                     loss = self._loss(*self.source.next())
-                    t0 = self._mark()
-                    c0 = self.in_step.seconds
+                    synchronize(self.device)
+                    self.in_step.take()
+                    self.in_step.phase = "backward"
+                    t0 = time.perf_counter()
                     self.scaler.scale(loss).backward()
-                    seconds += self._mark() - t0 - (self.in_step.seconds - c0)
+                    synchronize(self.device)
+                    seconds += time.perf_counter() - t0 - sum(self.in_step.take().values())
             times.append(seconds)
             self.optimizer.zero_grad()  # None grads: the default since torch 2.0
         return times
@@ -196,8 +202,8 @@ class Trainer:
         allreduce."""
         log = StepLog(phases_s={p: [] for p in self.phases})
         self.model.train()
-        for _ in range(warmup):
-            self.step()
+        for _ in range(warmup):  # a compiled model compiles in the first
+            log.warmup_s.append(self.step()[0])
         synchronize(self.device)
         if self.before_window is not None:
             self.before_window()

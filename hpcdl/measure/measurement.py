@@ -73,6 +73,12 @@ class RankMeasurement:
     (:mod:`hpcdl.measure.schedstat`); None where the kernel does not say"""
     descheduled_s: float | None = None
     """seconds it was ready to run but waited for a CPU then"""
+    co_runner_threads: int = 0
+    """threads of other runs of the same job sharing this rank's CPUs (concurrent capacity
+    instances): part of what the run's own ranks make it wait"""
+    kernel: str = ""
+    """the boot id of the kernel it ran on (``schedstat.kernel_id``): ranks on one kernel share
+    its CPUs, also where they run in containers of their own"""
     collective_s: dict[str, float] = field(default_factory=dict)
     """per collective of ``traffic``: median blocking call of its bytes per step, after
     training (several ranks)"""
@@ -82,6 +88,10 @@ class RankMeasurement:
     target (None: a run without ``--fit``)"""
     pipeline: StageLog | None = None
     """what this rank's pipeline stages did (pipeline-parallel runs only)"""
+    execution: dict[str, Any] = field(default_factory=dict)
+    """how its steps executed (``measure.execution.Execution.to_dict``; empty: eager)"""
+    compiled: dict[str, int] = field(default_factory=dict)
+    """what torch.compile made of its model (``measure.execution.compiled_graphs``; compiled runs)"""
 
     def forward_backward_s(self) -> list[float]:
         """Forward plus backward time of each timed step: the rank's computation, and whatever

@@ -23,6 +23,18 @@ from types import TracebackType
 SCHEDSTAT = Path("/proc/thread-self/schedstat")
 
 
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def kernel_id(path: Path = BOOT_ID) -> str:
+    """The running kernel's boot id: ranks that share it share the machine's CPUs, whatever host
+    names their containers or network namespaces give them ('' where unknown)."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
 def schedstat(path: Path = SCHEDSTAT) -> tuple[float, float] | None:
     """This thread's total seconds on a CPU and runnable but waiting for one; None where the
     kernel does not keep scheduler statistics."""

@@ -11,16 +11,15 @@ wraps the model, and backends leave the parameters :func:`rank_local` names alon
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpcdl.device import synchronize
+from hpcdl.clock import Mark, StepClock
 from hpcdl.workloads.moe import AllToAll
 
 
@@ -49,28 +48,42 @@ class SpreadsAcrossRanks(Protocol):
 @dataclass
 class InStepCollectives:
     """The blocking collectives that layers call inside a training step (the experts'
-    all-to-all), timed as they run: seconds, bytes (nccl-tests' size: one rank's send
-    buffer) and calls so far. The training loop reads it between phases."""
+    all-to-all): their bytes (nccl-tests' size: one rank's send buffer) and calls so far, and
+    their seconds, by the phase the loop said it was in (``phase``), between marks of the step's
+    clock, read once the step has ended (:meth:`take`): nothing waits for the device here."""
 
     device: torch.device
-    seconds: float = 0.0
     bytes: int = 0
     calls: int = 0
+    phase: str = ""
+    clock: StepClock = field(init=False)
+    _pending: list[tuple[str, Mark, Mark]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.clock = StepClock(self.device)
 
     def timed(self, op: AllToAll) -> AllToAll:
-        """``op`` with its wall time (device synchronised around it) and size counted here."""
+        """``op`` between two marks, its size counted here."""
 
         def run(tensor: torch.Tensor) -> torch.Tensor:
-            synchronize(self.device)
-            t0 = time.perf_counter()
+            start = self.clock.mark()
             out = op(tensor)
-            synchronize(self.device)
-            self.seconds += time.perf_counter() - t0
+            self._pending.append((self.phase, start, self.clock.mark()))
             self.bytes += tensor.numel() * tensor.element_size()
             self.calls += 1
             return out
 
         return run
+
+    def take(self) -> dict[str, float]:
+        """Seconds in the collectives by phase since the last take; call it after the device's
+        work of the step has ended (the step's synchronisation)."""
+        spent: dict[str, float] = {}
+        for phase, a, b in self._pending:
+            spent[phase] = spent.get(phase, 0.0) + self.clock.seconds(a, b)
+            self.clock.recycle(a, b)
+        self._pending.clear()
+        return spent
 
 
 def _spreading(model: nn.Module) -> Iterator[SpreadsAcrossRanks]:

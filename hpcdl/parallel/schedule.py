@@ -16,6 +16,7 @@ from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor.parallel import parallelize_module
 
+from hpcdl.clock import Mark, StepClock
 from hpcdl.device import synchronize
 from hpcdl.parallel.pipeline import (
     SCHEDULES,
@@ -35,21 +36,29 @@ if TYPE_CHECKING:
 
 
 class TimedStage(PipelineStage):
-    """PyTorch's stage, its forward and backward actions timed (the device synchronised around
-    them) and the bytes it sends counted: what the bubble and the point-to-point traffic are
-    measured from."""
+    """PyTorch's stage, its forward and backward actions timed between marks of a step clock
+    (read once the step has ended: nothing waits for the device here) and the bytes it sends
+    counted: what the bubble and the point-to-point traffic are measured from."""
 
-    busy_s: float = 0.0
     sent_bytes: int = 0
     sends: int = 0
+    clock: StepClock
+    """set by ``Pipeline`` (PyTorch's stage takes its own constructor's arguments)"""
+    spans: list[tuple[Mark, Mark]]
 
     def _timed(self, action: Callable[[], Any]) -> Any:
-        synchronize(self.device)
-        t0 = time.perf_counter()
+        start = self.clock.mark()
         out = action()
-        synchronize(self.device)
-        self.busy_s += time.perf_counter() - t0
+        self.spans.append((start, self.clock.mark()))
         return out
+
+    def take_busy_s(self) -> float:
+        """Seconds of the actions timed since the last take, once the device has done them."""
+        busy = sum(self.clock.seconds(a, b) for a, b in self.spans)
+        for a, b in self.spans:
+            self.clock.recycle(a, b)
+        self.spans.clear()
+        return busy
 
     def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         return self._timed(lambda: super(TimedStage, self).forward_one_chunk(*args, **kwargs))
@@ -115,6 +124,8 @@ class Pipeline:
             TimedStage(m, i, chunks, device, group=group)
             for m, i in zip(self.modules, self.indices, strict=True)
         ]
+        for stage in self.stages:
+            stage.clock, stage.spans = StepClock(device), []
         self.first = 0 in self.indices
         self.last = chunks - 1 in self.indices
         cls = getattr(pipelining, kind.torch_class)
@@ -134,28 +145,31 @@ class Pipeline:
             if id(p) not in held:
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor | None, StepTimes]:
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor | None, Callable[[], StepTimes]]:
         """One step of the whole batch ``x``, ``y`` through the pipeline: every micro-batch's
         forward and backward, in the schedule's order; the gradients are left on the
         parameters. Returns the batch's mean loss (on the rank of the last stage; None
-        elsewhere) and this rank's times."""
+        elsewhere) and what gives this rank's times once the step's work is done (after the
+        step's synchronisation)."""
         for s in self.stages:
-            s.busy_s, s.sent_bytes, s.sends = 0.0, 0, 0
+            s.take_busy_s()
+            s.sent_bytes, s.sends = 0, 0
         args = (x,) if self.first else ()
         losses: list[torch.Tensor] = []
-        t0 = time.perf_counter()
+        clock = self.stages[0].clock
+        start = clock.mark()
         if self.last:
             self.schedule.step(*args, target=y, losses=losses, return_outputs=False)
         else:
             self.schedule.step(*args, return_outputs=False)
-        synchronize(self.stages[0].device)
-        span = time.perf_counter() - t0
-        times = StepTimes(
-            span,
-            sum(s.busy_s for s in self.stages),
-            sum(s.sent_bytes for s in self.stages),
-            sum(s.sends for s in self.stages),
-        )
+        end = clock.mark()
+        sent, sends = sum(s.sent_bytes for s in self.stages), sum(s.sends for s in self.stages)
+
+        def times() -> StepTimes:
+            span = clock.seconds(start, end)
+            clock.recycle(start, end)
+            return StepTimes(span, sum(s.take_busy_s() for s in self.stages), sent, sends)
+
         loss = torch.stack(losses).detach().mean() if losses else None
         return loss, times
 

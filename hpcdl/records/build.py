@@ -28,9 +28,12 @@ from hpcdl.records.parallel import communication, pipeline_of, rank_counts
 from hpcdl.records.peak import implausible, job_peak, unknown_peak_reason
 from hpcdl.records.typed import to_json
 from hpcdl.records.views import (
+    EAGER,
     Check,
+    Compiled,
     Counts,
     Energy,
+    ExecutionSettings,
     Metrics,
     RankRow,
     Settings,
@@ -132,10 +135,32 @@ def checks_of(cfg: RunConfig, ranks: Sequence[RankMeasurement]) -> list[Check]:
     ]
     if cfg.data in ("learnable", "hdf5"):
         checks.append(validity.loss_falls(logs[0].losses))
+    waited = waits(ranks)
+    checks.append(validity.quiet_machine(waited))
+    checks.append(validity.steady_steps(logs[0].step_s, max((w.own_share for w in waited), default=0.0)))
     if len(ranks) > 1:
         checks += ranks[0].checks
         checks.append(parameters_identical([r.digest for r in ranks]))
     return checks
+
+
+def waits(ranks: Sequence[RankMeasurement]) -> list[validity.Waited]:
+    """Each rank's wait for a CPU in its window, beside the share its own run explains: more
+    threads of the run's ranks on a machine (a kernel; a node where unknown) than the CPUs they
+    may run on (their affinities)."""
+    machines: dict[str, list[RankMeasurement]] = {}
+    for r in ranks:
+        machines.setdefault(r.kernel or f"node {r.node}", []).append(r)
+    out = []
+    for r in ranks:
+        if r.descheduled_s is None:
+            return []  # no scheduler statistics somewhere: not judged
+        peers = machines[r.kernel or f"node {r.node}"]
+        threads = sum(max(p.threads, 1) + p.co_runner_threads for p in peers)
+        cpus = len({c for p in peers for c in p.cpus}) or threads
+        own = max(0.0, 1.0 - cpus / threads)
+        out.append(validity.Waited(r.rank, r.host, r.descheduled_s, r.log.window_s, own))
+    return out
 
 
 def energy_of(ranks: Sequence[RankMeasurement], train_flops: int, samples: int, window_s: float) -> Energy:
@@ -232,6 +257,7 @@ def build_record(
         accumulation_steps=spec.accumulation_steps,
         layout=str(layout) if layout.model_parallel else None,
         tp_crosses_nodes=tp_crosses_nodes(layout, [r.node for r in ranks]) if layout.tp > 1 else None,
+        execution=ExecutionSettings(**ranks[0].execution) if ranks[0].execution else EAGER,
     )
     counts = Counts(
         params=count.params,
@@ -274,6 +300,8 @@ def build_record(
         window_end_unix=max(g.start_unix + g.window_s for g in logs),
         straggler=straggler(rows, rules),
         pipeline=pipeline_of(spec, ranks, layout),
+        time_to_first_step_s=max(g.warmup_s[0] for g in logs) if all(g.warmup_s for g in logs) else None,
+        compiled=Compiled(**ranks[0].compiled) if ranks[0].compiled else None,
     )
     return {
         "schema": schema.RESULT,

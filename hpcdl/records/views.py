@@ -37,6 +37,26 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class ExecutionSettings:
+    """How the steps executed (``measure.execution.Execution``)."""
+
+    mode: str = "eager"
+    """eager, or compile (torch.compile, inductor)"""
+    graphs: bool = False
+    """the compiled steps ran as CUDA graphs"""
+    fused_optimizer: bool = False
+    """the optimizer's fused implementation"""
+    memory_format: str = "contiguous"
+    """contiguous, or channels_last (the convolutions' weights and inputs)"""
+    cudnn_benchmark: bool = False
+    """cuDNN's autotuner chose the convolutions' algorithms"""
+
+
+EAGER = ExecutionSettings()
+"""what a record without ``settings.execution`` (before 2026-12) ran"""
+
+
+@dataclass(frozen=True)
 class Settings:
     precision: str
     batch_per_rank: int
@@ -56,6 +76,8 @@ class Settings:
     tp_crosses_nodes: bool | None = None
     """true when a tensor-parallel group spans nodes (its per-layer collectives crossed the
     inter-node network; the run said so in a warning line); absent without tensor parallelism"""
+    execution: ExecutionSettings = EAGER
+    """how the steps executed: eager or compiled, graphs, fused optimizer, memory format"""
 
     @property
     def samples_per_step(self) -> int:
@@ -297,6 +319,21 @@ class Metrics:
     """the slowest-computing rank of a multi-rank run (records before 2026-12 leave it out)"""
     pipeline: PipelineFigures | None = None
     """the pipeline's schedule, bubble and point-to-point traffic (pipeline-parallel runs only)"""
+    time_to_first_step_s: float | None = None
+    """wall time of the first warm-up step, the slowest rank's: what a user waits before training
+    runs (a compiled run's compilation is in it); not in the timed window"""
+    compiled: Compiled | None = None
+    """what torch.compile made of the model (compiled runs only)"""
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What dynamo compiled on rank 0 (``measure.execution.compiled_graphs``)."""
+
+    graphs: int
+    """compiled graphs"""
+    graph_breaks: int
+    """places where the model's code ran eagerly between compiled graphs"""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from hpcdl.records.audit import Audit, audit, gate_problems
 from hpcdl.records.loader import Document, Record, SweepSummary, beside, load_tree
 from hpcdl.records.store import write_record
 from hpcdl.results.output import output_dir
-from hpcdl.results.score import SystemScore, record_class, score_system
+from hpcdl.results.score import SystemScore, execution_mode, list_key, record_class, score_system, split_key
 from hpcdl.results.text import HTML_STYLE, html_table, mfu_text, si, table
 from hpcdl.scaling.table import scaling_table
 from hpcdl.workloads import recipes
@@ -122,13 +122,16 @@ def rank(submissions: Sequence[tuple[str, Path]], say: Callable[[str], None] = l
     if len({name for name, _ in submissions}) != len(submissions):
         raise InputError("rank.system", [n for n, _ in submissions], "each system name once (use NAME=DIR)")
     accepted, rejected, summaries = collect(submissions, say)
-    classes = {record_class(e.result) for entries in accepted.values() for e in entries}
-    present = {c[0] for c in classes if c is not None} | {recipes.DEFAULT_CLASS}
+    everything = [e for entries in accepted.values() for e in entries]
+    present = {(c[0], execution_mode(e.result)) for e in everything if (c := record_class(e.result))}
+    present.add((recipes.DEFAULT_CLASS, "eager"))
     lists = {}
-    for size_class in [c for c in recipes.size_classes() if c in present]:
-        scores = [score_system(name, entries, size_class) for name, entries in accepted.items()]
-        scored = sorted((s for s in scores if s.score is not None), key=lambda s: -(s.score or 0.0))
-        lists[size_class] = scored + [s for s in scores if s.score is None]
+    for size_class in recipes.size_classes():
+        modes = sorted((m for c, m in present if c == size_class), key=lambda m: (m != "eager", m))
+        for mode in modes:  # modes apart, eager first
+            scores = [score_system(name, entries, size_class, mode) for name, entries in accepted.items()]
+            scored = sorted((s for s in scores if s.score is not None), key=lambda s: -(s.score or 0.0))
+            lists[list_key(size_class, mode)] = scored + [s for s in scores if s.score is None]
     sweeps = {
         name: [sweep_rows(doc, accepted[name]) for doc in found] for name, found in summaries.items() if found
     }
@@ -256,9 +259,12 @@ INTRO = (
 )
 
 
-def class_title(size_class: str) -> str:
+def class_title(key: str) -> str:
+    """The title of a ranking list (``score.list_key``): its class, and its mode unless eager."""
+    size_class, mode = split_key(key)
     s = recipes.suite(size_class)
-    return f"Class {size_class} (suite version {s.version}: {s.description})"
+    run = "" if mode == "eager" else f", {mode} runs"
+    return f"Class {size_class} (suite version {s.version}: {s.description}){run}"
 
 
 def unclassed_note(r: Ranking) -> str:

@@ -29,10 +29,12 @@ QUALITY_TARGET = 0.5
 
 @dataclass
 class SystemScore:
-    """A system's score in one size class, or why it has none (``reason``)."""
+    """A system's score in one size class and execution mode, or why it has none (``reason``)."""
 
     system: str
     size_class: str = recipes.DEFAULT_CLASS
+    mode: str = "eager"
+    """the records' execution mode (``execution_mode``): modes are scored and ranked apart"""
     score: float | None = None
     regulated: float | None = None
     world_size: int | None = None
@@ -82,6 +84,24 @@ def record_class(r: Result) -> tuple[str, int] | None:
     return (str(size_class), int(r.run.get("suite_version", 0))) if size_class else None
 
 
+def execution_mode(r: Result) -> str:
+    """How a record's steps executed, as rankings keep them apart: eager, compile, or
+    compile+graphs (CUDA graphs)."""
+    e = r.settings.execution
+    return f"{e.mode}+graphs" if e.graphs else e.mode
+
+
+def list_key(size_class: str, mode: str) -> str:
+    """The name of a ranking list: the class for eager records, ``CLASS/MODE`` for the others."""
+    return size_class if mode == "eager" else f"{size_class}/{mode}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """The class and mode of a ranking list's name (``list_key``)."""
+    size_class, _, mode = key.partition("/")
+    return size_class, mode or "eager"
+
+
 def geomean(values: Sequence[float]) -> float:
     """Geometric mean: every workload's relative gain counts alike, none dominates by size."""
     return float(math.exp(sum(math.log(v) for v in values) / len(values)))
@@ -104,19 +124,21 @@ def _ai_ops(r: Result) -> float:
 
 
 def score_system(
-    system: str, entries: Sequence[Audit], size_class: str = recipes.DEFAULT_CLASS
+    system: str, entries: Sequence[Audit], size_class: str = recipes.DEFAULT_CLASS, mode: str = "eager"
 ) -> SystemScore:
-    """Score one system in one size class from its records: already audited and gated, each
-    with rank 0's losses from its steps file (read by the audit), so that scoring reads no
-    file. Records of other classes or suite versions are left out."""
+    """Score one system in one size class and execution mode from its records: already audited
+    and gated, each with rank 0's losses from its steps file (read by the audit), so that
+    scoring reads no file. Records of other classes, suite versions or modes are left out."""
     suite = recipes.suite(size_class)
     workloads = list(suite.workloads)
-    out = SystemScore(system, size_class)
+    out = SystemScore(system, size_class, mode)
     by_workload: dict[str, list[Audit]] = {}
     to_quality: dict[str, list[float]] = {}
     for e in entries:
         name = suite_workload(e.result.spec, size_class)
         if name is None or record_class(e.result) != (size_class, suite.version):
+            continue
+        if execution_mode(e.result) != mode:
             continue
         target = e.result.metrics.target
         if target is None:

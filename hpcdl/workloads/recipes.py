@@ -75,6 +75,9 @@ class Suite:
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     """workload name -> run settings it trains with unless the command line sets them (``lr``):
     ``[settings.NAME]`` of the class's file"""
+    mode: str = "eager"
+    """how the class's steps execute unless the command line says (``--compile``, ``--eager``):
+    ``mode`` of the class's file (``measure.execution``)"""
 
     def default_layout(self, name: str, nodes: int) -> str:
         """The default layout of workload ``name`` for a job on ``nodes`` nodes: its ``node``
@@ -109,4 +112,5 @@ def suite(size_class: str = DEFAULT_CLASS) -> Suite:
         dict(doc.get("published", {})),
         dict(doc.get("layouts", {})),
         dict(doc.get("settings", {})),
+        str(doc.get("mode", "eager")),
     )

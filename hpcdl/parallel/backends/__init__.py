@@ -68,6 +68,8 @@ class Backend(Protocol):
     """how ``exposed_s`` measures communication not hidden behind computation (for records)"""
     compute_only_method: ClassVar[str]
     """how ``compute_only_s`` times a rank's computation alone, or why it cannot (for records)"""
+    # optional: compiles_after_wrap: ClassVar[bool] -- a compiled run compiles the model this
+    # backend made (tensor parallelism's sharded layers), not the model it is given (default)
 
     def __init__(self, world: World, device: torch.device) -> None: ...
 

@@ -31,6 +31,8 @@ class TensorParallel(DistGroup):
     auto_priority: ClassVar[int | None] = None
     shards_state: ClassVar[bool] = False
     keeps_gradients: ClassVar[bool] = False
+    compiles_after_wrap: ClassVar[bool] = True
+    """torch.compile traces the layers as parallelize_module split them (torchtitan's order)"""
     exposed_method: ClassVar[str] = (
         "median of the allreduce phase (one flat allreduce of the dp replicas' gradients)"
     )

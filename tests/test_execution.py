@@ -1,0 +1,247 @@
+"""Execution modes and the headline window: every family compiled trains as it does eagerly
+(the same math), a compiled run records what ran and how long its first step took, rankings keep
+modes apart, settings a device cannot run are one line; and a run on a disturbed machine is
+flagged, kept out of rankings with its reason, while a quiet one is not."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from hpcdl_cli import hpcdl, one_line
+
+import hpcdl as api
+from hpcdl.measure.config import RunConfig
+from hpcdl.measure.data import device_pool
+from hpcdl.measure.execution import Execution, compiled, inputs, prepare, resolve
+from hpcdl.measure.loop import Trainer
+from hpcdl.records import validity
+from hpcdl.records.store import load_record, seal, write_record
+from hpcdl.results import ranking
+from hpcdl.results.score import suite_workload
+from hpcdl.workloads.registry import FAMILIES
+
+CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parent.parent
+REF = ROOT / "reference_results" / "cpu-epyc-2core-2026-11-22"
+TINY = {
+    "mlp": {"layers": 2, "width": 32, "input_size": 16, "output_size": 4, "batch_size": 8},
+    "cnn": {"image_size": 16, "stages": 1, "blocks": [1], "base_width": 8, "classes": 4, "batch_size": 4},
+    "rnn": {"layers": 1, "hidden": 16, "vocab": 50, "embedding": 8, "seq_len": 8, "classes": 50,
+            "batch_size": 4},
+    "attention": {"layers": 1, "width": 32, "heads": 2, "seq_len": 8, "vocab": 50, "batch_size": 4},
+    "speech": {"freq_bins": 16, "frames": 16, "conv_layers": 1, "conv_channels": 4, "rnn_layers": 1,
+               "hidden": 16, "classes": 10, "batch_size": 4},
+}  # fmt: skip
+STEPS = 20
+FP32_AGREEMENT = 1e-4
+"""eager and compiled losses of the same fp32 training, relative: inductor reorders reductions
+(measured: at most 3e-7 over 20 steps, docs/validation/2026-12-02-fast-path.md)"""
+
+
+def trained(spec: api.Spec, execution: Execution, weights: dict) -> tuple[list[float], Trainer]:
+    """``STEPS`` steps of ``spec`` from ``weights`` on its learnable data, as a run builds them."""
+    model = prepare(spec.build(), execution)
+    model.load_state_dict(weights)
+    pool = device_pool(spec, CPU, 4, learnable=True)
+    pool.batches[:] = [(inputs(x, execution), y) for x, y in pool.batches]
+    trainer = Trainer(
+        model=compiled(model, execution),
+        optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+        source=pool,
+        device=CPU,
+        precision=spec.precision,
+    )
+    for _ in range(STEPS):
+        trainer.step()
+    return [float(x) for x in trainer._losses], trainer
+
+
+def test_every_family_has_a_tiny_spec_here() -> None:
+    assert set(TINY) >= set(FAMILIES.names()) - {"tiny", "faulty"}  # plugins' families aside
+
+
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_every_family_compiled_trains_as_it_does_eagerly(family: str) -> None:
+    spec = api.spec_from_dict({"family": family, **TINY[family]})
+    weights = spec.build().state_dict()
+    eager, _ = trained(spec, resolve("eager", False, "auto", "auto", family, CPU), weights)
+    comp, _ = trained(spec, resolve("compile", False, "auto", "auto", family, CPU), weights)
+    drift = max(abs(a - b) / abs(a) for a, b in zip(eager, comp, strict=True))
+    assert drift <= FP32_AGREEMENT, (eager, comp)
+    assert eager[-1] < eager[0]  # it trained: the agreement is not that of two idle runs
+
+
+def test_a_compiled_run_records_what_ran_and_its_first_step(tmp_path: Path) -> None:
+    knobs = [f"{k}={v}" for k, v in TINY["mlp"].items()]
+    args = ["run", "--workload", "mlp", *knobs, "--steps", "20", "--min-duration", "0"]
+    eager = hpcdl(*args, "--eager", "-o", str(tmp_path / "e"), "--name", "e")
+    comp = hpcdl(*args, "--compile", "-o", str(tmp_path / "c"), "--name", "c")
+    assert eager.returncode == 0 and comp.returncode == 0, comp.stderr[-2000:]
+    e, c = load_record(tmp_path / "e" / "e.json"), load_record(tmp_path / "c" / "c.json")
+    assert e["settings"]["execution"]["mode"] == "eager" and "compiled" not in e["metrics"]
+    assert c["settings"]["execution"] == {
+        "mode": "compile",
+        "graphs": False,
+        "fused_optimizer": False,
+        "memory_format": "contiguous",
+        "cudnn_benchmark": False,
+    }
+    assert c["metrics"]["compiled"]["graphs"] >= 1 and c["metrics"]["compiled"]["graph_breaks"] == 0
+    # the wait for compilation is in the first step, apart from the timed window
+    first = c["metrics"]["time_to_first_step_s"]
+    assert first > 10 * c["metrics"]["step_time_s"]["median"]
+    assert first > c["metrics"]["timed_window_s"] / 20  # more than a step of the window
+    assert c["counts"] == e["counts"] and c["validity"]["passed"], c["validity"]
+    assert "compiling" in comp.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--graphs"], "run.graphs=True is invalid: CUDA graphs need a CUDA device"),
+        (["--compile", "--layout", "pp=2"], "run.mode='compile' is invalid: not with pipeline parallelism"),
+        (["--memory-format", "channels_last"], "run.memory_format='channels_last' is invalid"),
+        (["--fused-optimizer", "sometimes"], "run.fused_optimizer='sometimes' is invalid"),
+        (["--compile", "--eager"], "not allowed with argument"),
+    ],
+)
+def test_a_mode_that_cannot_run_is_one_line(args: list[str], field: str, tmp_path: Path) -> None:
+    line = one_line(hpcdl("run", "--workload", "mlp", *args, "-o", str(tmp_path / "never")))
+    assert field in line, line
+    assert not (tmp_path / "never").exists()
+
+
+def test_a_class_runs_in_its_mode_unless_the_command_line_says() -> None:
+    from hpcdl.cli.run import class_settings
+    from hpcdl.parallel.world import World
+    from hpcdl.workloads import recipes
+
+    one = World(size=1, local_size=1)
+    for size_class in recipes.size_classes():
+        cfg = RunConfig(suite_class=size_class)
+        mode = recipes.suite(size_class).mode
+        assert mode in ("eager", "compile")
+        assert class_settings(cfg, "x", one).mode == mode
+        other = "eager" if mode == "compile" else "compile"
+        assert class_settings(cfg.replace(mode=other), "x", one, mode_given=True).mode == other
+
+
+def as_compiled(src: Path, dest: Path) -> Path:
+    """The class S records of ``src`` as if compiled: each resealed with ``settings.execution``
+    saying so (a new id: another run's record)."""
+    dest.mkdir(parents=True)
+    for path in src.rglob("*.json"):
+        rec = json.loads(path.read_text())
+        if rec.get("schema") != "hpcdl.result" or suite_workload(rec["spec"]) is None:
+            continue
+        shutil.copy(path.parent / rec["steps_file"], dest / rec["steps_file"])
+        rec = {k: v for k, v in rec.items() if k != "digest"}
+        rec["id"] = uuid.uuid4().hex
+        rec["settings"]["execution"] = {"mode": "compile", "graphs": False}
+        write_record(seal(rec), dest / path.name)
+    return dest
+
+
+def test_rank_keeps_modes_apart(tmp_path: Path) -> None:
+    both = tmp_path / "sys"
+    shutil.copytree(REF, both / "eager")
+    as_compiled(REF, both / "compiled")
+    r = ranking.rank([("sys", both)])
+    assert r.rejected == [], r.rejected
+    assert list(r.lists)[:2] == ["S", "S/compile"]
+    eager, comp = r.lists["S"][0], r.lists["S/compile"][0]
+    assert eager.mode == "eager" and comp.mode == "compile"
+    assert eager.score == pytest.approx(comp.score) and eager.score is not None  # the same records
+    # each list's records are its mode's only
+    assert all("/compiled/" not in w["record"] for w in eager.workloads.values())
+    assert all("/compiled/" in w["record"] for w in comp.workloads.values())
+    text = ranking.terminal_table(r)
+    assert "compile runs" in text and text.count("Class S (suite version") == 2
+
+
+# --- the headline window and a disturbed machine ----------------------------------------------
+
+
+def test_one_wait_for_the_device_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timed loop waits for the device once a step (its phases from marks that do not wait):
+    counted by replacing the wait the loop calls."""
+    import hpcdl.measure.loop as loop
+
+    waits = []
+    monkeypatch.setattr(loop, "synchronize", lambda device: waits.append(device))
+    spec = api.spec_from_dict({"family": "mlp", **TINY["mlp"], "accumulation_steps": 3})
+    model = spec.build()
+    trainer = Trainer(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        source=device_pool(spec, CPU, 2, learnable=True),
+        device=CPU,
+        precision="fp32",
+        accumulation_steps=3,
+    )
+    log = trainer.run(warmup=2, steps=5, duration_s=0)
+    assert len(waits) == 2 + 1 + 5  # a step each, and one after warm-up
+    assert all(sum(p[i] for p in log.phases_s.values()) <= s for i, s in enumerate(log.step_s))
+
+
+def waited(share: float, own: float = 0.0, window: float = 10.0) -> validity.Waited:
+    return validity.Waited(0, "h1", share * window, window, own)
+
+
+def test_waiting_for_a_cpu_beyond_the_runs_own_share_fails_the_run() -> None:
+    assert validity.quiet_machine([waited(0.05)]).passed
+    hog = validity.quiet_machine([waited(0.0), waited(0.63)])
+    assert not hog.passed and "waited for a CPU 6.3 s of its 10.0 s window (63%" in hog.detail
+    # four ranks of one thread on two cores wait half the time by themselves
+    assert validity.quiet_machine([waited(0.55, own=0.5)]).passed
+    assert not validity.quiet_machine([waited(0.75, own=0.5)]).passed
+    assert validity.quiet_machine([waited(0.9, window=0.5)]).passed  # too short to judge
+    assert "not judged" in validity.quiet_machine([]).detail
+
+
+def test_steps_that_wander_fail_the_run() -> None:
+    steady = [0.1 + 0.001 * (i % 5) for i in range(20)]
+    assert validity.steady_steps(steady).passed
+    wander = [0.14 if i % 2 else 1.1 for i in range(20)]
+    check = validity.steady_steps(wander)
+    assert not check.passed and "p90/p10 of 20 steps" in check.detail
+    assert validity.steady_steps([0.001 if i % 3 else 0.004 for i in range(20)]).passed  # ms: jitter
+    assert validity.steady_steps(wander[:5]).passed  # too few to judge
+
+
+HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass\n"
+
+
+def test_a_run_beside_a_cpu_hog_is_flagged_and_kept_out_of_rank(tmp_path: Path) -> None:
+    """Two processes spin on this machine's two CPUs while a one-thread run times 2.5 s: its
+    main thread waits for a CPU about half the window. The record says so in one line, the
+    run's table marks it not valid, and rank keeps it out with that line."""
+    cpus = sorted(os.sched_getaffinity(0))
+    hogs = [subprocess.Popen([sys.executable, "-c", HOG, str(c)]) for c in cpus]
+    try:
+        time.sleep(0.5)
+        knobs = [f"{k}={v}" for k, v in TINY["mlp"].items()]
+        p = hpcdl(
+            "run", "--workload", "mlp", *knobs, "--duration", "2.5", "--name", "hog", "-o", str(tmp_path),
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert p.returncode == 1, p.stderr[-2000:]  # a run that completed but failed its checks
+    rec = load_record(tmp_path / "hog.json")
+    (quiet,) = [c for c in rec["validity"]["checks"] if c["name"] == "quiet_machine"]
+    assert not quiet["passed"] and quiet["detail"].startswith("rank 0 on "), quiet
+    assert " NO" in p.stdout  # the summary's valid column
+    (rejected,) = ranking.rank([("sys", tmp_path)]).rejected
+    assert "quiet_machine (rank 0 on" in rejected.reason and "waited for a CPU" in rejected.reason
