@@ -240,7 +240,7 @@ def job_file_page() -> str:
         "## Top-level fields",
         "",
         "They mean the same to every scheduler. `[workload]` takes the [knobs](knobs.md) of a family",
-        "(`family = \"cnn\"`) or a preset (`preset = \"resnet50\"`); `[run]` the",
+        '(`family = "cnn"`) or a preset (`preset = "resnet50"`); `[run]` the',
         "[run settings](knobs.md#run-settings).",
         "",
     ]
@@ -350,7 +350,7 @@ def record_page() -> str:
     out = [
         "# Result record",
         "",
-        f"One JSON file per run (`schema: \"{schema.RESULT}\"`), written atomically and sealed by a",
+        f'One JSON file per run (`schema: "{schema.RESULT}"`), written atomically and sealed by a',
         "SHA-256 `digest`, with its per-step times in an HDF5 file beside it (`steps_file`). Readers see it",
         "through the typed views of `hpcdl/records/views.py`, listed here block by block; a field that",
         "came in a later version has a default, so older records still read. What each figure means and",
