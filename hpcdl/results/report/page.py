@@ -19,6 +19,7 @@ from hpcdl.records.loader import Unread
 from hpcdl.records.views import Result, Stats
 from hpcdl.results.report.plots import Plot
 from hpcdl.results.report.sweeps import Sweep
+from hpcdl.results.score import execution_mode
 from hpcdl.results.text import HTML_STYLE, html_table, mfu_text, si
 
 STYLE = HTML_STYLE + (
@@ -90,6 +91,7 @@ def record_row(a: Audit) -> list[str]:
         str(r.world_size),
         r.settings.backend or "n/a",
         r.settings.precision,
+        execution_mode(r),
         si(m.samples_per_s),
         si(m.ai_ops_per_s, "FLOP/s"),
         mfu_text(m.mfu, m.flags),
@@ -106,6 +108,7 @@ RECORD_HEAD = [
     "ranks",
     "backend",
     "precision",
+    "mode",
     "samples/s",
     "AI-ops/s",
     "MFU",
