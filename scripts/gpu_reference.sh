@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # gpu_reference.sh DIR: measure one GPU's reference results into DIR in under ten minutes: the
-# machine, the peaks and GEMM ceilings, the class S suite, the class M suite in bf16 with --fit,
-# hpcdl's overhead against a bare loop, the presets' fidelity against the real models (at the
-# batches of the CPU table, launch-bound on a GPU, and at 32 times them), the
-# memory estimate against the caching allocator, and the proxy fits verified on the GPU.
+# machine, the peaks and GEMM ceilings, the class M suite in bf16 with --fit eager and compiled
+# side by side, each workload beside what the best open implementations reach (anchors), the
+# class S suite compiled with CUDA graphs (its steps are launch-bound), hpcdl's step against a
+# bare loop in both modes, the GPU tests (pytest -m gpu); then, while the budget lasts, the
+# presets' fidelity against the real models, the memory estimate against the caching allocator,
+# and the proxy fits verified on the GPU.
 # Run it on a quiet machine with one GPU; everything it prints is a measurement. It runs from
 # the working tree with the python3 that has torch (PYTHON=...), no install needed.
 #
@@ -16,7 +18,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 DEVICE="${DEVICE:-cuda}"
 CLASS_M="${CLASS_M:-M}"
-DURATION="${DURATION:-6}"
+DURATION="${DURATION:-5}"
 BUDGET="${BUDGET:-580}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$DIR"
@@ -53,11 +55,21 @@ step() {
 } >"$DIR/machine.txt" 2>&1
 
 HPCDL=("$PY" -m hpcdl)
-step info-probe 90 "${HPCDL[@]}" info --probe
-step suite-S 120 "${HPCDL[@]}" run --class S --device "$DEVICE" --duration "$DURATION" -o "$DIR/suite-S"
-step suite-M 240 "${HPCDL[@]}" run --class "$CLASS_M" precision=bf16 --fit --device "$DEVICE" \
+GRAPHS=()
+[[ $DEVICE == cuda* ]] && GRAPHS=(--graphs)  # CUDA graphs need a GPU (a CPU smoke test runs without)
+step info-probe 60 "${HPCDL[@]}" info --probe
+step suite-M 150 "${HPCDL[@]}" run --class "$CLASS_M" --eager precision=bf16 --fit --device "$DEVICE" \
   --duration "$DURATION" -o "$DIR/suite-M-bf16"
-step overhead 70 "$PY" benchmarks/bench_local.py --device "$DEVICE" --parts 1,3 --rounds 5
+step suite-M-compiled 200 "${HPCDL[@]}" run --class "$CLASS_M" --compile precision=bf16 --fit \
+  --device "$DEVICE" --duration "$DURATION" -o "$DIR/suite-M-bf16-compiled"
+step anchors 20 "$PY" benchmarks/bench_anchors.py "$DIR/suite-M-bf16" "$DIR/suite-M-bf16-compiled"
+cat "$DIR/anchors.txt" >&2 2>/dev/null
+step suite-S-graphs 90 "${HPCDL[@]}" run --class S --compile "${GRAPHS[@]}" --device "$DEVICE" \
+  --duration "$DURATION" -o "$DIR/suite-S-graphs"
+step overhead 60 "$PY" benchmarks/bench_fastpath.py --device "$DEVICE" --parts 2 --only mlp-wide,attention-gpt-mini \
+  --rounds 5
+step gpu-tests 60 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/
+step suite-S 60 "${HPCDL[@]}" run --class S --eager --device "$DEVICE" --duration "$DURATION" -o "$DIR/suite-S"
 step fidelity 100 "$PY" benchmarks/bench_fidelity.py --device "$DEVICE" --precision bf16 --rounds 6 \
   --no-baseline
 step fidelity-b32x 100 "$PY" benchmarks/bench_fidelity.py --device "$DEVICE" --precision bf16 --rounds 6 \

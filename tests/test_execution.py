@@ -24,6 +24,8 @@ from hpcdl.measure.data import device_pool
 from hpcdl.measure.execution import Execution, compiled, inputs, prepare, resolve
 from hpcdl.measure.loop import Trainer
 from hpcdl.records import validity
+from hpcdl.records.audit import audit
+from hpcdl.records.loader import read_record
 from hpcdl.records.store import load_record, seal, write_record
 from hpcdl.results import ranking
 from hpcdl.results.score import suite_workload
@@ -101,6 +103,7 @@ def test_a_compiled_run_records_what_ran_and_its_first_step(tmp_path: Path) -> N
     assert first > 10 * c["metrics"]["step_time_s"]["median"]
     assert first > c["metrics"]["timed_window_s"] / 20  # more than a step of the window
     assert c["counts"] == e["counts"] and c["validity"]["passed"], c["validity"]
+    assert audit(read_record(tmp_path / "c" / "c.json")).problems == ()  # its figures follow from its steps
     assert "compiling" in comp.stderr
 
 
@@ -245,3 +248,40 @@ def test_a_run_beside_a_cpu_hog_is_flagged_and_kept_out_of_rank(tmp_path: Path) 
     assert " NO" in p.stdout  # the summary's valid column
     (rejected,) = ranking.rank([("sys", tmp_path)]).rejected
     assert "quiet_machine (rank 0 on" in rejected.reason and "waited for a CPU" in rejected.reason
+
+
+def test_every_anchor_is_a_class_m_workload_listed_with_its_source() -> None:
+    from hpcdl.workloads import recipes
+
+    text = (ROOT / "docs" / "metrics.md").read_text()
+    section = text.split("## Anchors", 1)[1].split("\n## ", 1)[0]
+    for name, anchor in recipes.anchors().items():
+        assert name in recipes.suite("M").workloads
+        assert f"| `{name}` |" in section and anchor["device"] in section
+        assert ("samples_per_s" in anchor) != ("mfu" in anchor) and anchor["source"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "torch",
+        pytest.param("horovod", marks=pytest.mark.slow(reason="the same compiled run under Horovod")),
+        pytest.param(
+            "fsdp", marks=pytest.mark.slow(reason="the same compiled run with FSDP's blocks compiled")
+        ),
+    ],
+)
+def test_ranks_compiled_step_like_one_process(backend: str, tmp_path: Path, on_cluster: object) -> None:
+    """Two ranks, each compiling its model (DDP around it; FSDP around each compiled block):
+    the run checks that they step like one process and end with identical parameters."""
+    knobs = [f"{k}={v}" for k, v in TINY["mlp"].items()]
+    p = hpcdl(
+        "run", "--workload", "mlp", *knobs, "--np", "2", "--backend", backend, "--compile", "--steps", "8",
+        "--min-duration", "0", "--name", "c", "-o", str(tmp_path), timeout=600,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = load_record(tmp_path / "c.json")
+    checks = {c["name"]: c["passed"] for c in rec["validity"]["checks"]}
+    assert checks["one_step_equivalence"] and checks["parameters_identical"] and rec["validity"]["passed"]
+    assert rec["settings"]["execution"]["mode"] == "compile" and rec["metrics"]["compiled"]["graphs"] >= 1

@@ -38,6 +38,13 @@ def presets() -> dict[str, dict[str, Any]]:
     return _read(_folder() / "presets.toml")
 
 
+@functools.cache
+def anchors() -> dict[str, dict[str, Any]]:
+    """Class M workload name -> what the best open implementation of its model reaches per GPU
+    (``samples_per_s`` or ``mfu``, with ``device``, ``source`` and ``note``): ``anchors.toml``."""
+    return _read(_folder() / "anchors.toml")
+
+
 def preset(name: str, **overrides: Any) -> Spec:
     """The spec of a named preset (``resnet50``, ``gpt2_small``, ...) with knobs overridden."""
     table = presets()
