@@ -239,7 +239,7 @@ def test_list_shows_every_class_with_its_figures() -> None:
 def test_a_class_sets_a_workloads_learning_rate_unless_the_command_line_does() -> None:
     """Classes M and L train their BERTs at 1e-4 (at the run's default 1e-3 their loss rose, on an
     H200 and on this CPU); --lr still wins, and the other workloads keep the default."""
-    from hpcdl.cli.run import class_settings
+    from hpcdl.harness.classes import workload_settings as class_settings
     from hpcdl.measure.config import RunConfig
     from hpcdl.parallel.world import World
 

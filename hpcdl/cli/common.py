@@ -93,8 +93,12 @@ def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
     overrides = {}
     for word in args.knobs:
         key, sep, text = word.partition("=")
-        if key not in Spec.knobs() or not sep:
-            raise SpecError("knob", word, "a suite takes only " + ", ".join(f"{k}=" for k in Spec.knobs()))
+        if key not in recipes.TUNABLE or not sep:
+            size_class = suite_class(args)
+            allowed = f"class {size_class} fixes its workloads; it takes only " + ", ".join(
+                f"{k}=" for k in recipes.TUNABLE
+            )
+            raise SpecError("knob", word, allowed)
         overrides[key] = Spec.parse_knob(key, text)
     return recipes.suite(suite_class(args)).specs(**overrides)
 
@@ -107,7 +111,11 @@ def add_workload_options(r: argparse.ArgumentParser) -> None:
         metavar="FAMILY",
         help="family of one workload (hpcdl list names them, plugins' too); knobs follow as key=value",
     )
-    g.add_argument("--preset", help="a preset (resnet50, gpt2_small, ...); knobs override it")
+    g.add_argument(
+        "--preset",
+        help="a preset (resnet50, gpt2_small, ...) or a class's workload (cnn-resnet-small, ...); "
+        "knobs override it",
+    )
     g.add_argument(
         "--class",
         dest="size_class",

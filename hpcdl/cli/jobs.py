@@ -20,6 +20,48 @@ def status_table(rows: Sequence[Any]) -> str:
     )
 
 
+def status_lines(out: Path, rows: Sequence[Any]) -> list[str]:
+    """Below the status table: why each record that does not count does not, then each class
+    job's score (``class_lines``)."""
+    classed = [r for r in rows if entry_class(out, r.name)]
+    own = [f"{r.name}: {problem}" for r in rows if r not in classed for problem in r.problems]
+    return own + class_lines(out, rows, every=True)
+
+
+def entry_class(out: Path, name: str) -> str:
+    """The class a point of the state file runs ('' for one workload)."""
+    from hpcdl.schedulers.state import entries
+
+    return entries(out)[name].point.config().suite_class
+
+
+def class_lines(out: Path, rows: Sequence[Any], every: bool = False) -> list[str]:
+    """For each class job, its score as ``hpcdl rank`` computes it from the records its points
+    wrote so far, and whether it is rankable (``results.verdict``); ``every``: and each record
+    that does not count, with why."""
+    from hpcdl.schedulers.state import entries
+
+    lines: list[str] = []
+    known = entries(out)
+    classes: dict[str, tuple[str, list[Path]]] = {}
+    for r in rows:
+        size_class = known[r.name].point.config().suite_class
+        if size_class:
+            found = [p for p in r.records if p.exists()]
+            classes.setdefault(known[r.name].point.job, (size_class, []))[1].extend(found)
+    if classes:
+        from hpcdl.results.verdict import judge  # the audit counts FLOPs with the families: torch
+
+        for job, (size_class, paths) in classes.items():
+            lines += [f"{job}: {line}" for line in judge(paths, size_class).lines(rejected=every)]
+    return lines
+
+
+def print_lines(lines: Sequence[str]) -> None:
+    for line in lines:
+        print(line)
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     """One job per node count of a job file (see hpcdl/schedulers/submit.py)."""
     from hpcdl.schedulers.load import load_job
@@ -37,6 +79,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         for point in points(job, scheduler.name, out):
             layout = f"{point.nodes} node(s) x {point.tasks_per_node} task(s)"
             print(f"# ---- {point.name}: {layout}, not submitted (--dry-run, {scheduler.name})")
+            if point.workloads:
+                suite = ", ".join(point.workloads)
+                print(f"# class {job.size_class}: {suite}, one after another, a record each")
             print(scheduler.script(job, point))
         return 0
     try:
@@ -44,7 +89,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except Stopped as e:
         err(f"hpcdl: {e}")
         return e.code
-    print(f"records: {out}/{job.name}-n<nodes>.json; state: {state_path(out)}")
+    stems = f"{job.name}-n<nodes>-<workload>" if job.size_class else f"{job.name}-n<nodes>"
+    print(f"records: {out}/{stems}.json; state: {state_path(out)}")
     names = [d.point.name for d in done]
     if scheduler.here:
         rows = status(out, names)  # they have run already
@@ -54,17 +100,20 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"follow with: hpcdl status {out}")
         return 0
     print(status_table(rows))
+    print_lines(status_lines(out, rows))
     return 0 if all(r.state == "done" for r in rows) else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from hpcdl.schedulers.status import status
 
-    rows = status(Path(args.dir))
+    out = Path(args.dir)
+    rows = status(out)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=1))
     else:
         print(status_table(rows))
+        print_lines(status_lines(out, rows))
     return 0
 
 
@@ -75,7 +124,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     points = collect(out)["points"]
     rows = [
         [
-            p["point"],
+            "/".join(x for x in (p["point"], p.get("workload")) if x),
             str(p["nodes"]),
             str(p["ranks"]),
             f"{p['samples_per_s']:.1f}" if "record" in p else p["state"],
@@ -88,6 +137,9 @@ def cmd_collect(args: argparse.Namespace) -> int:
     print(table(["point", "nodes", "ranks", "samples/s", "speed-up", "weak efficiency", "record"], rows))
     have = sum("record" in p for p in points)
     print(f"{have} of {len(points)} points have a valid record -> {out / COLLECTED_FILE}")
+    from hpcdl.schedulers.status import status
+
+    print_lines(class_lines(out, status(out)))
     return 0
 
 

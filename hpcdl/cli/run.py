@@ -13,7 +13,6 @@ from hpcdl.cli.common import add_workload_options, err, suite_class, workload_sp
 from hpcdl.cli.run_options import add_run_options, run_config
 from hpcdl.errors import InputError
 from hpcdl.parallel.launch import launch
-from hpcdl.parallel.layout import parse_layout
 from hpcdl.parallel.world import World, init_world, under_mpi
 from hpcdl.records import mllog, repeats, schema
 from hpcdl.records.store import read_steps, write_record
@@ -48,42 +47,16 @@ def gpus_for(local: World, cfg: RunConfig) -> None:
 def class_run(
     args: argparse.Namespace, specs: dict[str, Spec], cfg: RunConfig
 ) -> tuple[dict[str, Spec], RunConfig, str]:
-    """For a size class's suite: the class and version in the run settings, and bf16 where the
-    hardware computes it, fp32 elsewhere (recorded in each record's precision, and a note to say
-    once the input is found good; else the note)."""
+    """For a size class's suite: the class and version in the run settings, and the precision
+    this device trains (``harness.classes.on_device``), with the note that says so, or ''."""
     from hpcdl.device import resolve_device
-    from hpcdl.measure.peaks import has_bf16
-    from hpcdl.workloads import recipes
+    from hpcdl.harness import classes
 
     size_class = suite_class(args)
     if not size_class:
         return specs, cfg, ""
-    cfg = cfg.replace(suite_class=size_class, suite_version=recipes.suite(size_class).version)
-    device = resolve_device(cfg.device)
-    if any(s.precision == "bf16" for s in specs.values()) and not has_bf16(device):
-        specs = {n: s.replace(precision="fp32") if s.precision == "bf16" else s for n, s in specs.items()}
-        note = f"class {size_class}: {device} has no bf16 arithmetic; running its bf16 workloads in fp32"
-        return specs, cfg, note
-    return specs, cfg, ""
-
-
-def class_settings(cfg: RunConfig, name: str, world: World, lr_given: bool = False) -> RunConfig:
-    """The run settings of a class's workload ``name``: its learning rate from the class's file
-    (``Suite.settings``) unless ``--lr`` set one (``lr_given``), and the class's default layout
-    for this job (``Suite.default_layout``) unless ``--layout`` names one; data parallelism where
-    tp x pp of that layout does not divide the ranks."""
-    from hpcdl.workloads import recipes
-
-    if not cfg.suite_class:
-        return cfg
-    suite = recipes.suite(cfg.suite_class)
-    if not lr_given and "lr" in suite.settings.get(name, {}):
-        cfg = cfg.replace(lr=float(suite.settings[name]["lr"]))
-    if cfg.layout or world.size == 1:
-        return cfg
-    text = suite.default_layout(name, world.nodes)
-    layout = parse_layout(text)
-    return cfg.replace(layout=text) if world.size % (layout.tp * layout.pp) == 0 else cfg
+    specs, note = classes.on_device(specs, resolve_device(cfg.device))
+    return specs, classes.stamped(cfg, size_class), f"class {size_class}: {note}" if note else ""
 
 
 def summary_rows(results: dict[str, RunResult]) -> list[list[str]]:
@@ -115,10 +88,37 @@ def peak_lines(results: dict[str, RunResult]) -> list[str]:
     return [f"MFU in {prec} is against {text}" for prec, text in peaks.items()]
 
 
+def remember_peaks(results: dict[str, RunResult]) -> list[str]:
+    """A run's first probe stores the machine's peak where none is stored (one per precision,
+    from a one-rank CPU run: ``measure.peakstore``), so that every later run divides by the same
+    figure; what was stored, in words."""
+    from hpcdl.measure import peakstore
+    from hpcdl.measure.peaks import Peak, cpu_info, store_entry
+
+    said = []
+    for res in results.values():
+        view = res.result
+        m, precision = view.metrics, view.settings.precision
+        if view.world_size != 1 or not view.settings.device.startswith("cpu"):
+            continue
+        model = cpu_info().model_name
+        peak = Peak(m.peak_flops, m.peak_source, m.peak_kind, dict(m.peak_inputs))
+        entry = store_entry(peak, m.measured_matmul_flops)
+        if entry is None or peakstore.stored(model, precision) is not None:
+            continue
+        path = peakstore.store(model, precision, entry, "hpcdl run (its first probe)")
+        said.append(
+            f"hpcdl: stored this machine's {precision} peak, {si(m.peak_flops, 'FLOP/s')}, in {path}: "
+            "later runs divide by it (hpcdl info --probe measures it again)"
+        )
+    return said
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import torch
 
     from hpcdl.cli.progress import LiveLine
+    from hpcdl.harness.classes import workload_settings
     from hpcdl.harness.runner import preflight, run
 
     if not 1 <= args.repeat <= MAX_REPEAT:  # before anything is built: 10^9 runs listed up front
@@ -129,7 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     local = World(size=args.np, local_size=1 if under_mpi() else args.np)  # --np: all ranks here
     lr_given = args.lr is not None
     for name, spec in specs.items():
-        preflight(spec, class_settings(cfg, name, local, lr_given), local)  # bad input refused up front
+        preflight(spec, workload_settings(cfg, name, local, lr_given), local)  # bad input refused up front
     if args.mllog:
         mllog.check(Path(args.mllog))
     if not under_mpi():
@@ -162,7 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             with LiveLine(prefix, cfg.steps, cfg.duration_s) as line:
                 res = run(
                     spec,
-                    class_settings(cfg, name, world, lr_given),
+                    workload_settings(cfg, name, world, lr_given),
                     output_dir=out,
                     name=repeats.repeat_name(base, r, args.repeat),
                     progress=line.say,
@@ -208,9 +208,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{name}: {fit_text(res.result.metrics.fit)}")
         if res.result.settings.layout:
             print(f"{name}: {layout_text(res.result)}")
+    for stored in remember_peaks(results):
+        err(stored)
     print("\n".join(peak_lines(results)) + f"\nRecords in {out}/")
     if args.repeat > 1:
         print(repeat_table(specs, results, args.repeat, out, stamp))
+    print("\n".join(result_lines(results, cfg.suite_class)))
     if len(results) > 1:
         summary = {
             "schema": schema.SUITE,
@@ -221,6 +224,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     if log_failed:
         err(f"hpcdl: --mllog {args.mllog}: the lines of {log_failed} run(s) were not written (said above)")
     return 0 if all(r.passed for r in results.values()) and not log_failed and not failed else 1
+
+
+def result_lines(results: dict[str, RunResult], size_class: str) -> list[str]:
+    """What the run comes to: for a class, its score as ``hpcdl rank`` computes it, whether it
+    is rankable and why each record that does not count does not (``results.verdict``); for
+    other runs, why each invalid record is invalid."""
+    if size_class:
+        from hpcdl.results.verdict import judge
+
+        paths = [r.path for r in results.values() if r.path is not None]
+        return judge(paths, size_class).lines()
+    return [
+        f"invalid: {name}: {'; '.join(res.result.validity.reasons)}"
+        for name, res in results.items()
+        if not res.result.validity.passed
+    ]
 
 
 def failure_line(e: RuntimeError, path: Path) -> str:

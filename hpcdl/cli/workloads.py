@@ -119,16 +119,31 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def peaks_table(device: torch.device, probe: bool) -> str:
     """Per precision: the theoretical peak (MFU's denominator) with its source, and with
-    ``probe`` the measured GEMM ceiling and its ratio to the peak. A CPU estimate the ceiling
-    beats is raised to the clock the ceiling implies, as a run's is (``raised_to_ceiling``);
-    a ceiling above any other peak is flagged."""
+    ``probe`` the measured GEMM ceiling and its ratio to the peak. On a CPU the peak is the
+    machine's stored one (``measure.peakstore``); ``probe`` derives it again from the estimate,
+    raised to the clock the ceiling implies where the ceiling beats it (``raised_to_ceiling``),
+    and stores it for every later run; a ceiling above any other peak is flagged."""
     from hpcdl.device import device_name
-    from hpcdl.measure.peaks import INFO_PRECISIONS, gemm_ceiling, raised_to_ceiling, theoretical_peak
+    from hpcdl.measure import peakstore
+    from hpcdl.measure.peaks import (
+        INFO_PRECISIONS,
+        cpu_info,
+        cpu_peak,
+        gemm_ceiling,
+        raised_to_ceiling,
+        store_entry,
+        theoretical_peak,
+    )
     from hpcdl.workloads.precision import PRECISIONS
 
     rows = []
     for prec in [*PRECISIONS, *(INFO_PRECISIONS if device.type == "cuda" else ())]:
-        peak = theoretical_peak(device, device_name(device), prec)
+        cpu = device.type == "cpu"
+        peak = (
+            cpu_peak(prec, use_store=not probe)
+            if cpu
+            else theoretical_peak(device, device_name(device), prec)
+        )
         if peak is None and prec in INFO_PRECISIONS:
             continue  # listed only where the datasheet has it
         measured = []
@@ -136,6 +151,10 @@ def peaks_table(device: torch.device, probe: bool) -> str:
             ceiling = gemm_ceiling(device, prec)
             if peak is not None:
                 peak = raised_to_ceiling(peak, ceiling)
+                entry = store_entry(peak, ceiling) if cpu else None
+                if entry is not None:
+                    peakstore.store(cpu_info().model_name, prec, entry, "hpcdl info --probe")
+                    peak = cpu_peak(prec) or peak  # as every run on this machine now reads it
             ratio = ceiling / peak.flops if peak else float("nan")
             mark = "  (!) above the theoretical peak: its inputs are low" if ratio > 1 else ""
             measured = [si(ceiling, "FLOP/s"), f"{ratio:.1%}{mark}"]
@@ -144,7 +163,11 @@ def peaks_table(device: torch.device, probe: bool) -> str:
              peak.source if peak else "no datasheet entry or clock; give --peak-flops"]
         )  # fmt: skip
     head = ["precision", "theoretical peak"] + (["measured GEMM ceiling", "ceiling / peak"] if probe else [])
-    return table([*head, "source of the peak"], rows, numeric=False)
+    note = ""
+    if device.type == "cpu":
+        note = f"\nCPU peaks are kept per machine in {peakstore.store_path()}: every run here divides by them"
+        note += " (stored now)" if probe else "; hpcdl info --probe measures and stores them again"
+    return table([*head, "source of the peak"], rows, numeric=False) + note
 
 
 IO_LIMITS = {"batches": (1, 1 << 20), "shards": (1, 4096), "workers": (0, 256), "epochs": (1, 1000)}

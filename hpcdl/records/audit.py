@@ -307,7 +307,7 @@ def gate_problems(r: Result) -> list[str]:
     names = {c.name for c in r.validity.checks}
     if r.validity.failed or not r.validity.passed:
         problems.append(
-            f"validity checks failed: {', '.join(dict.fromkeys(r.validity.failed)) or 'passed is false'}"
+            f"validity checks failed: {'; '.join(dict.fromkeys(r.validity.reasons)) or 'passed is false'}"
         )
     if r.settings.precision not in PRECISIONS:  # no lower than 16 bits
         problems.append(f"precision {r.settings.precision} is below fp16/bf16")

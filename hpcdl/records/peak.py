@@ -45,12 +45,13 @@ def job_peak(device: torch.device, override: float, ranks: Sequence[RankMeasurem
 def host_peak(r: RankMeasurement, ranks: Sequence[RankMeasurement]) -> Peak:
     """Rank ``r``'s CPU peak, raised to the clock that its host's GEMM ceiling implies where
     that exceeds the estimate (``peaks.raised_to_ceiling``): the estimate's clock is then
-    demonstrably low. The host's ceiling is the sum of its ``ranks``' (each measured with its
-    own threads) over the CPUs they may run on together: ranks that share their CPUs (no
-    binding) each measured a share of them, not all of them."""
+    demonstrably low. What one CPU of the host can do is the best any rank showed per CPU its
+    threads could occupy at once (its ceiling over the fewer of its threads and its CPUs),
+    never a sum over ranks: ranks that share CPUs (more ranks than cores, or no binding) may
+    each have measured with the cores to itself, and their sum would credit the cores with
+    several times what they can do. A peak from the store (one per machine) is not raised."""
     assert r.peak is not None
-    cpus = {c for x in ranks for c in x.cpus}
-    per_cpu = sum(x.gemm_ceiling_flops for x in ranks) / max(len(cpus), 1)
+    per_cpu = max(x.gemm_ceiling_flops / max(min(x.threads, len(x.cpus)), 1) for x in ranks)
     return raised_to_ceiling(r.peak, per_cpu * max(len(r.cpus), 1))
 
 
@@ -72,6 +73,8 @@ def implausible(mfu: float, fraction: float, ceiling: float, peak: Peak | None) 
             if "estimated_flops" in peak.inputs
             else f"the estimated peak's inputs are low (clock from {peak.inputs.get('clock_source')})"
         )
+        if "stored" in peak.inputs:
+            low_inputs = "the machine's stored peak is low (hpcdl info --probe measures and stores it again)"
     if mfu > 1:
         flags.append(
             f"MFU {mfu:.1%} > 100%: {low_inputs}, or kernels do fewer FLOPs than counted "
