@@ -349,8 +349,19 @@ def repeat_table(specs: dict[str, Spec], results: dict[str, RunResult], n: int, 
     return table(head, rows)
 
 
+VALIDITY_RULES = (
+    "A record is valid (the table's last column) when its loss stays finite and falls, which "
+    "needs at least 4 timed steps (loss_falls), its timed window lasts --min-duration seconds "
+    "(default 1), and several ranks step like one process. hpcdl rank counts a valid record of "
+    "learnable or hdf5 data whose window lasts 5 s or more on every rank "  # audit.RANK_MIN_WINDOW_S
+    "(docs/rules.md, the gate). A class run ends with its score as hpcdl rank computes it."
+)
+
+
 def add_parsers(sub: Any) -> None:
-    r = sub.add_parser("run", help="measure the default suite, one workload, or a preset")
+    r = sub.add_parser(
+        "run", help="measure the default suite, one workload, or a preset", epilog=VALIDITY_RULES
+    )
     add_workload_options(r)
     add_run_options(r)
     r.add_argument("--np", type=int, default=1, help="ranks to start on this machine with mpirun (default 1)")

@@ -119,6 +119,14 @@ class Job(Knobs):
             raise SpecError(
                 "job.name", self.name, "1-64 letters, digits, '_', '.', '-', starting alphanumeric"
             )
+        if self.size_class and self.size_class not in size_classes():
+            raise SpecError("job.workload.class", self.size_class, "allowed: " + ", ".join(size_classes()))
+        if self.size_class and self.run.suite_class:
+            raise SpecError(
+                "job.run.suite_class", self.run.suite_class, "set the class in [workload]: class="
+            )
+        if self.size_class and self.instances > 1:
+            raise SpecError("job.instances", self.instances, "1 for a class job (capacity runs one workload)")
         if len(set(self.nodes)) != len(self.nodes):
             raise SpecError("job.nodes", list(self.nodes), "each node count once")
         if self.gpus_per_node > 0 and self.tasks_per_node > self.gpus_per_node:
@@ -147,14 +155,6 @@ class Job(Knobs):
         check_launcher(self.container, self.launcher)
         if self.run.backend != "auto":
             raise SpecError("job.run.backend", self.run.backend, "set it at the top level: job.backend")
-        if self.size_class and self.size_class not in size_classes():
-            raise SpecError("job.workload.class", self.size_class, "allowed: " + ", ".join(size_classes()))
-        if self.size_class and self.run.suite_class:
-            raise SpecError(
-                "job.run.suite_class", self.run.suite_class, "set the class in [workload]: class="
-            )
-        if self.size_class and self.instances > 1:
-            raise SpecError("job.instances", self.instances, "1 for a class job (capacity runs one workload)")
 
     # --- derived values --------------------------------------------------------------------
     def spec(self) -> Spec:
