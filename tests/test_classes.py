@@ -185,6 +185,11 @@ def test_fit_measures_the_batch_that_fills_the_target_and_records_how(tmp_path: 
     assert fit["measured_peak_bytes"] >= 0.95 * fit["target_bytes"] or largest, fit["trials"]
     assert fit["estimate_bytes"] > 0 and fit["estimated_batch"] >= 1
     assert f"batch {batch}/rank (the estimate chose {fit['estimated_batch']})" in p.stdout  # said once
+    # said while it fits (issue 45): the header says it fits, each trial run its batch and peak
+    assert "batch per rank: fitting to" in p.stderr and "fit: trial 1 at batch" in p.stderr
+    for t in fit["trials"]:
+        if t["peak_bytes"] is not None:
+            assert f"at batch {t['batch']}: measured peak {t['peak_bytes'] / 2**30:.2f} GiB" in p.stderr
     # the run's own peak, beside its trial's, from a base taken as a trial's (after a one-sample
     # step) and with glibc's threshold fixed as in the trials: within the target's 5 % (0.97-0.99x
     # at 160 MiB, 0.98-1.01x at 80 but for that one run; from a base before any step it rose

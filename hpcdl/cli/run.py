@@ -147,15 +147,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     failed: list[str] = []
     log_failed = 0
     runs = [(name, spec, r) for name, spec in specs.items() for r in range(1, args.repeat + 1)]
+    if len(runs) > 1 and world.rank == 0:
+        say(estimate_line(runs, cfg, world, cfg.suite_class))
     for i, (name, spec, r) in enumerate(runs, 1):
         label = repeats.repeat_name(name, r, args.repeat)
         prefix = f"[{i}/{len(runs)}] {label}"
         params = si(spec.count().params)
         micro = f" x {spec.accumulation_steps} micro-batches" if spec.accumulation_steps > 1 else ""
-        say(
-            f"{prefix}: {spec.family}, {params} params, {spec.precision}, "
-            f"batch {spec.batch_size}/rank{micro} x {world.size} ranks"
-        )
+        batch = f"batch {spec.batch_size}/rank{micro}"
+        if cfg.fit_fraction > 0:  # the spec's batch is only where the fit starts
+            batch = f"batch per rank: fitting to {cfg.fit_fraction:g} of its memory first{micro}"
+        say(f"{prefix}: {spec.family}, {params} params, {spec.precision}, {batch} x {world.size} ranks")
         base = args.name if args.name and len(specs) == 1 else f"{stamp}-{name}"
         started = time.time()
         try:
@@ -224,6 +226,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     if log_failed:
         err(f"hpcdl: --mllog {args.mllog}: the lines of {log_failed} run(s) were not written (said above)")
     return 0 if all(r.passed for r in results.values()) and not log_failed and not failed else 1
+
+
+def estimate_line(runs: list[tuple[str, Spec, int]], cfg: RunConfig, world: World, size_class: str) -> str:
+    """Before several runs start: the least time they take here, said as an estimate
+    (``harness.duration``: counted FLOPs at the peak)."""
+    from hpcdl.device import resolve_device
+    from hpcdl.harness.duration import duration_text, floor
+
+    what = f"class {size_class}" if size_class else f"{len(runs)} runs"
+    device = resolve_device(cfg.device)
+    floors = [floor(spec, cfg, device, world.local_size) for _, spec, _ in runs]
+    if any(f is None for f in floors):
+        why = (
+            "--fit chooses the batches first" if cfg.fit_fraction > 0 else "no peak is known for this device"
+        )
+        return f"{what}: no time estimate ({why})"
+    total = sum(f.seconds for f in floors if f is not None)
+    window = f"{cfg.steps} timed steps" if cfg.steps else f"{cfg.duration_s:g} s window"
+    slowest = max((f for f in floors if f is not None), key=lambda f: f.step_s)
+    rates = ", ".join(sorted({f"{f.basis} {si(f.rate_flops, 'FLOP/s')}" for f in floors if f is not None}))
+    return (
+        f"{what} here: at least {duration_text(total)} (an estimate: the counted FLOPs of each workload's "
+        f"{cfg.warmup_steps} warm-up steps and {window} at this machine's {rates}; its slowest step at "
+        f"least {duration_text(slowest.step_s)}; real steps are slower)"
+    )
 
 
 def result_lines(results: dict[str, RunResult], size_class: str) -> list[str]:
