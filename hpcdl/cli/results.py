@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcdl.cli.common import err
+from hpcdl.errors import InputError
 
 
 def cmd_rank(args: argparse.Namespace) -> int:
@@ -34,9 +35,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         print(write_diagnosis_page(diagnosis.load_diagnosis(Path(args.paths[0])), Path(args.output)))
         return 0
+    from hpcdl.results.ranking import parse_submission
     from hpcdl.results.report import write_report  # imports matplotlib: only when a report is made
 
-    print(write_report([Path(p) for p in args.paths], Path(args.output), say=err))
+    sources = [parse_submission(p, "report.path") if "=" in p else ("", Path(p)) for p in args.paths]
+    if len({name for name, _ in sources if name}) != sum(1 for name, _ in sources if name):
+        raise InputError("report.path", args.paths, "each system name once (NAME=DIR)")
+    print(write_report(sources, Path(args.output), say=err))
     return 0
 
 
@@ -52,7 +57,8 @@ def add_parsers(sub: Any) -> None:
     rp.add_argument(
         "paths",
         nargs="+",
-        help="record files or directories (searched recursively), or one diagnosis (hpcdl diagnose -o)",
+        help="record files or directories (searched recursively), each as NAME=DIR to name its system "
+        "(as hpcdl rank takes them: two machines' records stay apart), or one diagnosis (hpcdl diagnose -o)",
     )
     rp.add_argument("-o", "--output", default="report", help="output directory (default: report)")
     rp.set_defaults(func=cmd_report)

@@ -52,12 +52,12 @@ class Ranking:
         return [s for scores in self.lists.values() for s in scores]
 
 
-def parse_submission(arg: str) -> tuple[str, Path]:
+def parse_submission(arg: str, field: str = "rank.path") -> tuple[str, Path]:
     """``NAME=DIR`` or ``DIR`` (named by its last component)."""
     name, sep, folder = arg.partition("=")
     path = Path(folder if sep else arg)
     if not path.exists():
-        raise InputError("rank.path", str(path), "an existing directory or record file")
+        raise InputError(field, str(path), "an existing directory or record file")
     return (name if sep else path.resolve().name), path
 
 
