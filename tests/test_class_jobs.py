@@ -88,6 +88,9 @@ def test_a_class_job_through_the_local_executor_is_collected_and_ranked(tmp_path
     assert "cls: class S v1 score: " in p.stdout and "cls: rankable: complete, every record valid" in p.stdout
     status = hpcdl("status", out)
     assert "cls-n1  " in status.stdout and "5 valid records" in status.stdout and "rankable" in status.stdout
+    against = hpcdl("status", out, "--baseline", out)  # an acceptance run against itself: 100 %
+    assert against.returncode == 0 and against.stdout.count("100.0%    pass") == len(S), against.stdout
+    assert "cls: class S against the baseline" in against.stdout and "baseline check: pass;" in against.stdout
     collect = hpcdl("collect", out)
     assert collect.returncode == 0 and all(f"cls-n1/{w}" in collect.stdout for w in S)
     rows = json.loads((out / "collected.json").read_text())["points"]

@@ -6,10 +6,13 @@ import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcdl.cli.common import err
 from hpcdl.results.text import table
+
+if TYPE_CHECKING:
+    from hpcdl.results.verdict import Verdict
 
 
 def status_table(rows: Sequence[Any]) -> str:
@@ -20,12 +23,24 @@ def status_table(rows: Sequence[Any]) -> str:
     )
 
 
-def status_lines(out: Path, rows: Sequence[Any]) -> list[str]:
+def status_lines(out: Path, rows: Sequence[Any], baseline: str | None = None) -> tuple[list[str], bool]:
     """Below the status table: why each record that does not count does not, then each class
-    job's score (``class_lines``)."""
+    job's score (``class_lines``) and, with a ``baseline`` folder, each class job's workloads
+    against it. Returns the lines and whether every baseline check passed."""
     classed = [r for r in rows if entry_class(out, r.name)]
     own = [f"{r.name}: {problem}" for r in rows if r not in classed for problem in r.problems]
-    return own + class_lines(out, rows, every=True)
+    verdicts = class_verdicts(out, rows)
+    lines = own + class_lines(verdicts, every=True)
+    if baseline is None:
+        return lines, True
+    from hpcdl.results.baseline import compare, load_baseline
+
+    base, passed = load_baseline(baseline), True
+    for job, verdict in verdicts.items():
+        check = compare(verdict.accepted, base, verdict.size_class, baseline, verdict.score.world_size)
+        lines += [f"{job}: {line}" if i == 0 else line for i, line in enumerate(check.lines())]
+        passed = passed and check.passed
+    return lines, passed
 
 
 def entry_class(out: Path, name: str) -> str:
@@ -35,13 +50,10 @@ def entry_class(out: Path, name: str) -> str:
     return entries(out)[name].point.config().suite_class
 
 
-def class_lines(out: Path, rows: Sequence[Any], every: bool = False) -> list[str]:
-    """For each class job, its score as ``hpcdl rank`` computes it from the records its points
-    wrote so far, and whether it is rankable (``results.verdict``); ``every``: and each record
-    that does not count, with why."""
+def class_verdicts(out: Path, rows: Sequence[Any]) -> dict[str, Verdict]:
+    """Each class job's records so far, judged as ``hpcdl rank`` would (``results.verdict``)."""
     from hpcdl.schedulers.state import entries
 
-    lines: list[str] = []
     known = entries(out)
     classes: dict[str, tuple[str, list[Path]]] = {}
     for r in rows:
@@ -49,12 +61,18 @@ def class_lines(out: Path, rows: Sequence[Any], every: bool = False) -> list[str
         if size_class:
             found = [p for p in r.records if p.exists()]
             classes.setdefault(known[r.name].point.job, (size_class, []))[1].extend(found)
-    if classes:
-        from hpcdl.results.verdict import judge  # the audit counts FLOPs with the families: torch
+    if not classes:
+        return {}
+    from hpcdl.results.verdict import judge  # the audit counts FLOPs with the families: torch
 
-        for job, (size_class, paths) in classes.items():
-            lines += [f"{job}: {line}" for line in judge(paths, size_class).lines(rejected=every)]
-    return lines
+    return {job: judge(paths, size_class) for job, (size_class, paths) in classes.items()}
+
+
+def class_lines(verdicts: dict[str, Verdict], every: bool = False) -> list[str]:
+    """For each class job, its score as ``hpcdl rank`` computes it from the records its points
+    wrote so far, and whether it is rankable; ``every``: and each record that does not count,
+    with why."""
+    return [f"{job}: {line}" for job, v in verdicts.items() for line in v.lines(rejected=every)]
 
 
 def print_lines(lines: Sequence[str]) -> None:
@@ -100,7 +118,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(f"follow with: hpcdl status {out}")
         return 0
     print(status_table(rows))
-    print_lines(status_lines(out, rows))
+    print_lines(status_lines(out, rows)[0])
     return 0 if all(r.state == "done" for r in rows) else 1
 
 
@@ -111,10 +129,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = status(out)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=1))
-    else:
-        print(status_table(rows))
-        print_lines(status_lines(out, rows))
-    return 0
+        return 0
+    print(status_table(rows))
+    lines, passed = status_lines(out, rows, args.baseline)
+    print_lines(lines)
+    return 0 if passed else 1
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
@@ -139,7 +158,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     print(f"{have} of {len(points)} points have a valid record -> {out / COLLECTED_FILE}")
     from hpcdl.schedulers.status import status
 
-    print_lines(class_lines(out, status(out)))
+    print_lines(class_lines(class_verdicts(out, status(out))))
     return 0
 
 
@@ -162,6 +181,12 @@ def add_parsers(sub: Any) -> None:
     st = sub.add_parser("status", help="state of each submitted point: done, queued, running, failed and why")
     st.add_argument("dir", help="the job's output directory (holds hpcdl-jobs.json)")
     st.add_argument("--json", action="store_true", help="print JSON")
+    st.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="each class job's workloads against the records in DIR (a vendor's, or the site's acceptance "
+        "run) at the scale of its score; exit 1 below 95 %% of it on any workload",
+    )
     st.set_defaults(func=cmd_status)
 
     co = sub.add_parser("collect", help="gather the valid records of a job's points into collected.json")

@@ -13,8 +13,10 @@ from hpcdl.errors import InputError
 
 def cmd_rank(args: argparse.Namespace) -> int:
     from hpcdl.results import ranking as rank_mod  # the audit counts FLOPs with the families: torch
+    from hpcdl.results.baseline import compare, load_baseline
 
     submissions = [rank_mod.parse_submission(a) for a in args.systems]
+    baseline = load_baseline(args.baseline) if args.baseline is not None else None  # refused up front
     ranking = rank_mod.rank(submissions, say=err)
     paths = rank_mod.write(ranking, Path(args.output))
     print(rank_mod.terminal_table(ranking))
@@ -24,7 +26,15 @@ def cmd_rank(args: argparse.Namespace) -> int:
         f"{ranking.accepted} records accepted, {len(ranking.rejected)} rejected; wrote "
         + ", ".join(str(p) for p in paths)
     )
-    return 0
+    if baseline is None:
+        return 0
+    passed = True
+    for size_class, scores in ranking.lists.items():
+        for s in scores:
+            check = compare(ranking.records[s.system], baseline, size_class, args.baseline, s.world_size)
+            print(f"{s.system}: " + "\n".join(check.lines()))
+            passed = passed and check.passed
+    return 0 if passed else 1
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -49,6 +59,12 @@ def add_parsers(sub: Any) -> None:
     rk = sub.add_parser("rank", help="verify records and write the ranking list (Markdown, HTML, CSV)")
     rk.add_argument("systems", nargs="+", help="one directory of records per system, or NAME=DIR")
     rk.add_argument("-o", "--output", default="ranking", help="output directory (default: ranking)")
+    rk.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="each system's class workloads against the records in DIR (a vendor's, or the site's "
+        "acceptance run) at the scale of its score; exit 1 below 95 %% of it on any workload",
+    )
     rk.set_defaults(func=cmd_rank)
 
     rp = sub.add_parser(

@@ -22,6 +22,7 @@ from hpcdl.results.text import mfu_text, notes_once, si, table
 if TYPE_CHECKING:  # what runs a workload imports torch: the handlers import it (--help needs none)
     from hpcdl.harness.runner import RunResult
     from hpcdl.measure.config import RunConfig
+    from hpcdl.results.verdict import Verdict
     from hpcdl.workloads.spec import Spec
 
 MAX_REPEAT = 1000
@@ -124,6 +125,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not 1 <= args.repeat <= MAX_REPEAT:  # before anything is built: 10^9 runs listed up front
         raise InputError("repeat", args.repeat, f"runs of each workload, 1 to {MAX_REPEAT}")
     specs, cfg, note = class_run(args, workload_specs(args), run_config(args))
+    baseline = None
+    if args.baseline is not None:  # read before anything runs: a bad folder is refused up front
+        from hpcdl.results.baseline import load_baseline
+
+        if not cfg.suite_class:
+            raise InputError("baseline", args.baseline, "compares a class run: hpcdl run --class NAME")
+        baseline = load_baseline(args.baseline, cfg.suite_class)
     if len(specs) > 1 and args.duration is None and args.steps is None:
         cfg = cfg.replace(duration_s=12.0)  # the default suite: ~2 minutes on a 2-core CPU
     local = World(size=args.np, local_size=1 if under_mpi() else args.np)  # --np: all ranks here
@@ -215,7 +223,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     print("\n".join(peak_lines(results)) + f"\nRecords in {out}/")
     if args.repeat > 1:
         print(repeat_table(specs, results, args.repeat, out, stamp))
-    print("\n".join(result_lines(results, cfg.suite_class)))
+    lines, verdict = result_lines(results, cfg.suite_class)
+    print("\n".join(lines))
+    below = False
+    if baseline is not None and verdict is not None:
+        from hpcdl.results.baseline import compare
+
+        check = compare(verdict.accepted, baseline, cfg.suite_class, args.baseline, verdict.score.world_size)
+        print("\n".join(check.lines()))
+        below = not check.passed
     if len(results) > 1:
         summary = {
             "schema": schema.SUITE,
@@ -225,7 +241,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_record(summary, out / f"{stamp}-suite.json")
     if log_failed:
         err(f"hpcdl: --mllog {args.mllog}: the lines of {log_failed} run(s) were not written (said above)")
-    return 0 if all(r.passed for r in results.values()) and not log_failed and not failed else 1
+    return 0 if all(r.passed for r in results.values()) and not (log_failed or failed or below) else 1
 
 
 def estimate_line(runs: list[tuple[str, Spec, int]], cfg: RunConfig, world: World, size_class: str) -> str:
@@ -253,20 +269,21 @@ def estimate_line(runs: list[tuple[str, Spec, int]], cfg: RunConfig, world: Worl
     )
 
 
-def result_lines(results: dict[str, RunResult], size_class: str) -> list[str]:
+def result_lines(results: dict[str, RunResult], size_class: str) -> tuple[list[str], Verdict | None]:
     """What the run comes to: for a class, its score as ``hpcdl rank`` computes it, whether it
-    is rankable and why each record that does not count does not (``results.verdict``); for
-    other runs, why each invalid record is invalid."""
+    is rankable and why each record that does not count does not (``results.verdict``, also
+    returned); for other runs, why each invalid record is invalid."""
     if size_class:
         from hpcdl.results.verdict import judge
 
-        paths = [r.path for r in results.values() if r.path is not None]
-        return judge(paths, size_class).lines()
-    return [
+        verdict = judge([r.path for r in results.values() if r.path is not None], size_class)
+        return verdict.lines(), verdict
+    invalid = [
         f"invalid: {name}: {'; '.join(res.result.validity.reasons)}"
         for name, res in results.items()
         if not res.result.validity.passed
     ]
+    return invalid, None
 
 
 def failure_line(e: RuntimeError, path: Path) -> str:
@@ -401,4 +418,10 @@ def add_parsers(sub: Any) -> None:
         help=f"run each workload N times, 1 to {MAX_REPEAT} (NAME-r1 ...): olympic mean, median, spread",
     )
     r.add_argument("--mllog", metavar="FILE", help="append MLPerf-style :::MLLOG lines of every run to FILE")
+    r.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="a class run: each workload's AI-ops/s against the records in DIR (a vendor's, or the site's "
+        "acceptance run) at the same scale; exit 1 below 95 %% of it on any workload",
+    )
     r.set_defaults(func=cmd_run)
