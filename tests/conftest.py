@@ -28,6 +28,7 @@ def own_peak_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     monkeypatch.setenv("HPCDL_PEAK_STORE", str(path))
     return path
 
+
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = ROOT / "scripts" / "cluster" / "cluster.sh"
 CLUSTER_HOSTS = 4

@@ -312,7 +312,7 @@ def test_profile_fit_verify_and_verify_again(tmp_path: Path) -> None:
     assert code == 0 and "step time, proxy / real model" in out
     # one time figure, the one --verify checks (issue 45: the table said "time -11.6 %" beside it)
     assert out.count("step time") == 1 and "\ntime " not in out
-    assert f"spec written to {spec}; run it: hpcdl run --spec {spec}" in out
+    assert f"spec written to {spec}; run it: hpcdl run --spec {spec}" in out and "USDT:" not in p.stderr
     ran = hpcdl_cli.hpcdl(
         "run", "--spec", str(spec), "--steps", "4", "--min-duration", "0", "-o", tmp_path / "run"
     )
@@ -541,3 +541,16 @@ def test_a_batch_that_does_not_fit_the_model_is_one_line() -> None:
     errors = [line for line in err.splitlines() if "error" in line]  # after one progress line
     assert code == 2 and errors == err.splitlines()[-1:] and "Traceback" not in err
     assert "model='wrong_input' is invalid: its forward pass fails on the example batch (RuntimeError" in err
+
+
+def test_the_profiler_s_own_lines_are_not_printed(capfd: pytest.CaptureFixture[str]) -> None:
+    """issue 45: profile and fit printed Kineto's ``USDT: ... profiler_start`` lines, whatever
+    KINETO_LOG_LEVEL says; they are held back, and what else was written then is kept."""
+    from hpcdl.proxy.measure import time_mix
+
+    module, batch = proxy_models.tiny_cnn()
+    trainee = Trainee(module, batch)
+    capfd.readouterr()
+    shares = time_mix(trainee, steps=1)
+    err = capfd.readouterr().err
+    assert shares and "USDT:" not in err and "STAGE:" not in err, err

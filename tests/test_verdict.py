@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hpcdl_cli import hpcdl
+from hpcdl_cli import hpcdl, unwrapped
 
 from hpcdl.device import device_name
 from hpcdl.harness.duration import CHECK_STEPS, duration_text, floor
@@ -31,7 +31,7 @@ def test_a_class_run_ends_with_its_score_and_why_each_record_does_not_count(tmp_
     # said before it starts: how long the class takes here at least (counted FLOPs at the peak)
     (estimate,) = [x for x in p.stderr.splitlines() if x.startswith("class S here: at least ")]
     assert "(an estimate: the counted FLOPs of each workload's 1 warm-up steps and 4 timed steps" in estimate
-    tail = p.stdout.splitlines()[-(2 + len(S)) :]
+    tail = unwrapped(p.stdout).splitlines()[-(2 + len(S)) :]
     assert tail[0].startswith("class S v1: no score: suite incomplete at every scale (missing ")
     assert tail[1] == (
         f"not rankable: incomplete, {len(S)} record(s) not counted, 0 run(s) of each workload "
@@ -46,7 +46,7 @@ def test_an_invalid_record_says_why_on_the_console(tmp_path: Path) -> None:
     p = hpcdl("run", "--workload", "mlp", "layers=1", "width=32", "--steps", "4", "--min-duration", "1000",
               "-o", tmp_path)  # fmt: skip
     assert p.returncode == 1
-    (line,) = [x for x in p.stdout.splitlines() if x.startswith("invalid: ")]
+    (line,) = [x for x in unwrapped(p.stdout).splitlines() if x.startswith("invalid: ")]
     assert line.startswith("invalid: mlp: min_duration (timed ") and line.endswith("s, minimum 1000 s)")
 
 

@@ -17,7 +17,7 @@ from hpcdl.parallel.world import World, init_world, under_mpi
 from hpcdl.records import mllog, repeats, schema
 from hpcdl.records.store import read_steps, write_record
 from hpcdl.records.views import Result, Target
-from hpcdl.results.text import mfu_text, notes_once, si, table
+from hpcdl.results.text import mfu_text, notes_once, si, table, wrapped
 
 if TYPE_CHECKING:  # what runs a workload imports torch: the handlers import it (--help needs none)
     from hpcdl.harness.runner import RunResult
@@ -210,17 +210,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     ]
     print(table(headers, summary_rows(results)))
     for note in notes_once({name: res.result.metrics.flags for name, res in results.items()}):
-        print(f"(!) {note}")
+        print(wrapped(f"(!) {note}"))
     for name, res in results.items():
         if (target := res.result.metrics.target) is not None:
-            print(f"{name}: {target_text(target)}")
+            print(wrapped(f"{name}: {target_text(target)}"))
         if res.result.metrics.fit:
-            print(f"{name}: {fit_text(res.result.metrics.fit)}")
+            print(wrapped(f"{name}: {fit_text(res.result.metrics.fit)}"))
         if res.result.settings.layout:
-            print(f"{name}: {layout_text(res.result)}")
+            print(wrapped(f"{name}: {layout_text(res.result)}"))
     for stored in remember_peaks(results):
-        err(stored)
-    print("\n".join(peak_lines(results)) + f"\nRecords in {out}/")
+        err(wrapped(stored))
+    print("\n".join(wrapped(line) for line in peak_lines(results)) + f"\nRecords in {out}/")
     if args.repeat > 1:
         print(repeat_table(specs, results, args.repeat, out, stamp))
     lines, verdict = result_lines(results, cfg.suite_class)
@@ -277,9 +277,9 @@ def result_lines(results: dict[str, RunResult], size_class: str) -> tuple[list[s
         from hpcdl.results.verdict import judge
 
         verdict = judge([r.path for r in results.values() if r.path is not None], size_class)
-        return verdict.lines(), verdict
+        return [wrapped(line) for line in verdict.lines()], verdict
     invalid = [
-        f"invalid: {name}: {'; '.join(res.result.validity.reasons)}"
+        wrapped(f"invalid: {name}: {'; '.join(res.result.validity.reasons)}")
         for name, res in results.items()
         if not res.result.validity.passed
     ]

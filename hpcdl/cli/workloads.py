@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 from hpcdl.cli.common import family_names, one_of
 from hpcdl.errors import InputError, SpecError
 from hpcdl.records.store import check_output
-from hpcdl.results.text import si, table
+from hpcdl.results.text import NOTE_WIDTH, si, table, wrapped
 
 if TYPE_CHECKING:  # the workloads and the device import torch: the handlers import them
     import torch
@@ -227,14 +228,36 @@ def cmd_list(args: argparse.Namespace) -> int:
     from hpcdl.workloads.registry import FAMILIES
 
     for family, cls in FAMILIES.items():
-        print(f"{family}: {(cls.__doc__ or '').strip().splitlines()[0]}")
-        for name, f in cls.knobs().items():
-            print(f"  {name} = {f.default!r:<12} {f.metadata['doc']}")
+        print(wrapped(f"{family}: {first_paragraph(cls.__doc__ or '')}"))
+        print(knob_lines(cls.knobs()))
     print("\npresets: " + ", ".join(recipes.presets()))
     for size_class in recipes.size_classes():
         print()
         print(class_table(size_class))
     return 0
+
+
+def first_paragraph(doc: str) -> str:
+    """A docstring's first paragraph as one line: a description whole, not its first line."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def knob_lines(knobs: dict[str, Any]) -> str:
+    """One knob a line, ``name = default  doc``, aligned; a long doc wrapped under its column."""
+    width = max(len(name) for name in knobs)
+    out = []
+    for name, f in knobs.items():
+        head = f"  {name:<{width}} = {f.default!r:<10} "
+        out.append(
+            textwrap.fill(
+                f.metadata["doc"],
+                NOTE_WIDTH,
+                initial_indent=head,
+                subsequent_indent=" " * len(head),
+                break_long_words=False,
+            )  # fmt: skip
+        )
+    return "\n".join(out)
 
 
 def class_table(size_class: str) -> str:
