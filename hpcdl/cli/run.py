@@ -223,8 +223,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     print("\n".join(wrapped(line) for line in peak_lines(results)) + f"\nRecords in {out}/")
     if args.repeat > 1:
         print(repeat_table(specs, results, args.repeat, out, stamp))
-    lines, verdict = result_lines(results, cfg.suite_class)
-    print("\n".join(lines))
+    ended, verdict = result_lines(results, cfg.suite_class)
+    for said in ended:
+        print(said)
     below = False
     if baseline is not None and verdict is not None:
         from hpcdl.results.baseline import compare

@@ -132,8 +132,8 @@ def run_workloads(point: Point, world: World, say: Say) -> bool:
     from hpcdl.harness.runner import run  # the whole measurement stack: only inside a job
 
     cfg, wanted = point.config(), point.named_specs()
-    named, note = classes.on_device(wanted, resolve_device(cfg.device))
-    if note:
+    named, note = classes.on_device(wanted, resolve_device(cfg.device)) if point.workloads else (wanted, "")
+    if note:  # a class's bf16 workloads on a device without bf16: fp32, as hpcdl run --class
         say(f"{point.name}: {note}")
     passed = True
     for workload, spec in named.items():

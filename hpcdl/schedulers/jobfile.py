@@ -49,6 +49,8 @@ from hpcdl.workloads.recipes import size_classes
 from hpcdl.workloads.spec import Spec
 
 LAUNCHERS = ("srun", "mpirun")
+SET_BY_WORKLOAD = ("size_class", "class_knobs")
+"""fields a job file sets through its ``[workload]`` table (``class = ...``), never at the top"""
 K = TypeVar("K", bound=Knobs)
 
 # Names and values that end up in batch scripts: no spaces, quotes or shell metacharacters, so

@@ -14,7 +14,7 @@ from hpcdl import reader
 from hpcdl.errors import SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.schedulers.container import ContainerOptions
-from hpcdl.schedulers.jobfile import ENV_NAME_RE, Job
+from hpcdl.schedulers.jobfile import ENV_NAME_RE, SET_BY_WORKLOAD, Job
 from hpcdl.schedulers.protocol import SCHEDULERS
 from hpcdl.schedulers.workload_table import KINDS, workload_fields
 from hpcdl.workloads.knobs import Knobs
@@ -32,7 +32,7 @@ def job_from_dict(data: dict[str, Any], base: Path | None = None) -> Job:
     """A validated :class:`Job` from the tables of a job file (``base``: the folder a
     ``spec = "FILE"`` is relative to)."""
     options = {name: cls.options for name, cls in SCHEDULERS.items() if cls.options is not None}
-    valid = [k for k in Job.knobs() if k not in ("tables", "size_class", "class_knobs")]
+    valid = [k for k in Job.knobs() if k not in ("tables", *SET_BY_WORKLOAD)]
     fields: dict[str, Any] = {}
     tables: list[Knobs] = []
     for key, value in data.items():
