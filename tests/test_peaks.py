@@ -30,7 +30,7 @@ from hpcdl.measure.peaks import (
 )
 from hpcdl.records.build import energy_of
 from hpcdl.records.loader import read_record
-from hpcdl.records.peak import implausible, job_peak
+from hpcdl.records.peak import implausible, job_ceiling, job_peak
 from hpcdl.results.text import notes_once
 from hpcdl.workloads.registry import spec_from_dict
 
@@ -256,6 +256,7 @@ def test_more_ranks_than_cores_never_sum_their_ceilings_beyond_the_cores() -> No
     peak = job_peak(torch.device("cpu"), 0.0, ranks)
     assert peak is not None and peak.flops == pytest.approx(189.6e9)  # 2 cores x 94.8, not 8 x 94.8
     assert peak.inputs["clock_hz"] == pytest.approx(189.6e9 / (2 * 32))  # 2.96 GHz, not 11.85
+    assert job_ceiling(torch.device("cpu"), ranks) == pytest.approx(189.6e9)  # the flag's ceiling too
     two_threads = [replace(r, threads=2) for r in ranks]  # each measured with both cores: 47.4 a core
     assert job_peak(torch.device("cpu"), 0.0, two_threads).flops == estimate.flops  # type: ignore[union-attr]
 
@@ -337,7 +338,7 @@ def test_a_run_whose_ceiling_beats_the_estimate_records_the_implied_clock(
     assert m.peak_inputs["clock_hz"] == pytest.approx(1.25 * estimate.inputs["clock_hz"])
     assert "implied by the measured GEMM ceiling" in m.peak_source
     assert not any("GEMM ceiling is" in f for f in m.flags) and m.mfu <= 1
-    assert m.measured_matmul_flops == pytest.approx(measured["flops"])
+    assert m.measured_matmul_flops == pytest.approx(m.peak_flops)  # one core's best x the host's cores
     # where the memory goes: the estimate's parts at the batch that ran, and the measured peak
     parts, pool = m.memory["estimated"], RunConfig().pool_batches  # the run keeps its pool of batches
     total = spec.memory_estimate(8, "adamw", pool_batches=pool)
