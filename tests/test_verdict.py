@@ -69,4 +69,4 @@ def test_the_estimate_is_the_counted_flops_at_the_peak() -> None:
     window = floor(spec, RunConfig(duration_s=30.0, warmup_steps=3), device, 2)  # 2 ranks share the cores
     assert window is not None and window.seconds == pytest.approx(30 + (3 + CHECK_STEPS) * 2 * step)
     assert floor(spec, RunConfig(fit_fraction=0.5), device, 1) is None  # the batch is not known yet
-    assert [duration_text(s) for s in (45, 192, 7200)] == ["45 s", "3.2 min", "2.0 h"]
+    assert [duration_text(s) for s in (0.035, 45, 192, 7200)] == ["35 ms", "45 s", "3.2 min", "2.0 h"]

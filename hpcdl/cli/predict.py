@@ -24,7 +24,7 @@ from hpcdl.records.loader import CommSweep, Unreadable, load_tree, read_comm, re
 from hpcdl.records.store import write_record
 from hpcdl.records.views import Result, Settings
 from hpcdl.results.best import best_per_rank_count
-from hpcdl.results.text import si, table
+from hpcdl.results.text import si, table, wrapped
 from hpcdl.scaling.system import System, load_system
 from hpcdl.scaling.transfer import Measured, carry
 
@@ -366,8 +366,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         describe(label, model, rpn, backend, skipped.get(label, []), rule)
     print(render(points, several=len(models) > 1))
     print(
-        "a prediction, not a measurement: +- is one standard error of the step time from the fits of "
-        "gamma, alpha and beta (0 for figures given, not fitted)"
+        wrapped(
+            "a prediction, not a measurement: +- is one standard error of the step time from the fits "
+            "of gamma, alpha and beta (0 for figures given, not fitted)"
+        )
     )
     return 0
 
@@ -381,7 +383,7 @@ def describe(
         f"model [{label}]: gamma {si(model.gamma_flops_per_s, 'FLOP/s')} per rank, {model.mode} scaling, "
         f"overlap {model.overlap}, {rpn} rank(s) per node, accumulation_steps {model.accumulation_steps}"
     )
-    print(f"  gamma: {rule}")
+    print(wrapped(f"gamma: {rule}", indent="  "))
     print(f"  per step and rank ({backend}):")
     for t in model.traffic:
         c = model.comms[t.collective]

@@ -50,7 +50,9 @@ def floor(spec: Spec, cfg: RunConfig, device: torch.device, ranks_here: int) -> 
 
 
 def duration_text(seconds: float) -> str:
-    """Seconds in words: ``45 s``, ``3.2 min``, ``1.5 h``."""
+    """Seconds in words: ``35 ms``, ``45 s``, ``3.2 min``, ``1.5 h``."""
+    if seconds < 1:
+        return f"{seconds * 1e3:.2g} ms"
     if seconds < 90:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"

@@ -41,11 +41,18 @@ def notes_once(notes: dict[str, Sequence[str]]) -> list[str]:
     ]
 
 
-def wrapped(note: str, width: int = NOTE_WIDTH) -> str:
-    """A note below a table as lines of at most ``width`` characters, the later ones indented,
-    so that a 300-character note (the MFU line's peak and its inputs) reads on a terminal;
-    words are never split (a path stays whole)."""
-    return textwrap.fill(note, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+def wrapped(note: str, width: int = NOTE_WIDTH, indent: str = "") -> str:
+    """A note below a table as lines of at most ``width`` characters, each after ``indent``,
+    the later ones two spaces further in, so that a 300-character note (the MFU line's peak and
+    its inputs) reads on a terminal; words are never split (a path stays whole)."""
+    return textwrap.fill(
+        note,
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent + "  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: bool = True) -> str:
