@@ -155,7 +155,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
     ]
     print(table(["point", "nodes", "ranks", "samples/s", "speed-up", "weak efficiency", "record"], rows))
     have = sum("record" in p for p in points)
-    print(f"{have} of {len(points)} points have a valid record -> {out / COLLECTED_FILE}")
+    rows_are = "workloads of points" if any(p.get("workload") for p in points) else "points"
+    print(f"{have} of {len(points)} {rows_are} have a valid record -> {out / COLLECTED_FILE}")
     from hpcdl.schedulers.status import status
 
     print_lines(class_lines(class_verdicts(out, status(out))))
