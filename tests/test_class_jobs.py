@@ -88,6 +88,8 @@ def test_a_class_job_through_the_local_executor_is_collected_and_ranked(tmp_path
     assert "cls: class S v1 score: " in p.stdout and "cls: rankable: complete, every record valid" in p.stdout
     status = hpcdl("status", out)
     assert "cls-n1  " in status.stdout and "5 valid records" in status.stdout and "rankable" in status.stdout
+    (row,) = json.loads(hpcdl("status", out, "--json").stdout)
+    assert row["state"] == "done" and row["size_class"] == "S" and row["problems"] == []
     against = hpcdl("status", out, "--baseline", out)  # an acceptance run against itself: 100 %
     assert against.returncode == 0 and against.stdout.count("100.0%    pass") == len(S), against.stdout
     assert "cls: class S against the baseline" in against.stdout and "baseline check: pass;" in against.stdout

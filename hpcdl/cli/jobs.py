@@ -12,6 +12,7 @@ from hpcdl.cli.common import err
 from hpcdl.results.text import table
 
 if TYPE_CHECKING:
+    from hpcdl.records.audit import Audit
     from hpcdl.results.verdict import Verdict
 
 
@@ -23,31 +24,26 @@ def status_table(rows: Sequence[Any]) -> str:
     )
 
 
-def status_lines(out: Path, rows: Sequence[Any], baseline: str | None = None) -> tuple[list[str], bool]:
+def status_lines(
+    out: Path, rows: Sequence[Any], baseline: tuple[str, list[Audit]] | None = None
+) -> tuple[list[str], bool]:
     """Below the status table: why each record that does not count does not, then each class
-    job's score (``class_lines``) and, with a ``baseline`` folder, each class job's workloads
-    against it. Returns the lines and whether every baseline check passed."""
-    classed = [r for r in rows if entry_class(out, r.name)]
-    own = [f"{r.name}: {problem}" for r in rows if r not in classed for problem in r.problems]
+    job's score (``class_lines``) and, with a baseline (its folder and accepted records), each
+    class job's workloads against it. Returns the lines and whether every baseline check passed."""
     verdicts = class_verdicts(out, rows)
-    lines = own + class_lines(verdicts, every=True)
+    lines = [f"{r.name}: {problem}" for r in rows if not r.size_class for problem in r.problems]
+    lines += class_lines(verdicts, every=True)
     if baseline is None:
         return lines, True
-    from hpcdl.results.baseline import compare, load_baseline
+    from hpcdl.results.baseline import compare
 
-    base, passed = load_baseline(baseline), True
+    folder, base = baseline
+    passed = True
     for job, verdict in verdicts.items():
-        check = compare(verdict.accepted, base, verdict.size_class, baseline, verdict.score.world_size)
+        check = compare(verdict.accepted, base, verdict.size_class, folder, verdict.score.world_size)
         lines += [f"{job}: {line}" if i == 0 else line for i, line in enumerate(check.lines())]
         passed = passed and check.passed
     return lines, passed
-
-
-def entry_class(out: Path, name: str) -> str:
-    """The class a point of the state file runs ('' for one workload)."""
-    from hpcdl.schedulers.state import entries
-
-    return entries(out)[name].point.config().suite_class
 
 
 def class_verdicts(out: Path, rows: Sequence[Any]) -> dict[str, Verdict]:
@@ -57,10 +53,9 @@ def class_verdicts(out: Path, rows: Sequence[Any]) -> dict[str, Verdict]:
     known = entries(out)
     classes: dict[str, tuple[str, list[Path]]] = {}
     for r in rows:
-        size_class = known[r.name].point.config().suite_class
-        if size_class:
+        if r.size_class:
             found = [p for p in r.records if p.exists()]
-            classes.setdefault(known[r.name].point.job, (size_class, []))[1].extend(found)
+            classes.setdefault(known[r.name].point.job, (r.size_class, []))[1].extend(found)
     if not classes:
         return {}
     from hpcdl.results.verdict import judge  # the audit counts FLOPs with the families: torch
@@ -126,12 +121,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     from hpcdl.schedulers.status import status
 
     out = Path(args.dir)
+    baseline = None
+    if args.baseline is not None:  # before anything is printed: a bad folder is one line
+        from hpcdl.results.baseline import load_baseline
+
+        baseline = (args.baseline, load_baseline(args.baseline))
     rows = status(out)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=1))
         return 0
     print(status_table(rows))
-    lines, passed = status_lines(out, rows, args.baseline)
+    lines, passed = status_lines(out, rows, baseline)
     print_lines(lines)
     return 0 if passed else 1
 

@@ -34,6 +34,8 @@ class PointStatus:
     """where each of its records is expected (a class point's: one per workload and repeat)"""
     problems: list[str] = dataclasses.field(default_factory=list)
     """one line per record written that does not stand for its part of the point, with why"""
+    size_class: str = ""
+    """the class a class job's point runs ('' for one workload)"""
 
     @property
     def active(self) -> bool:
@@ -42,7 +44,8 @@ class PointStatus:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON of ``hpcdl status --json`` (without the record)."""
-        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "record"}
+        hidden = ("record", "records")
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in hidden}
         return {**shown, "active": self.active}
 
 
@@ -94,6 +97,7 @@ def point_status(output: Path, entry: Entry, record: Result | None, job: JobStat
     point = entry.point
     row = PointStatus(point.name, point.nodes, point.ranks, entry.job_id, "", "")
     row.records = [record_path(output, p.stem) for p, _, _ in point.records()]
+    row.size_class = point.config().suite_class if point.workloads else ""
     several = len(row.records) > 1
     if record is not None:
         row.state, row.record, row.samples_per_s = "done", record, record.metrics.samples_per_s
