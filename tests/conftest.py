@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,19 @@ import torch
 # One intra-op thread: the test models are tiny, and on a busy 2-core machine OpenMP's
 # spinning threads made them up to 20x slower. Subprocesses (CLI, MPI ranks) set their own.
 torch.set_num_threads(1)
+
+# Runs keep this machine's CPU peak in a store (hpcdl.measure.peakstore): the tests' store is
+# their own, never the user's (children inherit it); each test starts with an empty one.
+os.environ["HPCDL_PEAK_STORE"] = str(Path(tempfile.mkdtemp(prefix="hpcdl-test-peaks-")) / "peaks.json")
+
+
+@pytest.fixture(autouse=True)
+def own_peak_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty peak store for this test: what one test's run stores, no other test reads."""
+    path = tmp_path_factory.mktemp("peaks") / "peaks.json"
+    monkeypatch.setenv("HPCDL_PEAK_STORE", str(path))
+    return path
+
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = ROOT / "scripts" / "cluster" / "cluster.sh"

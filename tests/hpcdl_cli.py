@@ -110,6 +110,12 @@ def one_line(p: Ran, code: int = 2, alone: bool = True) -> str:
     return errors[0]
 
 
+def unwrapped(text: str) -> str:
+    """Output with its wrapped notes joined again (``results.text.wrapped`` indents each later
+    line of a note by two spaces), so that a test finds a phrase wherever a line was broken."""
+    return text.replace("\n  ", " ")
+
+
 class _Captured:
     """A file that file descriptor 1 or 2 is pointed at, read back as text."""
 

@@ -79,6 +79,14 @@ def test_info_and_list() -> None:
     assert p.returncode == 0 and "torch" in p.stdout and "horovod" in p.stdout
     p = hpcdl("list")
     assert p.returncode == 0 and "attention" in p.stdout and "gpt2_small" in p.stdout
+    # each family's description whole (issue 45: its first line only, cut mid-sentence)
+    from hpcdl.workloads.registry import FAMILIES
+
+    words = " ".join(p.stdout.split())
+    for family, cls in FAMILIES.items():
+        first = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        assert f"{family}: {first}" in words, family
+    assert all(len(line) <= 100 for line in p.stdout.split("\n\n")[0].splitlines())  # knob docs wrapped
 
 
 def test_presets_and_sampling_take_knob_overrides_anywhere() -> None:

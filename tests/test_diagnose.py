@@ -158,7 +158,7 @@ def test_a_record_names_its_slowed_rank_and_a_clean_one_nobody(ranks_out: Path) 
     host = doc["devices"][1]["host"]
     assert {(f["rank"], f["figure"]) for f in doc["flags"]} >= {(1, "cpu_share")}, doc["devices"]
     assert {f["rank"] for f in doc["flags"]} == {1} and doc["exclude"] == [host]
-    assert f"flagged: rank 1 on {host}: cpu_share" in p.stdout
+    assert f"flagged: rank 1 on {host}: CPU share when ready " in p.stdout
 
 
 def test_bad_threshold_baseline_or_record_is_one_line(tmp_path: Path) -> None:
@@ -326,3 +326,19 @@ def test_slurm_names_the_node_a_cgroup_cpu_limit_slows(slurm_cluster: None, tmp_
     assert named(clean) == set(), (clean["flags"], clean["devices"], busiest())
     assert slowed["exclude"] == [SLOW_NODE] and named(slowed) == {SLOW_NODE}, slowed["flags"]
     assert any(f["section"] == "devices" for f in slowed["flags"])
+
+
+def test_the_console_names_each_flag_s_figure_with_its_unit() -> None:
+    """issue 45: ``gemm_flops 3.082e+09 < 0.5 x median 4.661e+10`` had no unit; the page said
+    3.08 GFLOP/s. The console says what the page says."""
+    from hpcdl.results.diagnosis import report
+
+    flag = {"rank": 3, "hosts": ["n2"], "figure": "gemm_flops", "value": 3.082e9, "against": "median",
+            "reference": 4.661e10}  # fmt: skip
+    link = {"rank": None, "hosts": ["n1", "n2"], "figure": "latency_s", "value": 9e-6, "against": "median",
+            "reference": 2e-6}  # fmt: skip
+    doc = {"threshold": 0.5, "flags": [flag, link], "warnings": [], "exclude": ["n2"]}
+    assert report(doc).splitlines()[:2] == [
+        "flagged: rank 3 on n2: GEMM ceiling 3.08 GFLOP/s < 0.5 x the median 46.6 GFLOP/s",
+        "flagged: n1 <-> n2: latency 9 µs > 1/0.5 x the median 2 µs",
+    ]

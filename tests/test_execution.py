@@ -124,7 +124,7 @@ def test_a_mode_that_cannot_run_is_one_line(args: list[str], field: str, tmp_pat
 
 
 def test_a_class_runs_in_its_mode_unless_the_command_line_says() -> None:
-    from hpcdl.cli.run import class_settings
+    from hpcdl.harness.classes import workload_settings as class_settings
     from hpcdl.parallel.world import World
     from hpcdl.workloads import recipes
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from hpcdl_cli import hpcdl, one_line
+from hpcdl_cli import hpcdl, one_line, unwrapped
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -265,7 +265,7 @@ def test_tensor_parallel_runs_train_as_one_process(
     warnings = [line for line in p.stderr.splitlines() if "across nodes" in line]
     assert len(warnings) == int(crosses), p.stderr[-2000:]
     assert rec["settings"]["layout"] == f"dp={dp},tp=2,pp=1"
-    assert f"layout dp={dp},tp=2,pp=1: step" in p.stdout  # where the step's time goes, said
+    assert f"layout dp={dp},tp=2,pp=1: step" in unwrapped(p.stdout)  # where the step's time goes, said
     assert rec["settings"]["global_batch"] == 4 * dp and rec["settings"]["backend"] == "tensor"
     spec = spec_from_dict(ATTENTION)
     assert rec["counts"]["rank_params"] == rank_count(spec, 2).params < rec["counts"]["params"]

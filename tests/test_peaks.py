@@ -30,7 +30,7 @@ from hpcdl.measure.peaks import (
 )
 from hpcdl.records.build import energy_of
 from hpcdl.records.loader import read_record
-from hpcdl.records.peak import implausible, job_peak
+from hpcdl.records.peak import implausible, job_ceiling, job_peak
 from hpcdl.results.text import notes_once
 from hpcdl.workloads.registry import spec_from_dict
 
@@ -232,17 +232,33 @@ def test_a_ceiling_above_the_estimate_raises_the_clock_and_keeps_the_estimate_s_
     assert any("GEMM ceiling is 200%" in f for f in implausible(0.5, 0.5, 2e12, sheet))
 
 
-def test_ranks_that_share_their_cpus_raise_the_host_s_peak_by_their_summed_ceilings() -> None:
+def test_ranks_that_share_their_cpus_raise_the_host_s_peak_by_one_core_s_best() -> None:
     # two unbound ranks of one thread each on a 2-core host: each measured about one core's
-    # ceiling; together they beat the host's estimate, which is then raised to their sum and
-    # no longer flagged (each rank's ceiling over both cores would have raised nothing)
-    estimate = cpu_peak("fp32", ZEN4)  # 166.4 GFLOP/s for the host's 2 cores
+    # ceiling; one core's 103 GFLOP/s on each of the 2 cores beats the host's estimate, which is
+    # then raised to 206 and no longer flagged (each rank's ceiling over both cores would have
+    # raised nothing)
+    estimate = cpu_peak("fp32", ZEN4, use_store=False)  # 166.4 GFLOP/s for the host's 2 cores
     assert estimate is not None
     shared = [replace(rank(i, "a", [0, 1], estimate), gemm_ceiling_flops=103e9) for i in range(2)]
     peak = job_peak(torch.device("cpu"), 0.0, shared)
     assert peak is not None and peak.flops == pytest.approx(206e9)
     assert peak.inputs["clock_hz"] == pytest.approx(206e9 / (2 * 32))
     assert not implausible(0.5, 0.5, 206e9, peak)
+
+
+def test_more_ranks_than_cores_never_sum_their_ceilings_beyond_the_cores() -> None:
+    """issue 45: 8 ranks on 2 cores (dp=2,tp=2,pp=2) each measured one core's 95 GFLOP/s at
+    its own moment; their sum, 758 GFLOP/s, is 3.6 times what the cores can do. The host's
+    peak is raised at most to the 2 cores at the best one core showed."""
+    estimate = cpu_peak("fp32", ZEN4, use_store=False)
+    assert estimate is not None
+    ranks = [replace(rank(i, "a", [0, 1], estimate), gemm_ceiling_flops=94.8e9) for i in range(8)]
+    peak = job_peak(torch.device("cpu"), 0.0, ranks)
+    assert peak is not None and peak.flops == pytest.approx(189.6e9)  # 2 cores x 94.8, not 8 x 94.8
+    assert peak.inputs["clock_hz"] == pytest.approx(189.6e9 / (2 * 32))  # 2.96 GHz, not 11.85
+    assert job_ceiling(torch.device("cpu"), ranks) == pytest.approx(189.6e9)  # the flag's ceiling too
+    two_threads = [replace(r, threads=2) for r in ranks]  # each measured with both cores: 47.4 a core
+    assert job_peak(torch.device("cpu"), 0.0, two_threads).flops == estimate.flops  # type: ignore[union-attr]
 
 
 def test_every_precision_hpcdl_runs_has_a_peak_or_no_mfu() -> None:
@@ -303,8 +319,16 @@ def test_a_run_whose_ceiling_beats_the_estimate_records_the_implied_clock(
     estimate = cpu_peak("fp32")
     if estimate is None:
         pytest.skip("this machine's clock cannot be read: no estimate to raise")
-    # the one synthetic figure, at the function boundary: a ceiling 1.25x the estimate
-    monkeypatch.setattr(runner, "measured_ceiling", lambda *a: 1.25 * estimate.flops)
+    # the one synthetic figure, at the function boundary: a ceiling 1.25x the estimate of the
+    # cores the rank's threads occupy (the whole estimate where it has a thread per core)
+    cores = estimate.inputs["cores"]
+    measured = {}
+
+    def ceiling(device: torch.device, precision: str, threads: int) -> float:
+        measured["flops"] = 1.25 * estimate.flops * min(threads, cores) / cores
+        return measured["flops"]
+
+    monkeypatch.setattr(runner, "measured_ceiling", ceiling)
     spec = spec_from_dict({"family": "mlp", "layers": 1, "width": 64, "batch_size": 8})
     res = hpcdl.run(spec, RunConfig(steps=3, min_duration_s=0.0), output_dir=tmp_path, name="t")
     assert res.path is not None
@@ -314,7 +338,7 @@ def test_a_run_whose_ceiling_beats_the_estimate_records_the_implied_clock(
     assert m.peak_inputs["clock_hz"] == pytest.approx(1.25 * estimate.inputs["clock_hz"])
     assert "implied by the measured GEMM ceiling" in m.peak_source
     assert not any("GEMM ceiling is" in f for f in m.flags) and m.mfu <= 1
-    assert m.measured_matmul_flops == pytest.approx(m.peak_flops)
+    assert m.measured_matmul_flops == pytest.approx(m.peak_flops)  # one core's best x the host's cores
     # where the memory goes: the estimate's parts at the batch that ran, and the measured peak
     parts, pool = m.memory["estimated"], RunConfig().pool_batches  # the run keeps its pool of batches
     total = spec.memory_estimate(8, "adamw", pool_batches=pool)

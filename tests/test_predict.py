@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hpcdl_cli import hpcdl
+from hpcdl_cli import hpcdl, one_line
 
 from hpcdl.errors import InputError
+from hpcdl.measure.datasheets import datasheet_entry
 from hpcdl.parallel.backends import Traffic
 from hpcdl.records.loader import CommRow, read_comm, read_record
 from hpcdl.records.store import load_record
@@ -464,3 +465,106 @@ def test_a_tensor_parallel_group_calibrates_what_a_tp_rank_computes() -> None:
     dp = replace(base, settings=replace(base.settings, world_size=4, layout="dp=2,tp=2,pp=1"))
     with pytest.raises(InputError, match="tensor-parallel group"):
         model_from_records(dp, comm, backend="torch", gamma_from="phases")
+
+
+# ------------------------------------------------------------------------------ devices (issue 45)
+def test_one_measured_record_gives_each_device_its_own_speed() -> None:
+    """predict on dgx-a100 and dgx-h100 from one measured record: the same MFU on each device's
+    peak (an assumption, printed), so the per-device speeds differ by their peaks' ratio."""
+    base = REF / "mlp-torch-weak-np1.json"
+    args = ["predict", "--base", str(base), "--system", "dgx-a100", "--system", "dgx-h100", "--nodes", "1"]
+    p = hpcdl(*args, "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    a100, h100 = doc["models"]
+    record = read_record(base).result
+    mfu = record.metrics.ai_ops_per_s / record.metrics.peak_flops  # a 1-rank record: one device
+    assert a100["gamma_flops_per_s"] == pytest.approx(mfu * 19.5e12)  # the A100's fp32 datasheet peak
+    assert h100["gamma_flops_per_s"] == pytest.approx(mfu * 66.9e12)
+    one = {pt["system"]: pt for pt in doc["points"]}
+    assert one["dgx-h100"]["compute_s"] == pytest.approx(one["dgx-a100"]["compute_s"] * 19.5 / 66.9)
+    text = " ".join(hpcdl(*args).stdout.split())  # the rule lines are wrapped notes
+    rules = [r.split(" per step and rank")[0] for r in text.split(" gamma: ")[1:]]
+    assert len(rules) == 2 and all("assumed: the same MFU as record " in r for r in rules), text
+    assert (
+        f"on AMD EPYC, {mfu:.1%} of its " in rules[0]
+        and "on NVIDIA H100 80GB HBM3's 66.9 TFLOP/s" in rules[1]
+    )
+
+
+def test_a_throughput_given_per_system_is_used_as_given() -> None:
+    p = hpcdl("predict", "--preset", "resnet50", "--throughput", "dgx-a100=400", "--throughput",
+              "dgx-h100=1300", "--system", "dgx-a100", "--system", "dgx-h100", "--nodes", "1")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("gamma: given for this system (--throughput") == 2
+    plain = hpcdl("predict", "--preset", "resnet50", "--throughput", "400", "--throughput", "dgx-h100=1300",
+                  "--system", "dgx-a100", "--system", "dgx-h100", "--nodes", "1", "--json")  # fmt: skip
+    a100, h100 = json.loads(plain.stdout)["models"]
+    assert a100["gamma_rule"].startswith("as measured on this device (--throughput 400 samples/s)")
+    assert h100["gamma_rule"] == "given for this system (--throughput dgx-h100=...)"
+    assert h100["gamma_flops_per_s"] / a100["gamma_flops_per_s"] == pytest.approx(1300 / 400)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["--preset", "resnet50", "--system", "dgx-a100"],
+            "give --base RECORD (a 1-rank record), --throughput",
+        ),
+        (["--preset", "resnet50", "--beta", "1e9"], "or --gamma FLOP/s"),
+        (
+            [
+                "--preset",
+                "resnet50",
+                "precision=bf16",
+                "--throughput",
+                "400",
+                "--system",
+                "dgx-a100",
+                "--system",
+                "dgx1-v100",
+            ],
+            "its Tesla V100-SXM2-32GB has no bf16 peak: give --throughput dgx1-v100=SAMPLES/s",
+        ),  # fmt: skip
+        (
+            [
+                "--preset",
+                "resnet50",
+                "--throughput",
+                "dgx-a100=400",
+                "--system",
+                "dgx-a100",
+                "--system",
+                "dgx-h100",
+            ],
+            "predict.throughput='dgx-h100' is invalid: give --throughput dgx-h100=SAMPLES/s too",
+        ),  # fmt: skip
+        (
+            ["--preset", "resnet50", "--throughput", "h100=9", "--system", "dgx-a100"],
+            "NAME is one of the --system",
+        ),
+    ],
+)
+def test_a_missing_speed_says_which_option_to_give(args: list[str], expected: str) -> None:
+    assert expected in one_line(hpcdl("predict", *args))
+
+
+def test_every_catalogue_system_names_its_device_with_sources() -> None:
+    for name in catalogue():
+        device = load_system(name).device
+        assert device is not None and device.source and device.peak_source, name
+        assert device.peak_flops["fp32"] > 0 and device.memory_bytes > 0 and device.power_w > 0
+        if device.peak_source.startswith("datasheet: "):  # one place per fact: hpcdl's table
+            assert device.peak_flops == datasheet_peaks(device.name)
+    assert load_system("dgx-h100").device.peak_flops["bf16"] == 989.4e12  # type: ignore[union-attr]
+    doc = read_toml(catalogue_dir() / "dgx-a100.toml")
+    doc["device"]["name"] = "Unheard-of GPU"
+    with pytest.raises(InputError, match="system.device.peak_TFLOPs"):
+        parse_system(doc)
+
+
+def datasheet_peaks(name: str) -> dict[str, float]:
+    found = datasheet_entry(name)
+    assert found is not None, name
+    return found[0]

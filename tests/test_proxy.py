@@ -310,6 +310,14 @@ def test_profile_fit_verify_and_verify_again(tmp_path: Path) -> None:
     )
     code, out = p.returncode, p.stdout  # fmt: skip
     assert code == 0 and "step time, proxy / real model" in out
+    # one time figure, the one --verify checks (issue 45: the table said "time -11.6 %" beside it)
+    assert out.count("step time") == 1 and "\ntime " not in out
+    assert f"spec written to {spec}; run it: hpcdl run --spec {spec}" in out and "USDT:" not in p.stderr
+    ran = hpcdl_cli.hpcdl(
+        "run", "--spec", str(spec), "--steps", "4", "--min-duration", "0", "-o", tmp_path / "run"
+    )
+    assert ran.returncode == 0, ran.stderr  # a fit is runnable as it was written
+    (run_record,) = (tmp_path / "run").glob("*-gpt2.json")
     record_path = tmp_path / "gpt2.fit.json"
     record = json.loads(record_path.read_text())
     assert record["verifications"][0]["model"] == f"{MODELS}:tiny_gpt2"
@@ -317,6 +325,9 @@ def test_profile_fit_verify_and_verify_again(tmp_path: Path) -> None:
     import tomllib
 
     assert hpcdl.spec_from_dict(tomllib.loads(spec.read_text())) == hpcdl.spec_from_dict(record["spec"])
+    assert hpcdl.spec_from_dict(json.loads(run_record.read_text())["spec"]) == hpcdl.spec_from_dict(
+        record["spec"]
+    )
     p = hpcdl_cli.hpcdl(
         "fit", str(record_path), "--verify", "--model", f"{MODELS}:tiny_gpt2", "--rounds", "2"
     )
@@ -530,3 +541,16 @@ def test_a_batch_that_does_not_fit_the_model_is_one_line() -> None:
     errors = [line for line in err.splitlines() if "error" in line]  # after one progress line
     assert code == 2 and errors == err.splitlines()[-1:] and "Traceback" not in err
     assert "model='wrong_input' is invalid: its forward pass fails on the example batch (RuntimeError" in err
+
+
+def test_the_profiler_s_own_lines_are_not_printed(capfd: pytest.CaptureFixture[str]) -> None:
+    """issue 45: profile and fit printed Kineto's ``USDT: ... profiler_start`` lines, whatever
+    KINETO_LOG_LEVEL says; they are held back, and what else was written then is kept."""
+    from hpcdl.proxy.measure import time_mix
+
+    module, batch = proxy_models.tiny_cnn()
+    trainee = Trainee(module, batch)
+    capfd.readouterr()
+    shares = time_mix(trainee, steps=1)
+    err = capfd.readouterr().err
+    assert shares and "USDT:" not in err and "STAGE:" not in err, err

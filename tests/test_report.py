@@ -232,3 +232,30 @@ def test_records_without_a_valid_spec_have_no_memory_point() -> None:
     assert memory_points([Audit(Record(Path("x.json"), read_result(rec)), ())])
     broken = {**rec, "spec": {**rec["spec"], "family": "no-such-family"}}
     assert memory_points([Audit(Record(Path("x.json"), read_result(broken)), ())]) == []
+
+
+def test_two_machines_stay_apart_and_no_label_repeats(tmp_path: Path) -> None:
+    """issue 45: ``report results/ reference/`` merged two machines (both hosts named ``vm``)
+    into one system and ``phases.png`` repeated its labels; ``NAME=DIR``, as ``rank`` takes
+    them, keeps them apart, and a figure's labels are distinct in any case."""
+    from hpcdl.results.report.data import labels, load
+    from hpcdl.results.report.plots import phase_plots
+
+    suite = REFERENCE / "cpu-epyc-2core-2026-11-23" / "suite-np1"
+    for name in ("mine", "theirs"):
+        for src in sorted(suite.glob("*.json"))[:2]:
+            if load_record(src).get("schema") == "hpcdl.result":
+                copy_record(src, tmp_path / name)
+    data = load([("mine", tmp_path / "mine"), ("theirs", tmp_path / "theirs")], say=lambda _m: None)
+    names = labels(data.records)
+    assert len(set(names.values())) == len(data.records) == 4
+    assert {n.split(": ")[0] for n in names.values()} == {"mine", "theirs"}
+    (plot,) = phase_plots(data.records)
+    assert len({row for row, _ in plot.draw.keywords["rows"]}) == 4  # each bar its own label
+    merged = load([("", tmp_path)], say=lambda _m: None)  # one system: the same records twice
+    assert len(set(labels(merged.records).values())) == 4  # told apart by their files
+    index = write_report([("mine", tmp_path / "mine"), ("theirs", tmp_path / "theirs")], tmp_path / "out",
+                         say=lambda _m: None)  # fmt: skip
+    page = index.read_text()
+    systems = page.split("<h2>Systems</h2>")[1].split("</table>")[0]
+    assert "<td>mine</td>" in systems and "<td>theirs</td>" in systems

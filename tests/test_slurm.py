@@ -29,6 +29,7 @@ from hpcdl.schedulers.point import points
 from hpcdl.schedulers.protocol import SCHEDULERS
 from hpcdl.schedulers.state import load_state
 from hpcdl.schedulers.status import PointStatus, status, wait
+from hpcdl.workloads import recipes
 from hpcdl.workloads.registry import spec_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -370,6 +371,45 @@ def test_preempted_point_is_requeued_and_runs_again(sweep: Path) -> None:
     rec = record(sweep, "resume-n2")
     assert rec["validity"]["passed"] and rec["environment"]["slurm"]["restart_count"] == "1"
     assert rec["environment"]["slurm_job_id"] == jid  # the same job, run a second time
+
+
+# ------------------------------------------------------------------------------ a class as a job
+@pytest.mark.slow  # class S's five workloads with rankable windows on two nodes: about 2 minutes
+@pytest.mark.mpi
+def test_a_class_job_on_two_nodes_is_collected_and_ranked(cluster: None, tmp_path: Path) -> None:
+    """issue 45: a job file naming class S, submitted at 2 nodes, runs the class's workloads
+    one after another in one Slurm job, a record each on both nodes; status and collect know
+    them, and rank scores them into class S."""
+    out = tmp_path / "out"
+    f = write_job(
+        tmp_path / "class-s.toml",
+        name="cls",
+        nodes=[2],
+        backend="torch",
+        output=str(out),
+        time_min=15,
+        workload={"class": "S", "version": 1},
+        run={"duration_s": 5.5, "warmup_steps": 2},
+    )
+    p = hpcdl("submit", str(f), "--wait", timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "cls: class S v1 score: " in p.stdout and "at 2 rank(s) on 2 node(s)" in p.stdout, p.stdout
+    assert "cls: rankable: complete, every record valid" in p.stdout
+    names = sorted(x.name for x in out.glob("cls-n2-*.json"))
+    assert names == sorted(f"cls-n2-{w}.json" for w in recipes.suite("S").workloads)
+    for name in names:
+        rec = json.loads((out / name).read_text())
+        assert (
+            rec["validity"]["passed"]
+            and hostnames(rec["environment"]["slurm"]["nodelist"]) == rec["settings"]["hosts"]
+        )
+        assert rec["run"]["suite_class"] == "S" and rec["settings"]["world_size"] == 2
+    collect = hpcdl("collect", str(out))
+    assert collect.returncode == 0 and "cls-n2/cnn-resnet-small" in collect.stdout
+    ranked = hpcdl("rank", f"slurm={out}", "-o", str(tmp_path / "ranking"))
+    assert ranked.returncode == 0, ranked.stderr
+    (score,) = json.loads((tmp_path / "ranking/ranking.json").read_text())["classes"]["S"]
+    assert score["score"] > 0 and score["nodes"] == 2 and score["world_size"] == 2
 
 
 # ------------------------------------------------------------------------------ bad input

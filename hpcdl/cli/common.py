@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from hpcdl.errors import HpcdlError, InputError, SpecError
@@ -59,6 +60,7 @@ def check_names(args: argparse.Namespace) -> None:
     from hpcdl.workloads import recipes
 
     for flag, attr, known in (
+        ("spec", "spec", lambda: ["a spec file's path"]),
         ("class", "size_class", recipes.size_classes),
         ("preset", "preset", lambda: list(recipes.presets())),
         ("workload", "workload", family_names),
@@ -75,7 +77,7 @@ def suite_class(args: argparse.Namespace) -> str:
     check_names(args)
     if getattr(args, "size_class", None) is not None:
         return str(args.size_class)
-    return "" if args.workload or args.preset else recipes.DEFAULT_CLASS
+    return "" if args.workload or args.preset or getattr(args, "spec", None) else recipes.DEFAULT_CLASS
 
 
 def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
@@ -87,16 +89,35 @@ def workload_specs(args: argparse.Namespace) -> dict[str, Spec]:
     check_names(args)
     if args.workload:
         return {args.workload: spec_from_args(args.workload, args.knobs)}
+    if getattr(args, "spec", None) is not None:
+        return {Path(args.spec).stem: saved_spec(Path(args.spec), args.knobs)}
     if args.preset:
         base = recipes.preset(args.preset)
         return {args.preset: recipes.preset(args.preset, **parse_assignments(type(base), args.knobs))}
     overrides = {}
     for word in args.knobs:
         key, sep, text = word.partition("=")
-        if key not in Spec.knobs() or not sep:
-            raise SpecError("knob", word, "a suite takes only " + ", ".join(f"{k}=" for k in Spec.knobs()))
+        if key not in recipes.TUNABLE or not sep:
+            size_class = suite_class(args)
+            allowed = f"class {size_class} fixes its workloads; it takes only " + ", ".join(
+                f"{k}=" for k in recipes.TUNABLE
+            )
+            raise SpecError("knob", word, allowed)
         overrides[key] = Spec.parse_knob(key, text)
     return recipes.suite(suite_class(args)).specs(**overrides)
+
+
+def saved_spec(path: Path, words: list[str]) -> Spec:
+    """``--spec FILE``: the spec a file holds (``workloads.specfile``), ``key=value`` knobs over it."""
+    from hpcdl.workloads.registry import family_class, parse_assignments
+    from hpcdl.workloads.specfile import spec_file, spec_table
+
+    table = spec_table(path, "spec")
+    try:
+        knobs = parse_assignments(family_class(table["family"]), words)
+    except SpecError as e:  # mlp.heads -> spec.heads; family -> spec.family
+        raise SpecError(f"spec.{e.field.rpartition('.')[2]}", e.value, e.allowed) from None
+    return spec_file(path, "spec", knobs)
 
 
 def add_workload_options(r: argparse.ArgumentParser) -> None:
@@ -107,7 +128,16 @@ def add_workload_options(r: argparse.ArgumentParser) -> None:
         metavar="FAMILY",
         help="family of one workload (hpcdl list names them, plugins' too); knobs follow as key=value",
     )
-    g.add_argument("--preset", help="a preset (resnet50, gpt2_small, ...); knobs override it")
+    g.add_argument(
+        "--preset",
+        help="a preset (resnet50, gpt2_small, ...) or a class's workload (cnn-resnet-small, ...); "
+        "knobs override it",
+    )
+    g.add_argument(
+        "--spec",
+        metavar="FILE",
+        help="a saved spec: hpcdl fit -o's TOML (a fitted proxy), a fit or result record; knobs override it",
+    )
     g.add_argument(
         "--class",
         dest="size_class",

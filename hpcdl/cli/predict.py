@@ -13,19 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpcdl.cli.common import add_workload_options, err, workload_specs
-from hpcdl.errors import InputError
+from hpcdl.errors import HpcdlError, InputError
 from hpcdl.records import schema
 from hpcdl.records.loader import CommSweep, Unreadable, load_tree, read_comm, read_record
 from hpcdl.records.store import write_record
 from hpcdl.records.views import Result, Settings
 from hpcdl.results.best import best_per_rank_count
-from hpcdl.results.text import si, table
+from hpcdl.results.text import si, table, wrapped
 from hpcdl.scaling.system import System, load_system
+from hpcdl.scaling.transfer import Measured, carry
 
 if TYPE_CHECKING:  # the model and its fits import the backends (torch): the handler imports them
     from hpcdl.scaling import model as model_mod
@@ -78,35 +79,122 @@ def _accumulation(args: argparse.Namespace) -> int | None:
 
 @dataclass(frozen=True)
 class Calibration:
-    """γ and the workload: what every system column shares."""
+    """γ and the workload: what every system column starts from."""
 
     spec: dict[str, Any]
     batch: int
     gamma: float
     base: Result | None = None
+    given: str = ""
+    """the option γ came from where no record did (``--throughput 400``, ``--gamma 1e12``)"""
+    per_system: dict[str, float] = field(default_factory=dict)
+    """``--throughput NAME=X``: γ given for that system, by name"""
+
+    @property
+    def precision(self) -> str:
+        return str(self.spec.get("precision", "fp32"))
+
+
+MISSING_GAMMA = (
+    "predict: a rank's speed is needed: give --base RECORD (a 1-rank record), --throughput SAMPLES/s "
+    "(one device's; NAME=SAMPLES/s for one --system) or --gamma FLOP/s"
+)
+
+
+def throughputs(args: argparse.Namespace) -> tuple[float | None, dict[str, float]]:
+    """``--throughput``: one plain figure (at most), and figures for named systems."""
+    plain: list[float] = []
+    named: dict[str, float] = {}
+    for text in args.throughput or []:
+        name, sep, value = text.rpartition("=")
+        try:
+            x = float(value)
+        except ValueError:
+            raise InputError(
+                "predict.throughput", text, "SAMPLES/s, or NAME=SAMPLES/s for one --system"
+            ) from None
+        x = _positive("predict.throughput", x)
+        if not sep:
+            plain.append(x)
+        elif name not in (args.system or []):
+            raise InputError(
+                "predict.throughput", text, f"NAME is one of the --system names: {args.system or []}"
+            )
+        else:
+            named[name] = x
+    if len(plain) > 1:
+        raise InputError(
+            "predict.throughput", args.throughput, "one plain figure; NAME=SAMPLES/s for the others"
+        )
+    return (plain[0] if plain else None), named
 
 
 def calibration(args: argparse.Namespace) -> Calibration:
+    plain, named = throughputs(args)
     if args.base:
-        if args.workload or args.preset or args.gamma or args.throughput:
+        if args.workload or args.preset or args.gamma or plain is not None:
             raise InputError(
                 "predict", "--base with --workload/--gamma/--throughput", "either a record or a workload"
             )
         base = _read("predict.base", args.base, read_record, "a 1-rank result record").result
-        return Calibration(base.spec, base.settings.batch_per_rank, base.metrics.ai_ops_per_s, base)
+        return Calibration(base.spec, base.settings.batch_per_rank, base.metrics.ai_ops_per_s, base,
+                           per_system=_gammas(base.spec, named))  # fmt: skip
     specs = workload_specs(args)
     if len(specs) != 1:
         raise InputError(
             "predict", "default suite", "one workload: --base RECORD, --workload FAMILY or --preset"
         )
     (spec,) = specs.values()
-    if (args.gamma is None) == (args.throughput is None):
+    if args.gamma is not None and plain is not None:
         raise InputError("predict.gamma", args.gamma, "either --gamma FLOP/s or --throughput SAMPLES/s")
-    if args.throughput is not None:  # one device's samples/s: γ = F · X
-        gamma = float(spec.count().train_flops) * _positive("predict.throughput", args.throughput)
+    if args.gamma is None and plain is None and not named:
+        raise HpcdlError(MISSING_GAMMA)
+    per_system = _gammas(spec.to_dict(), named)
+    if plain is not None:  # one device's samples/s: γ = F · X
+        gamma, given = float(spec.count().train_flops) * plain, f"--throughput {plain:g} samples/s"
+    elif args.gamma is not None:
+        gamma, given = _positive("predict.gamma", args.gamma), f"--gamma {args.gamma:g} FLOP/s"
+    else:  # only figures for named systems: each system must have one
+        gamma, given = next(iter(per_system.values())), ""
+    return Calibration(spec.to_dict(), spec.batch_size, gamma, given=given, per_system=per_system)
+
+
+def _gammas(spec: dict[str, Any], named: dict[str, float]) -> dict[str, float]:
+    """γ of each ``--throughput NAME=X``: F · X."""
+    from hpcdl.workloads.registry import spec_from_dict  # the families: torch
+
+    flops = float(spec_from_dict(dict(spec)).count().train_flops)
+    return {name: flops * x for name, x in named.items()}
+
+
+def measured_on(cal: Calibration, model: model_mod.Model, first: System) -> Measured:
+    """Where γ was measured: the base record's device, or (a figure given) the first system's."""
+    if cal.base is not None:
+        b = cal.base
+        per_device = b.metrics.peak_flops / max(b.world_size, 1)
+        return Measured(model.gamma_flops_per_s, b.settings.precision, b.environment.device_name, per_device,
+                        f"record {b.name}")  # fmt: skip
+    device = first.device
+    peak = device.peak_flops.get(cal.precision) if device else None
+    name = device.name if device else ""
+    return Measured(cal.gamma, cal.precision, name, peak, cal.given)
+
+
+def carried_model(
+    cal: Calibration, model: model_mod.Model, system: System, first: System
+) -> tuple[model_mod.Model, str]:
+    """The model on ``system``'s device: γ given for it, or carried there (``scaling.transfer``);
+    the optimizer's time scales with γ. Returns the model and the rule in words."""
+    if system.name in cal.per_system:
+        gamma = cal.per_system[system.name]
+        rule = f"given for this system (--throughput {system.name}=...)"
+    elif cal.base is None and not cal.given:
+        raise InputError("predict.throughput", system.name, f"give --throughput {system.name}=SAMPLES/s too")
     else:
-        gamma = _positive("predict.gamma", args.gamma)
-    return Calibration(spec.to_dict(), spec.batch_size, gamma)
+        carried = carry(measured_on(cal, model, first), system, "--throughput")
+        gamma, rule = carried.gamma, carried.rule
+    scale = model.gamma_flops_per_s / gamma
+    return replace(model, gamma_flops_per_s=gamma, optimizer_s=model.optimizer_s * scale), rule
 
 
 def build(
@@ -139,8 +227,9 @@ def given_comms(args: argparse.Namespace) -> dict[str, model_mod.Cost]:
 
 def models_from_args(
     args: argparse.Namespace,
-) -> tuple[list[tuple[str, model_mod.Model, int]], Calibration, str]:
-    """(label, model, ranks per node) of each system asked for, the calibration, the backend."""
+) -> tuple[list[tuple[str, model_mod.Model, int, str]], Calibration, str]:
+    """(label, model, ranks per node, the rule of its γ) of each system asked for, the
+    calibration, the backend."""
     from hpcdl.scaling import fitting
     from hpcdl.scaling import model as model_mod
 
@@ -164,8 +253,11 @@ def models_from_args(
         for system in systems:
             rpn = args.ranks_per_node or system.devices_per_node
             comms = model_mod.system_comms(system, rpn)
-            out.append((system.name, build(cal, comms, args, backend, accum), rpn))
+            model, rule = carried_model(cal, build(cal, comms, args, backend, accum), system, systems[0])
+            out.append((system.name, model, rpn, rule))
         return out, cal, backend
+    if cal.per_system:
+        raise InputError("predict.throughput", args.throughput, "NAME=SAMPLES/s goes with --system NAME")
     rpn = args.ranks_per_node or 1
     if args.comm:
         sweep: CommSweep = _read("predict.comm", args.comm, read_comm, "a collective sweep of hpcdl comm -o")
@@ -177,9 +269,15 @@ def models_from_args(
             comms = fitting.hierarchy_comms(sweep, inter, model.traffic, rpn)
             model = replace(model, comms=comms)
             label += " + " + Path(args.comm_inter).stem
-        return [(label, model, rpn)], cal, backend
+        return [(label, model, rpn, gamma_rule(cal))], cal, backend
     backend = args.backend or "horovod"
-    return [("given alpha, beta", build(cal, given_comms(args), args, backend, accum), rpn)], cal, backend
+    model = build(cal, given_comms(args), args, backend, accum)
+    return [("given alpha, beta", model, rpn, gamma_rule(cal))], cal, backend
+
+
+def gamma_rule(cal: Calibration) -> str:
+    """Where γ came from, without a system to carry it to."""
+    return f"measured (record {cal.base.name})" if cal.base is not None else f"from {cal.given}"
 
 
 def measured_points(
@@ -238,7 +336,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         measured = measured_points(Path(args.compare), cal.spec, args.mode, backend, accumulation)
     points: list[dict[str, Any]] = []
     skipped: dict[str, list[int]] = {}
-    for label, model, rpn in models:
+    for label, model, rpn, _ in models:
         for n in nodes:
             p = n * rpn
             if not model.predictable(p):
@@ -252,7 +350,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     doc: dict[str, Any] = {
         "schema": schema.PREDICTION,  # extrapolated: never ranked
         "model": {**asdict(models[0][1]), "ranks_per_node": models[0][2]},
-        "models": [{"system": label, "ranks_per_node": rpn, **asdict(m)} for label, m, rpn in models],
+        "models": [
+            {"system": label, "ranks_per_node": rpn, "gamma_rule": rule, **asdict(m)}
+            for label, m, rpn, rule in models
+        ],
         "spec": cal.spec,
         "points": points,
     }
@@ -261,39 +362,52 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
-    for label, model, rpn in models:
-        describe(label, model, rpn, backend, skipped.get(label, []))
+    for label, model, rpn, rule in models:
+        describe(label, model, rpn, backend, skipped.get(label, []), rule)
     print(render(points, several=len(models) > 1))
     print(
-        "a prediction, not a measurement: +- is one standard error of the step time from the fits of "
-        "gamma, alpha and beta (0 for figures given, not fitted)"
+        wrapped(
+            "a prediction, not a measurement: +- is one standard error of the step time from the fits "
+            "of gamma, alpha and beta (0 for figures given, not fitted)"
+        )
     )
     return 0
 
 
-def describe(label: str, model: model_mod.Model, rpn: int, backend: str, skipped: list[int]) -> None:
+def describe(
+    label: str, model: model_mod.Model, rpn: int, backend: str, skipped: list[int], rule: str
+) -> None:
     from hpcdl.scaling import model as model_mod
 
     print(
         f"model [{label}]: gamma {si(model.gamma_flops_per_s, 'FLOP/s')} per rank, {model.mode} scaling, "
-        f"overlap {model.overlap}, {rpn} rank(s) per node, accumulation_steps {model.accumulation_steps}; "
-        f"per step and rank ({backend}):"
+        f"overlap {model.overlap}, {rpn} rank(s) per node, accumulation_steps {model.accumulation_steps}"
     )
+    print(wrapped(f"gamma: {rule}", indent="  "))
+    print(f"  per step and rank ({backend}):")
     for t in model.traffic:
         c = model.comms[t.collective]
         levels = [("", c)] if isinstance(c, model_mod.Comm) else [("intra ", c.intra), ("inter ", c.inter)]
         text = ", ".join(
-            f"{name}alpha {lvl.alpha_s * 1e6:.1f} us beta {si(lvl.beta_bytes_per_s, 'B/s')}"
+            f"{name}latency {lvl.alpha_s * 1e6:.1f} us, bandwidth {si(lvl.beta_bytes_per_s, 'B/s')}"
             for name, lvl in levels
         )
-        print(f"  {t.collective}: {si(t.bytes, 'B')} in {t.calls} call(s); {text}")
+        print(f"    {t.collective}: {si(t.bytes, 'B')} in {t.calls} call(s); {text}")
     if skipped:
         print(f"  left out: {', '.join(map(str, skipped))} ranks, which the experts cannot be sharded across")
 
 
+def rate(x: float) -> str:
+    """Samples per second as a person reads them: ``11,190`` or ``45.2``, never ``1.119e+04``."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def render(points: list[dict[str, Any]], several: bool) -> str:
     head = ["nodes", "ranks", "step ms", "+-", "compute ms", "comm ms", "hidden", "algorithm", "samples/s"]
-    head += ["AI-ops/s", "efficiency", "measured", "meas. hidden", "error"]
+    head += ["AI-ops/s", "efficiency"]
+    compared = any("error" in p for p in points)  # the measured columns only where something was
+    if compared:
+        head += ["measured samples/s", "meas. hidden", "error"]
     rows = []
     for p in points:
         hidden = "" if p["overlap"] is None else f"{p['overlap']:.0%}"
@@ -307,13 +421,16 @@ def render(points: list[dict[str, Any]], several: bool) -> str:
             f"{p['comm_s'] * 1e3:.2f}",
             hidden,
             str(p["algorithm"]),
-            f"{p['samples_per_s']:.4g}",
+            rate(p["samples_per_s"]),
             si(p["ai_ops_per_s"], "FLOP/s"),
             f"{p['efficiency']:.1%}",
-            f"{p['measured_samples_per_s']:.4g}" if "error" in p else "",
-            f"{measured_hidden:.0%}" if measured_hidden is not None else "",
-            f"{p['error']:+.1%}" if "error" in p else "",
         ]
+        if compared:
+            row += [
+                rate(p["measured_samples_per_s"]) if "error" in p else "",
+                f"{measured_hidden:.0%}" if measured_hidden is not None else "",
+                f"{p['error']:+.1%}" if "error" in p else "",
+            ]
         rows.append(([p["system"]] if several else []) + row)
     return table((["system"] if several else []) + head, rows)
 
@@ -339,7 +456,12 @@ def add_parsers(sub: Any) -> None:
     )
     pr.add_argument("--gamma", type=float, help="sustained training FLOP/s of one rank (without --base)")
     pr.add_argument(
-        "--throughput", type=float, help="one device's samples/s measured elsewhere (instead of --gamma)"
+        "--throughput",
+        action="append",
+        metavar="[NAME=]SAMPLES/s",
+        help="one device's samples/s measured elsewhere (instead of --gamma): carried to each --system's "
+        "device at the same MFU (the first system's device is the one measured); NAME=SAMPLES/s: "
+        "given for system NAME (repeatable)",
     )
     pr.add_argument(
         "--alpha", type=float, help="latency per ring step in seconds, every collective (default 0)"

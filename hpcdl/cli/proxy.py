@@ -91,15 +91,27 @@ def fit_table(result: FitResult) -> str:
     rows = []
     errors = result.best.errors
     for name, key in PROFILE_FIGURE.items():
-        if key in p.figures:
+        if key in p.figures and name != "time":  # time: one figure, the one --verify checks (time_line)
             value = fitted.get(key)
             got = _value(key, value) if value is not None else "not measured"
             error = f"{errors[name]:+.1%}" if name in errors else ""
             rows.append([name, _value(key, p.figures[key]), got, error])
     if "mix" in result.best.errors:
         rows.append(["kernel mix", "", "", f"{result.best.errors['mix']:.3f} apart"])
-    note = "time error: in units of the reference work timed beside each step (docs/metrics.md, Profiles)"
-    return table(["figure", "profile", "fitted", "error"], rows, numeric=False) + "\n" + note
+    return table(["figure", "profile", "fitted", "error"], rows, numeric=False)
+
+
+def time_line(result: FitResult) -> str | None:
+    """The fit's step time as ``--verify`` states it, proxy / real model, here from the profile:
+    each side's step in units of the reference work timed beside it (docs/metrics.md, Profiles);
+    None where the profile has no step time."""
+    error = result.best.errors.get("time")
+    if error is None:
+        return None
+    return (
+        f"step time, proxy / real model: {1 + error:.3f} (from the profile: each step in units of the "
+        "reference work timed beside it; --verify times the two side by side)"
+    )
 
 
 def _check_fit_options(args: argparse.Namespace) -> None:
@@ -159,15 +171,18 @@ def cmd_fit(args: argparse.Namespace) -> int:
     verdict = "fitted" if result.reached else "closest (misses the tolerance)"
     print(f"{verdict} {result.spec.family}: {describe_spec(result.spec)}")
     print(fit_table(result))
-    print("run it: hpcdl run " + " ".join(spec_to_args(result.spec)))
-    if ref:
+    if ref:  # the one time figure: measured side by side
         result.verifications.append(_verify(args, result.spec, ref))
+    elif line := time_line(result):
+        print(line)
     record = result.to_record()
     if args.output:
         header = [f"fitted by hpcdl fit to {args.profile} ({profile.name})"]
         header.append(f"errors: {describe_errors(result.best.errors)}")
         document.save_text(spec_toml(result.spec, header), args.output)
-        print(f"spec written to {args.output}")
+        print(f"spec written to {args.output}; run it: hpcdl run --spec {args.output}")
+    else:
+        print("run it: hpcdl run " + " ".join(spec_to_args(result.spec)))
     record_path = args.record or (args.output.with_suffix(".fit.json") if args.output else None)
     if record_path:
         document.save(record, record_path)

@@ -227,7 +227,7 @@ def knobs_page() -> str:
 
 def job_file_page() -> str:
     from hpcdl.schedulers.container import ContainerOptions
-    from hpcdl.schedulers.jobfile import Job
+    from hpcdl.schedulers.jobfile import SET_BY_WORKLOAD, Job
     from hpcdl.schedulers.protocol import SCHEDULERS
 
     head = ["field", "default", "allowed", "meaning"]
@@ -240,11 +240,13 @@ def job_file_page() -> str:
         "## Top-level fields",
         "",
         "They mean the same to every scheduler. `[workload]` takes the [knobs](knobs.md) of a family",
-        '(`family = "cnn"`) or a preset (`preset = "resnet50"`); `[run]` the',
-        "[run settings](knobs.md#run-settings).",
+        '(`family = "cnn"`), a preset or a class\'s workload (`preset = "resnet50"`), a saved spec',
+        '(`spec = "proxy.toml"`, relative to the job file), or a size class (`class = "S"`, `version`,',
+        "and only the knobs a class lets a submitter tune: every workload of the class at each node",
+        "count, a record each); `[run]` the [run settings](knobs.md#run-settings).",
         "",
     ]
-    out += table(head, knob_rows(Job, {"tables"}))
+    out += table(head, knob_rows(Job, {"tables", *SET_BY_WORKLOAD}))
     out += ["## [container]", "", prose(ContainerOptions.__doc__), ""]
     out += table(head, knob_rows(ContainerOptions))
     for name, scheduler in sorted(SCHEDULERS.items()):

@@ -13,16 +13,16 @@ from hpcdl.cli.common import add_workload_options, err, suite_class, workload_sp
 from hpcdl.cli.run_options import add_run_options, run_config
 from hpcdl.errors import InputError
 from hpcdl.parallel.launch import launch
-from hpcdl.parallel.layout import parse_layout
 from hpcdl.parallel.world import World, init_world, under_mpi
 from hpcdl.records import mllog, repeats, schema
 from hpcdl.records.store import read_steps, write_record
 from hpcdl.records.views import Result, Target
-from hpcdl.results.text import mfu_text, notes_once, si, table
+from hpcdl.results.text import mfu_text, notes_once, si, table, wrapped
 
 if TYPE_CHECKING:  # what runs a workload imports torch: the handlers import it (--help needs none)
     from hpcdl.harness.runner import RunResult
     from hpcdl.measure.config import RunConfig
+    from hpcdl.results.verdict import Verdict
     from hpcdl.workloads.spec import Spec
 
 MAX_REPEAT = 1000
@@ -48,47 +48,16 @@ def gpus_for(local: World, cfg: RunConfig) -> None:
 def class_run(
     args: argparse.Namespace, specs: dict[str, Spec], cfg: RunConfig
 ) -> tuple[dict[str, Spec], RunConfig, str]:
-    """For a size class's suite: the class and version in the run settings, and bf16 where the
-    hardware computes it, fp32 elsewhere (recorded in each record's precision, and a note to say
-    once the input is found good; else the note)."""
+    """For a size class's suite: the class and version in the run settings, and the precision
+    this device trains (``harness.classes.on_device``), with the note that says so, or ''."""
     from hpcdl.device import resolve_device
-    from hpcdl.measure.peaks import has_bf16
-    from hpcdl.workloads import recipes
+    from hpcdl.harness import classes
 
     size_class = suite_class(args)
     if not size_class:
         return specs, cfg, ""
-    cfg = cfg.replace(suite_class=size_class, suite_version=recipes.suite(size_class).version)
-    device = resolve_device(cfg.device)
-    if any(s.precision == "bf16" for s in specs.values()) and not has_bf16(device):
-        specs = {n: s.replace(precision="fp32") if s.precision == "bf16" else s for n, s in specs.items()}
-        note = f"class {size_class}: {device} has no bf16 arithmetic; running its bf16 workloads in fp32"
-        return specs, cfg, note
-    return specs, cfg, ""
-
-
-def class_settings(
-    cfg: RunConfig, name: str, world: World, lr_given: bool = False, mode_given: bool = False
-) -> RunConfig:
-    """The run settings of a class's workload ``name``: its learning rate from the class's file
-    (``Suite.settings``) unless ``--lr`` set one (``lr_given``), the class's execution mode
-    (``Suite.mode``) unless ``--compile`` or ``--eager`` set one (``mode_given``), and the class's
-    default layout for this job (``Suite.default_layout``) unless ``--layout`` names one; data
-    parallelism where tp x pp of that layout does not divide the ranks."""
-    from hpcdl.workloads import recipes
-
-    if not cfg.suite_class:
-        return cfg
-    suite = recipes.suite(cfg.suite_class)
-    if not mode_given:
-        cfg = cfg.replace(mode=suite.mode)
-    if not lr_given and "lr" in suite.settings.get(name, {}):
-        cfg = cfg.replace(lr=float(suite.settings[name]["lr"]))
-    if cfg.layout or world.size == 1:
-        return cfg
-    text = suite.default_layout(name, world.nodes)
-    layout = parse_layout(text)
-    return cfg.replace(layout=text) if world.size % (layout.tp * layout.pp) == 0 else cfg
+    specs, note = classes.on_device(specs, resolve_device(cfg.device))
+    return specs, classes.stamped(cfg, size_class), f"class {size_class}: {note}" if note else ""
 
 
 def summary_rows(results: dict[str, RunResult]) -> list[list[str]]:
@@ -120,21 +89,55 @@ def peak_lines(results: dict[str, RunResult]) -> list[str]:
     return [f"MFU in {prec} is against {text}" for prec, text in peaks.items()]
 
 
+def remember_peaks(results: dict[str, RunResult]) -> list[str]:
+    """A run's first probe stores the machine's peak where none is stored (one per precision,
+    from a one-rank CPU run: ``measure.peakstore``), so that every later run divides by the same
+    figure; what was stored, in words."""
+    from hpcdl.measure import peakstore
+    from hpcdl.measure.peaks import Peak, cpu_info, store_entry
+
+    said = []
+    for res in results.values():
+        view = res.result
+        m, precision = view.metrics, view.settings.precision
+        if view.world_size != 1 or not view.settings.device.startswith("cpu"):
+            continue
+        model = cpu_info().model_name
+        peak = Peak(m.peak_flops, m.peak_source, m.peak_kind, dict(m.peak_inputs))
+        entry = store_entry(peak, m.measured_matmul_flops)
+        if entry is None or peakstore.stored(model, precision) is not None:
+            continue
+        path = peakstore.store(model, precision, entry, "hpcdl run (its first probe)")
+        said.append(
+            f"hpcdl: stored this machine's {precision} peak, {si(m.peak_flops, 'FLOP/s')}, in {path}: "
+            "later runs divide by it (hpcdl info --probe measures it again)"
+        )
+    return said
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import torch
 
     from hpcdl.cli.progress import LiveLine
+    from hpcdl.harness.classes import workload_settings
     from hpcdl.harness.runner import preflight, run
 
     if not 1 <= args.repeat <= MAX_REPEAT:  # before anything is built: 10^9 runs listed up front
         raise InputError("repeat", args.repeat, f"runs of each workload, 1 to {MAX_REPEAT}")
     specs, cfg, note = class_run(args, workload_specs(args), run_config(args))
+    baseline = None
+    if args.baseline is not None:  # read before anything runs: a bad folder is refused up front
+        from hpcdl.results.baseline import load_baseline
+
+        if not cfg.suite_class:
+            raise InputError("baseline", args.baseline, "compares a class run: hpcdl run --class NAME")
+        baseline = load_baseline(args.baseline, cfg.suite_class)
     if len(specs) > 1 and args.duration is None and args.steps is None:
         cfg = cfg.replace(duration_s=12.0)  # the default suite: ~2 minutes on a 2-core CPU
     local = World(size=args.np, local_size=1 if under_mpi() else args.np)  # --np: all ranks here
     given = {"lr_given": args.lr is not None, "mode_given": args.execution_mode is not None}
     for name, spec in specs.items():
-        preflight(spec, class_settings(cfg, name, local, **given), local)  # bad input refused up front
+        preflight(spec, workload_settings(cfg, name, local, **given), local)  # bad input refused up front
     if args.mllog:
         mllog.check(Path(args.mllog))
     if not under_mpi():
@@ -152,22 +155,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     failed: list[str] = []
     log_failed = 0
     runs = [(name, spec, r) for name, spec in specs.items() for r in range(1, args.repeat + 1)]
+    if len(runs) > 1 and world.rank == 0:
+        say(estimate_line(runs, cfg, world, cfg.suite_class))
     for i, (name, spec, r) in enumerate(runs, 1):
         label = repeats.repeat_name(name, r, args.repeat)
         prefix = f"[{i}/{len(runs)}] {label}"
         params = si(spec.count().params)
         micro = f" x {spec.accumulation_steps} micro-batches" if spec.accumulation_steps > 1 else ""
-        say(
-            f"{prefix}: {spec.family}, {params} params, {spec.precision}, "
-            f"batch {spec.batch_size}/rank{micro} x {world.size} ranks"
-        )
+        batch = f"batch {spec.batch_size}/rank{micro}"
+        if cfg.fit_fraction > 0:  # the spec's batch is only where the fit starts
+            batch = f"batch per rank: fitting to {cfg.fit_fraction:g} of its memory first{micro}"
+        say(f"{prefix}: {spec.family}, {params} params, {spec.precision}, {batch} x {world.size} ranks")
         base = args.name if args.name and len(specs) == 1 else f"{stamp}-{name}"
         started = time.time()
         try:
             with LiveLine(prefix, cfg.steps, cfg.duration_s) as line:
                 res = run(
                     spec,
-                    class_settings(cfg, name, world, **given),
+                    workload_settings(cfg, name, world, **given),
                     output_dir=out,
                     name=repeats.repeat_name(base, r, args.repeat),
                     progress=line.say,
@@ -205,17 +210,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     ]
     print(table(headers, summary_rows(results)))
     for note in notes_once({name: res.result.metrics.flags for name, res in results.items()}):
-        print(f"(!) {note}")
+        print(wrapped(f"(!) {note}"))
     for name, res in results.items():
         if (target := res.result.metrics.target) is not None:
-            print(f"{name}: {target_text(target)}")
+            print(wrapped(f"{name}: {target_text(target)}"))
         if res.result.metrics.fit:
-            print(f"{name}: {fit_text(res.result.metrics.fit)}")
+            print(wrapped(f"{name}: {fit_text(res.result.metrics.fit)}"))
         if res.result.settings.layout:
-            print(f"{name}: {layout_text(res.result)}")
-    print("\n".join(peak_lines(results)) + f"\nRecords in {out}/")
+            print(wrapped(f"{name}: {layout_text(res.result)}"))
+    for stored in remember_peaks(results):
+        err(wrapped(stored))
+    print("\n".join(wrapped(line) for line in peak_lines(results)) + f"\nRecords in {out}/")
     if args.repeat > 1:
         print(repeat_table(specs, results, args.repeat, out, stamp))
+    ended, verdict = result_lines(results, cfg.suite_class)
+    for said in ended:
+        print(said)
+    below = False
+    if baseline is not None and verdict is not None:
+        from hpcdl.results.baseline import compare
+
+        check = compare(verdict.accepted, baseline, cfg.suite_class, args.baseline, verdict.score.world_size)
+        print("\n".join(check.lines()))
+        below = not check.passed
     if len(results) > 1:
         summary = {
             "schema": schema.SUITE,
@@ -225,7 +242,49 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_record(summary, out / f"{stamp}-suite.json")
     if log_failed:
         err(f"hpcdl: --mllog {args.mllog}: the lines of {log_failed} run(s) were not written (said above)")
-    return 0 if all(r.passed for r in results.values()) and not log_failed and not failed else 1
+    return 0 if all(r.passed for r in results.values()) and not (log_failed or failed or below) else 1
+
+
+def estimate_line(runs: list[tuple[str, Spec, int]], cfg: RunConfig, world: World, size_class: str) -> str:
+    """Before several runs start: the least time they take here, said as an estimate
+    (``harness.duration``: counted FLOPs at the peak)."""
+    from hpcdl.device import resolve_device
+    from hpcdl.harness.duration import duration_text, floor
+
+    what = f"class {size_class}" if size_class else f"{len(runs)} runs"
+    device = resolve_device(cfg.device)
+    floors = [floor(spec, cfg, device, world.local_size) for _, spec, _ in runs]
+    if any(f is None for f in floors):
+        why = (
+            "--fit chooses the batches first" if cfg.fit_fraction > 0 else "no peak is known for this device"
+        )
+        return f"{what}: no time estimate ({why})"
+    total = sum(f.seconds for f in floors if f is not None)
+    window = f"{cfg.steps} timed steps" if cfg.steps else f"{cfg.duration_s:g} s window"
+    slowest = max((f for f in floors if f is not None), key=lambda f: f.step_s)
+    rates = ", ".join(sorted({f"{f.basis} {si(f.rate_flops, 'FLOP/s')}" for f in floors if f is not None}))
+    return (
+        f"{what} here: at least {duration_text(total)} (an estimate: the counted FLOPs of each workload's "
+        f"{cfg.warmup_steps} warm-up steps and {window} at this machine's {rates}; its slowest step at "
+        f"least {duration_text(slowest.step_s)}; real steps are slower)"
+    )
+
+
+def result_lines(results: dict[str, RunResult], size_class: str) -> tuple[list[str], Verdict | None]:
+    """What the run comes to: for a class, its score as ``hpcdl rank`` computes it, whether it
+    is rankable and why each record that does not count does not (``results.verdict``, also
+    returned); for other runs, why each invalid record is invalid."""
+    if size_class:
+        from hpcdl.results.verdict import judge
+
+        verdict = judge([r.path for r in results.values() if r.path is not None], size_class)
+        return [wrapped(line) for line in verdict.lines()], verdict
+    invalid = [
+        wrapped(f"invalid: {name}: {'; '.join(res.result.validity.reasons)}")
+        for name, res in results.items()
+        if not res.result.validity.passed
+    ]
+    return invalid, None
 
 
 def failure_line(e: RuntimeError, path: Path) -> str:
@@ -335,8 +394,19 @@ def repeat_table(specs: dict[str, Spec], results: dict[str, RunResult], n: int, 
     return table(head, rows)
 
 
+VALIDITY_RULES = (
+    "A record is valid (the table's last column) when its loss stays finite and falls, which "
+    "needs at least 4 timed steps (loss_falls), its timed window lasts --min-duration seconds "
+    "(default 1), and several ranks step like one process. hpcdl rank counts a valid record of "
+    "learnable or hdf5 data whose window lasts 5 s or more on every rank "  # audit.RANK_MIN_WINDOW_S
+    "(docs/rules.md, the gate). A class run ends with its score as hpcdl rank computes it."
+)
+
+
 def add_parsers(sub: Any) -> None:
-    r = sub.add_parser("run", help="measure the default suite, one workload, or a preset")
+    r = sub.add_parser(
+        "run", help="measure the default suite, one workload, or a preset", epilog=VALIDITY_RULES
+    )
     add_workload_options(r)
     add_run_options(r)
     r.add_argument("--np", type=int, default=1, help="ranks to start on this machine with mpirun (default 1)")
@@ -349,4 +419,10 @@ def add_parsers(sub: Any) -> None:
         help=f"run each workload N times, 1 to {MAX_REPEAT} (NAME-r1 ...): olympic mean, median, spread",
     )
     r.add_argument("--mllog", metavar="FILE", help="append MLPerf-style :::MLLOG lines of every run to FILE")
+    r.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="a class run: each workload's AI-ops/s against the records in DIR (a vendor's, or the site's "
+        "acceptance run) at the same scale; exit 1 below 95 %% of it on any workload",
+    )
     r.set_defaults(func=cmd_run)

@@ -73,12 +73,16 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
     """Options shared by ``run`` and ``sweep``."""
     r.add_argument("-o", "--output", default="results", help="directory for records (default: results)")
     r.add_argument("--warmup", help="untimed warm-up steps (default 3)")
-    r.add_argument("--steps", help="timed steps (default: as many as fit in --duration)")
+    r.add_argument(
+        "--steps", help="timed steps (default: as many as fit in --duration); a valid record needs 4 or more"
+    )
     r.add_argument(
         "--duration", help="timed window in seconds when --steps is not given (default 10; suite 12)"
     )
     r.add_argument(
-        "--min-duration", dest="min_duration", help="validity: shortest valid timed window (default 1)"
+        "--min-duration",
+        dest="min_duration",
+        help="validity: shortest valid timed window in seconds (default 1; hpcdl rank counts 5 s or more)",
     )
     r.add_argument("--data", help="random | learnable (default) | hdf5")
     r.add_argument("--data-dir", dest="data_dir", help="HDF5 shard directory for --data hdf5")

@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 from hpcdl.cli.common import family_names, one_of
 from hpcdl.errors import InputError, SpecError
 from hpcdl.records.store import check_output
-from hpcdl.results.text import si, table
+from hpcdl.results.text import NOTE_WIDTH, si, table, wrapped
 
 if TYPE_CHECKING:  # the workloads and the device import torch: the handlers import them
     import torch
@@ -119,16 +120,31 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def peaks_table(device: torch.device, probe: bool) -> str:
     """Per precision: the theoretical peak (MFU's denominator) with its source, and with
-    ``probe`` the measured GEMM ceiling and its ratio to the peak. A CPU estimate the ceiling
-    beats is raised to the clock the ceiling implies, as a run's is (``raised_to_ceiling``);
-    a ceiling above any other peak is flagged."""
+    ``probe`` the measured GEMM ceiling and its ratio to the peak. On a CPU the peak is the
+    machine's stored one (``measure.peakstore``); ``probe`` derives it again from the estimate,
+    raised to the clock the ceiling implies where the ceiling beats it (``raised_to_ceiling``),
+    and stores it for every later run; a ceiling above any other peak is flagged."""
     from hpcdl.device import device_name
-    from hpcdl.measure.peaks import INFO_PRECISIONS, gemm_ceiling, raised_to_ceiling, theoretical_peak
+    from hpcdl.measure import peakstore
+    from hpcdl.measure.peaks import (
+        INFO_PRECISIONS,
+        cpu_info,
+        cpu_peak,
+        gemm_ceiling,
+        raised_to_ceiling,
+        store_entry,
+        theoretical_peak,
+    )
     from hpcdl.workloads.precision import PRECISIONS
 
     rows = []
     for prec in [*PRECISIONS, *(INFO_PRECISIONS if device.type == "cuda" else ())]:
-        peak = theoretical_peak(device, device_name(device), prec)
+        cpu = device.type == "cpu"
+        peak = (
+            cpu_peak(prec, use_store=not probe)
+            if cpu
+            else theoretical_peak(device, device_name(device), prec)
+        )
         if peak is None and prec in INFO_PRECISIONS:
             continue  # listed only where the datasheet has it
         measured = []
@@ -136,6 +152,10 @@ def peaks_table(device: torch.device, probe: bool) -> str:
             ceiling = gemm_ceiling(device, prec)
             if peak is not None:
                 peak = raised_to_ceiling(peak, ceiling)
+                entry = store_entry(peak, ceiling) if cpu else None
+                if entry is not None:
+                    peakstore.store(cpu_info().model_name, prec, entry, "hpcdl info --probe")
+                    peak = cpu_peak(prec) or peak  # as every run on this machine now reads it
             ratio = ceiling / peak.flops if peak else float("nan")
             mark = "  (!) above the theoretical peak: its inputs are low" if ratio > 1 else ""
             measured = [si(ceiling, "FLOP/s"), f"{ratio:.1%}{mark}"]
@@ -144,7 +164,11 @@ def peaks_table(device: torch.device, probe: bool) -> str:
              peak.source if peak else "no datasheet entry or clock; give --peak-flops"]
         )  # fmt: skip
     head = ["precision", "theoretical peak"] + (["measured GEMM ceiling", "ceiling / peak"] if probe else [])
-    return table([*head, "source of the peak"], rows, numeric=False)
+    note = ""
+    if device.type == "cpu":
+        note = f"\nCPU peaks are kept per machine in {peakstore.store_path()}: every run here divides by them"
+        note += " (stored now)" if probe else "; hpcdl info --probe measures and stores them again"
+    return table([*head, "source of the peak"], rows, numeric=False) + note
 
 
 IO_LIMITS = {"batches": (1, 1 << 20), "shards": (1, 4096), "workers": (0, 256), "epochs": (1, 1000)}
@@ -204,14 +228,36 @@ def cmd_list(args: argparse.Namespace) -> int:
     from hpcdl.workloads.registry import FAMILIES
 
     for family, cls in FAMILIES.items():
-        print(f"{family}: {(cls.__doc__ or '').strip().splitlines()[0]}")
-        for name, f in cls.knobs().items():
-            print(f"  {name} = {f.default!r:<12} {f.metadata['doc']}")
+        print(wrapped(f"{family}: {first_paragraph(cls.__doc__ or '')}"))
+        print(knob_lines(cls.knobs()))
     print("\npresets: " + ", ".join(recipes.presets()))
     for size_class in recipes.size_classes():
         print()
         print(class_table(size_class))
     return 0
+
+
+def first_paragraph(doc: str) -> str:
+    """A docstring's first paragraph as one line: a description whole, not its first line."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def knob_lines(knobs: dict[str, Any]) -> str:
+    """One knob a line, ``name = default  doc``, aligned; a long doc wrapped under its column."""
+    width = max(len(name) for name in knobs)
+    out = []
+    for name, f in knobs.items():
+        head = f"  {name:<{width}} = {f.default!r:<10} "
+        out.append(
+            textwrap.fill(
+                f.metadata["doc"],
+                NOTE_WIDTH,
+                initial_indent=head,
+                subsequent_indent=" " * len(head),
+                break_long_words=False,
+            )  # fmt: skip
+        )
+    return "\n".join(out)
 
 
 def class_table(size_class: str) -> str:

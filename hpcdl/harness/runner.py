@@ -405,7 +405,8 @@ def run(
             if world.size > 1
             else None
         )
-        spec, fit = fit_batch(spec, cfg, device, world, rules.keeps_gradients, shard)
+        say = progress if world.rank == 0 else None
+        spec, fit = fit_batch(spec, cfg, device, world, rules.keeps_gradients, shard, say)
         if progress and world.rank == 0:
             gib = fit.capacity_bytes / 2**30
             progress(f"fitted batch {spec.batch_size}/rank to {cfg.fit_fraction:g} of {gib:.1f} GiB")

@@ -274,6 +274,7 @@ def fit_batch(
     world: World,
     kept_grads: bool = False,
     shard: Shard | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[Spec, Fit]:
     """``spec`` with the batch whose measured peak fills ``cfg.fit_fraction`` of every rank's
     memory; a one-line error when even batch 1 does not fit, and the trial's reason when a
@@ -281,7 +282,8 @@ def fit_batch(
     (``Backend.keeps_gradients``), and so do the estimate and the trials. ``shard``: this rank's
     share of the model, which its CPU trials train (a GPU's trial, in the run's process, trains
     the whole model: its peak is then above the rank's). The estimate, which picks the first
-    trials' batches, is the whole model's."""
+    trials' batches, is the whole model's. ``say`` hears each trial, its batch and measured
+    peak, as the search goes (a fit of a large model takes minutes)."""
     capacity = min(world.allgather(rank_memory(device, world)))
     target = cfg.fit_fraction * capacity
     gpu = device.type == "cuda"
@@ -295,11 +297,23 @@ def fit_batch(
     limit = capacity + RANK_PROCESS_BYTES
     threads = rank_threads(world.local_size)
 
+    tried: list[Trial] = []
+
     def measure(batch: int) -> Trial:
         s = spec.replace(batch_size=batch)
+        if say:
+            say(f"fit: trial {len(tried) + 1} at batch {batch} (target peak {target / 2**30:.2f} GiB)")
         if gpu:
-            return cuda_trial(s, cfg.optimizer, cfg.pool_batches, device, kept_grads)
-        return cpu_trial(s, cfg.optimizer, cfg.pool_batches, limit, threads, kept_grads, shard)
+            trial = cuda_trial(s, cfg.optimizer, cfg.pool_batches, device, kept_grads)
+        else:
+            trial = cpu_trial(s, cfg.optimizer, cfg.pool_batches, limit, threads, kept_grads, shard)
+        tried.append(trial)
+        if say:
+            peak = (
+                "too large (stopped)" if trial.peak_bytes is None else f"{trial.peak_bytes / 2**30:.2f} GiB"
+            )
+            say(f"fit: trial {len(tried)} at batch {batch}: measured peak {peak}")
+        return trial
 
     line = estimate_line(spec, cfg.optimizer, device.type, cfg.pool_batches, malloc, kept_grads)
     slope_guess = float(line[1])

@@ -22,74 +22,10 @@ import torch
 from torch import Tensor
 
 from hpcdl.device import synchronize
+from hpcdl.measure import peakstore
+from hpcdl.measure.datasheets import DATASHEET_PEAKS, datasheet_entry
 from hpcdl.workloads.precision import precision as precision_of
 
-# name fragment (as torch.cuda.get_device_name reports it; the first match wins, so specific
-# names come before the names they contain) -> dense peak FLOP/s by precision, and the source.
-# fp32 is the CUDA-core (vector) figure on NVIDIA: hpcdl runs fp32 in IEEE precision, never TF32
-# (hpcdl.device.ieee_fp32). On AMD CDNA the FP32 matrix cores compute full fp32, so the fp32
-# matrix figure is the peak. tf32 (NVIDIA Ampere and later, AMD MI300X; half the bf16 figure) is
-# listed for `hpcdl info` and for readers comparing: hpcdl itself never trains in it. MI250X: each
-# of its two dies (GCDs) is a device of its own, so a device's peak is half the package's.
-# Structured-sparsity figures (twice these) are never used.
-DATASHEET_PEAKS: list[tuple[str, dict[str, float], str]] = [
-    (
-        "GH200",
-        {"tf32": 494.7e12, "fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12},
-        "NVIDIA GH200 datasheet",
-    ),
-    (
-        "H200 NVL",
-        {"tf32": 417.5e12, "fp32": 60e12, "bf16": 835.5e12, "fp16": 835.5e12},
-        "NVIDIA H200 NVL datasheet",
-    ),
-    (
-        "H200",
-        {"tf32": 494.7e12, "fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12},
-        "NVIDIA H200 datasheet, SXM",
-    ),
-    (
-        "H100 NVL",
-        {"tf32": 417.5e12, "fp32": 60e12, "bf16": 835.5e12, "fp16": 835.5e12},
-        "NVIDIA H100 NVL datasheet",
-    ),
-    (
-        "H100 PCIe",
-        {"tf32": 378e12, "fp32": 51.2e12, "bf16": 756.5e12, "fp16": 756.5e12},
-        "NVIDIA H100 datasheet, PCIe",
-    ),
-    (
-        "H100",
-        {"tf32": 494.7e12, "fp32": 66.9e12, "bf16": 989.4e12, "fp16": 989.4e12},
-        "NVIDIA H100 datasheet, SXM5",
-    ),
-    (
-        "GB200",
-        {"tf32": 1250e12, "fp32": 90e12, "bf16": 2500e12, "fp16": 2500e12},
-        "NVIDIA Blackwell datasheet, GB200 per GPU",
-    ),
-    (
-        "B200",
-        {"tf32": 1125e12, "fp32": 80e12, "bf16": 2250e12, "fp16": 2250e12},
-        "NVIDIA Blackwell datasheet, HGX B200",
-    ),
-    ("A100", {"tf32": 156e12, "fp32": 19.5e12, "bf16": 312e12, "fp16": 312e12}, "NVIDIA A100 datasheet"),
-    ("A10", {"tf32": 62.5e12, "fp32": 31.2e12, "bf16": 125e12, "fp16": 125e12}, "NVIDIA A10 datasheet"),
-    (
-        "L40S",
-        {"tf32": 183e12, "fp32": 91.6e12, "bf16": 362.05e12, "fp16": 362.05e12},
-        "NVIDIA L40S datasheet",
-    ),
-    ("L40", {"tf32": 90.5e12, "fp32": 90.5e12, "bf16": 181.05e12, "fp16": 181.05e12}, "NVIDIA L40 datasheet"),
-    ("L4", {"tf32": 60e12, "fp32": 30.3e12, "bf16": 121e12, "fp16": 121e12}, "NVIDIA L4 datasheet"),
-    ("V100", {"fp32": 15.7e12, "fp16": 125e12}, "NVIDIA V100 datasheet, SXM2"),
-    (
-        "MI300X",
-        {"tf32": 653.7e12, "fp32": 163.4e12, "bf16": 1307.4e12, "fp16": 1307.4e12},
-        "AMD Instinct MI300X data sheet",
-    ),
-    ("MI250X", {"fp32": 47.85e12, "bf16": 191.5e12, "fp16": 191.5e12}, "AMD MI250X data sheet, per GCD"),
-]
 ROCM_NAMES = {("gfx942", 304): "AMD Instinct MI300X", ("gfx90a", 110): "AMD Instinct MI250X"}
 """(architecture, compute units) -> the name, for ROCm builds that report no product name"""
 
@@ -112,10 +48,11 @@ def datasheet_peak(device_name: str, precision: str) -> Peak | None:
     has a fraction of its GPU's units, not the whole GPU's peak (give --peak-flops)."""
     if " MIG " in f" {device_name} ":
         return None
-    for fragment, peaks, source in DATASHEET_PEAKS:
-        if fragment in device_name:
-            return Peak(peaks[precision], f"datasheet: {source}") if precision in peaks else None
-    return None
+    found = datasheet_entry(device_name)
+    if found is None:
+        return None
+    peaks, source = found
+    return Peak(peaks[precision], f"datasheet: {source}") if precision in peaks else None
 
 
 # --- CPUs: cores x clock x FLOPs per cycle ---------------------------------------------------
@@ -133,6 +70,8 @@ class CpuInfo:
     """physical cores this process may run on"""
     clock_hz: float | None
     clock_source: str
+    model_name: str = ""
+    """as /proc/cpuinfo names it: with the host, the machine the peak store knows"""
 
 
 def _cpuinfo_fields() -> dict[str, str]:
@@ -188,6 +127,7 @@ def cpu_info(cpus: Sequence[int] | None = None) -> CpuInfo:
         cores=physical_cores(allowed),
         clock_hz=clock,
         clock_source=source,
+        model_name=f.get("model name", platform.processor()),
     )
 
 
@@ -233,9 +173,13 @@ def flops_per_cycle(info: CpuInfo, precision: str) -> tuple[int, str]:
     return fp32, f"{why}{converted}"
 
 
-def cpu_peak(precision: str, info: CpuInfo | None = None) -> Peak | None:
-    """cores x clock x FLOPs per cycle, an estimate with its inputs; None without a clock."""
+def cpu_peak(precision: str, info: CpuInfo | None = None, use_store: bool = True) -> Peak | None:
+    """This machine's peak as the peak store holds it (``measure.peakstore``: one per machine),
+    else cores x clock x FLOPs per cycle, an estimate with its inputs; None without a clock."""
     info = info or cpu_info()
+    entry = peakstore.stored(info.model_name, precision) if use_store else None
+    if entry is not None:
+        return stored_peak(entry, info.cores)
     if info.clock_hz is None:
         return None
     per_cycle, why = flops_per_cycle(info, precision)
@@ -255,15 +199,58 @@ def cpu_peak(precision: str, info: CpuInfo | None = None) -> Peak | None:
     )
 
 
+STORED_INPUTS = (
+    "clock_hz",
+    "clock_source",
+    "flops_per_cycle",
+    "flops_per_cycle_source",
+    "gemm_ceiling_flops",
+)
+"""what a stored entry keeps of the peak it was made from, besides its figure per core"""
+
+
+def stored_peak(entry: dict[str, Any], cores: int) -> Peak:
+    """The peak of ``cores`` of this machine from its stored entry: the stored figure per core,
+    its inputs, and where and when it was stored (``stored``, ``probed``, ``probed_by``)."""
+    per_core = float(entry["flops_per_core"])
+    kept = {k: entry[k] for k in STORED_INPUTS if k in entry}
+    where = str(peakstore.store_path())
+    inputs = {**kept, "cores": cores, "stored": where, "probed": entry.get("probed"),
+              "probed_by": entry.get("probed_by")}  # fmt: skip
+    how = (
+        f"{kept['clock_hz'] / 1e9:.2f} GHz ({kept.get('clock_source')}) x {kept['flops_per_cycle']} "
+        f"FLOP/cycle ({kept.get('flops_per_cycle_source')})"
+        if "clock_hz" in kept and "flops_per_cycle" in kept
+        else f"{per_core / 1e9:.1f} GFLOP/s per core"
+    )
+    date = str(entry.get("probed", ""))[:10]
+    source = f"stored by {entry.get('probed_by')} on {date} ({where}): {cores} cores x {how}"
+    return Peak(per_core * cores, source, kind="estimate", inputs=inputs)
+
+
+def store_entry(peak: Peak, ceiling_flops: float) -> dict[str, Any] | None:
+    """What the peak store keeps of a CPU estimate: its figure per core, its inputs and the GEMM
+    ceiling of the probe (None for a peak that is not a CPU estimate, or one read from the store)."""
+    cores = peak.inputs.get("cores")
+    if peak.kind != "estimate" or "stored" in peak.inputs or not cores:
+        return None
+    kept = {k: peak.inputs[k] for k in STORED_INPUTS if k in peak.inputs}
+    per_core = float(peak.inputs["clock_hz"]) * float(peak.inputs["flops_per_cycle"])
+    return {"flops_per_core": per_core, "cores": cores, **kept, "gemm_ceiling_flops": ceiling_flops}
+
+
 def raised_to_ceiling(peak: Peak, ceiling_flops: float) -> Peak:
     """A CPU estimate that the measured GEMM ceiling proves low, recomputed with the clock the
     measurement implies, ``ceiling / (cores x FLOPs per cycle)``; any other peak unchanged.
 
     A machine cannot exceed its peak, so a ceiling above the estimate means the estimate's clock
     is low (a VM's ``/proc/cpuinfo`` shows the base clock, not the boost). The implied clock is a
-    lower bound of the real one; the estimate's own inputs stay in ``inputs`` (``estimated_*``)."""
+    lower bound of the real one; the estimate's own inputs stay in ``inputs`` (``estimated_*``).
+    A peak read from the store is the machine's and stays as it is."""
     needed = ("cores", "clock_hz", "clock_source", "flops_per_cycle", "flops_per_cycle_source")
     if peak.kind != "estimate" or not ceiling_flops > peak.flops or not all(k in peak.inputs for k in needed):
+        return peak
+    if "stored" in peak.inputs:  # the machine's peak: a run's ceiling above it is flagged, not taken
         return peak
     cores, per_cycle = peak.inputs["cores"], peak.inputs["flops_per_cycle"]
     clock = ceiling_flops / (cores * per_cycle)

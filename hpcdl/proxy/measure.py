@@ -4,7 +4,10 @@ training step of a real model (or of an hpcdl workload, measured the same way)."
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -218,9 +221,35 @@ def time_mix(trainee: Trainee, steps: int = PROFILED_STEPS) -> dict[str, float]:
     activities = [ProfilerActivity.CPU]
     if trainee.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    with torch_profile(activities=activities) as prof:
+    with _without_profiler_lines(), torch_profile(activities=activities) as prof:
         trainee.steps(steps)
     return kernels.time_shares(prof.events(), trainee.device)
+
+
+PROFILER_LINES = (b"USDT:", b"STAGE:")
+"""what the profiler's C++ library (Kineto) writes to stderr at each start and stop, whatever
+its log level (``KINETO_LOG_LEVEL`` leaves them): noise in hpcdl's output"""
+
+
+@contextlib.contextmanager
+def _without_profiler_lines() -> Iterator[None]:
+    """While inside: file descriptor 2 held in a temporary file; then every line of it but the
+    profiler's own given back to stderr (a warning written meanwhile is kept, only later)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [
+                line for line in held.read().splitlines(keepends=True) if not line.startswith(PROFILER_LINES)
+            ]
+            os.write(2, b"".join(kept))
 
 
 @contextlib.contextmanager

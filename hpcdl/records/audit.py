@@ -306,8 +306,9 @@ def gate_problems(r: Result) -> list[str]:
     problems = []
     names = {c.name for c in r.validity.checks}
     if r.validity.failed or not r.validity.passed:
-        failed = [f"{c.name} ({c.detail})" for c in r.validity.checks if not c.passed]
-        problems.append(f"validity checks failed: {'; '.join(dict.fromkeys(failed)) or 'passed is false'}")
+        problems.append(
+            f"validity checks failed: {'; '.join(dict.fromkeys(r.validity.reasons)) or 'passed is false'}"
+        )
     if r.settings.precision not in PRECISIONS:  # no lower than 16 bits
         problems.append(f"precision {r.settings.precision} is below fp16/bf16")
     shortest = min(x.timed_window_s for x in r.metrics.per_rank)

@@ -25,7 +25,7 @@ from hpcdl.parallel.backends import BACKENDS, Backend
 from hpcdl.parallel.layout import fit_layout, parse_layout, tp_crosses_nodes
 from hpcdl.records import schema, validity
 from hpcdl.records.parallel import communication, pipeline_of, rank_counts
-from hpcdl.records.peak import implausible, job_peak, unknown_peak_reason
+from hpcdl.records.peak import implausible, job_ceiling, job_peak, unknown_peak_reason
 from hpcdl.records.typed import to_json
 from hpcdl.records.views import (
     EAGER,
@@ -237,7 +237,7 @@ def build_record(
     samples_per_s = metrics.aggregate_throughput([distinct], [g.window_s for g in logs])
     ai_ops = metrics.ai_ops_per_s(count.train_flops, samples_per_s)
     peak = job_peak(device, cfg.peak_flops, ranks)
-    ceiling = float(sum(r.gemm_ceiling_flops for r in ranks))
+    ceiling = job_ceiling(device, ranks)  # never a sum over ranks that share a host's cores
     mfu = metrics.mfu(ai_ops, peak.flops) if peak else float("nan")
     fraction = metrics.mfu(ai_ops, ceiling)
     phases = {p: stats([t for g in logs for t in g.phases_s[p]]) for p in lead.phases_s}

@@ -90,10 +90,18 @@ class Record:
 
     path: Path
     result: Result
+    system: str = ""
+    """the system's name as the user gave it (``hpcdl report NAME=DIR``); '' where the record's
+    own (``Result.system``: its Slurm cluster or rank 0's host) names it"""
 
     @property
     def raw(self) -> dict[str, Any]:
         return self.result.raw
+
+    @property
+    def system_name(self) -> str:
+        """The system the record belongs to: the name given, else its own."""
+        return self.system or self.result.system
 
 
 @dataclass(frozen=True)

@@ -42,16 +42,37 @@ def job_peak(device: torch.device, override: float, ranks: Sequence[RankMeasurem
     return Peak(total, first.source + times, kind=first.kind, inputs=first.inputs)
 
 
+def job_ceiling(device: torch.device, ranks: Sequence[RankMeasurement]) -> float:
+    """The measured GEMM ceiling of the hardware the job ran on (``metrics.measured_matmul_flops``):
+    on GPUs each rank's (one device each), summed; on CPUs each host's (:func:`host_ceiling`),
+    summed over hosts, never over ranks that share a host's cores."""
+    if device.type == "cuda":
+        return float(sum(r.gemm_ceiling_flops for r in ranks))
+    hosts = {r.host for r in ranks}
+    return sum(host_ceiling([r for r in ranks if r.host == h]) for h in hosts)
+
+
+def per_cpu_ceiling(ranks: Sequence[RankMeasurement]) -> float:
+    """What one CPU of a host can do: the best any of its ranks showed per CPU its threads could
+    occupy at once (its ceiling over the fewer of its threads and its CPUs)."""
+    return max(x.gemm_ceiling_flops / max(min(x.threads, len(x.cpus)), 1) for x in ranks)
+
+
+def host_ceiling(ranks: Sequence[RankMeasurement]) -> float:
+    """A host's ceiling from its ``ranks``: one CPU's best times the CPUs they may run on."""
+    return per_cpu_ceiling(ranks) * max(len({c for x in ranks for c in x.cpus}), 1)
+
+
 def host_peak(r: RankMeasurement, ranks: Sequence[RankMeasurement]) -> Peak:
     """Rank ``r``'s CPU peak, raised to the clock that its host's GEMM ceiling implies where
     that exceeds the estimate (``peaks.raised_to_ceiling``): the estimate's clock is then
-    demonstrably low. The host's ceiling is the sum of its ``ranks``' (each measured with its
-    own threads) over the CPUs they may run on together: ranks that share their CPUs (no
-    binding) each measured a share of them, not all of them."""
+    demonstrably low. What one CPU of the host can do is the best any rank showed per CPU its
+    threads could occupy at once (its ceiling over the fewer of its threads and its CPUs),
+    never a sum over ranks: ranks that share CPUs (more ranks than cores, or no binding) may
+    each have measured with the cores to itself, and their sum would credit the cores with
+    several times what they can do. A peak from the store (one per machine) is not raised."""
     assert r.peak is not None
-    cpus = {c for x in ranks for c in x.cpus}
-    per_cpu = sum(x.gemm_ceiling_flops for x in ranks) / max(len(cpus), 1)
-    return raised_to_ceiling(r.peak, per_cpu * max(len(r.cpus), 1))
+    return raised_to_ceiling(r.peak, per_cpu_ceiling(ranks) * max(len(r.cpus), 1))
 
 
 def unknown_peak_reason(device: torch.device, name: str) -> str:
@@ -72,6 +93,8 @@ def implausible(mfu: float, fraction: float, ceiling: float, peak: Peak | None) 
             if "estimated_flops" in peak.inputs
             else f"the estimated peak's inputs are low (clock from {peak.inputs.get('clock_source')})"
         )
+        if "stored" in peak.inputs:
+            low_inputs = "the machine's stored peak is low (hpcdl info --probe measures and stores it again)"
     if mfu > 1:
         flags.append(
             f"MFU {mfu:.1%} > 100%: {low_inputs}, or kernels do fewer FLOPs than counted "

@@ -21,6 +21,8 @@ PREDICTION = "hpcdl.prediction"
 """the scaling model's extrapolation (``hpcdl predict -o``): never a measurement"""
 JOBS = "hpcdl.jobs"
 """the state file of submitted scheduler jobs"""
+POINT = "hpcdl.point"
+"""one point of a job file, as its ranks read it (``OUTPUT/submitit/NAME.point.json``)"""
 COLLECTED = "hpcdl.collected"
 """the records of a job file's points, gathered (``hpcdl collect``)"""
 CAPS = "hpcdl.caps"
@@ -35,7 +37,7 @@ MANIFEST = "hpcdl.manifest"
 LIST = "hpcdl.list"
 """one list of a list site: a class version's systems and scores (``hpcdl list-site``)"""
 
-NOT_RECORDS = (SUITE, SWEEP, COMM, RANKING, JOBS, COLLECTED, CAPS, REPEATS, CAPACITY, MANIFEST, LIST)
+NOT_RECORDS = (SUITE, SWEEP, COMM, RANKING, JOBS, POINT, COLLECTED, CAPS, REPEATS, CAPACITY, MANIFEST, LIST)
 """documents that sit among records but are not records to rank or report one by one"""
 PROFILE = "hpcdl.profile"
 """what one training step of a model costs (``hpcdl profile``; docs/metrics.md, "Profiles and fits")"""

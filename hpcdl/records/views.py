@@ -348,6 +348,12 @@ class Validity:
     def failed(self) -> list[str]:
         return [c.name for c in self.checks if not c.passed]
 
+    @property
+    def reasons(self) -> list[str]:
+        """Each failed check with why, as a person reads it: ``loss_falls (only 3 steps; need
+        at least 4)``."""
+        return [f"{c.name} ({c.detail})" if c.detail else c.name for c in self.checks if not c.passed]
+
 
 @dataclass(frozen=True)
 class Environment:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import numpy as np
 from hpcdl.errors import InputError
 from hpcdl.records.loader import Unreadable, read_object, read_record
 from hpcdl.records.views import RankRow, compute_times
+from hpcdl.results.text import si
 
 SCHEMA = "hpcdl.diagnosis"
 DEFAULT_THRESHOLD = 0.9
@@ -40,6 +42,17 @@ FIGURES = {
     "allreduce_busbw": ("nodes", True),
     "bandwidth": ("links", True),
     "latency_s": ("links", False),
+}
+
+# figure -> (column title, how a value reads)
+SHOWN: dict[str, tuple[str, Callable[[float], str]]] = {
+    "gemm_flops": ("GEMM ceiling", lambda v: si(v, "FLOP/s")),
+    "copy_bytes_per_s": ("memory bandwidth", lambda v: si(v, "B/s")),
+    "compute_s": ("compute-only time", lambda v: f"{v * 1e3:.3g} ms"),
+    "cpu_share": ("CPU share when ready", lambda v: f"{v:.1%}"),
+    "allreduce_busbw": ("allreduce busbw", lambda v: si(v, "B/s")),
+    "bandwidth": ("bandwidth", lambda v: si(v, "B/s")),
+    "latency_s": ("latency", lambda v: f"{v * 1e6:.3g} µs"),
 }
 
 
@@ -270,10 +283,9 @@ def report(doc: dict[str, Any]) -> str:
         where = f"rank {f['rank']} on {f['hosts'][0]}" if f["rank"] is not None else " <-> ".join(f["hosts"])
         sign = "<" if FIGURES[f["figure"]][1] else ">"
         bound = f"{t:g} x" if sign == "<" else f"1/{t:g} x"
-        lines.append(
-            f"flagged: {where}: {f['figure']} {f['value']:.4g} {sign} {bound} "
-            f"{f['against']} {f['reference']:.4g}"
-        )
+        title, read = SHOWN[f["figure"]]
+        against = f"the {f['against']} {read(f['reference'])}"
+        lines.append(f"flagged: {where}: {title} {read(f['value'])} {sign} {bound} {against}")
     lines += [f"warning: {w}" for w in doc["warnings"]]
     lines += [f"note: {n}" for n in doc.get("notes", [])]
     if doc["exclude"]:

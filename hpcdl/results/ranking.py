@@ -45,6 +45,8 @@ class Ranking:
     """accepted records of workloads of no size class: reported, never ranked"""
     sweeps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """per system: its sweep summaries, recomputed from their accepted point records"""
+    records: dict[str, list[Audit]] = field(default_factory=dict)
+    """per system: its accepted records (what ``--baseline`` compares)"""
 
     @property
     def systems(self) -> list[SystemScore]:
@@ -52,12 +54,12 @@ class Ranking:
         return [s for scores in self.lists.values() for s in scores]
 
 
-def parse_submission(arg: str) -> tuple[str, Path]:
+def parse_submission(arg: str, field: str = "rank.path") -> tuple[str, Path]:
     """``NAME=DIR`` or ``DIR`` (named by its last component)."""
     name, sep, folder = arg.partition("=")
     path = Path(folder if sep else arg)
     if not path.exists():
-        raise InputError("rank.path", str(path), "an existing directory or record file")
+        raise InputError(field, str(path), "an existing directory or record file")
     return (name if sep else path.resolve().name), path
 
 
@@ -136,7 +138,7 @@ def rank(submissions: Sequence[tuple[str, Path]], say: Callable[[str], None] = l
         name: [sweep_rows(doc, accepted[name]) for doc in found] for name, found in summaries.items() if found
     }
     unclassed = sum(record_class(e.result) is None for entries in accepted.values() for e in entries)
-    return Ranking(lists, rejected, sum(map(len, accepted.values())), unclassed, sweeps)
+    return Ranking(lists, rejected, sum(map(len, accepted.values())), unclassed, sweeps, accepted)
 
 
 HEADER = [

@@ -19,10 +19,9 @@ from hpcdl.records.audit import Audit
 from hpcdl.records.views import Result, finite
 from hpcdl.results.best import best_per_rank_count
 from hpcdl.workloads import recipes
+from hpcdl.workloads.recipes import TUNABLE
 from hpcdl.workloads.registry import canonical, spec_from_dict
 
-TUNABLE = ("batch_size", "accumulation_steps", "precision", "seed")
-"""knobs a submitter may change and still run the standard workload"""
 QUALITY_TARGET = 0.5
 """the loss must fall to half its first-step value for the full quality factor"""
 

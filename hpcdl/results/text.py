@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import html
+import textwrap
 from collections.abc import Sequence
+
+NOTE_WIDTH = 100
+"""the width a note below a table is wrapped to (a table may be wider: its rows stay whole)"""
 
 
 def si(value: float | None, unit: str = "") -> str:
@@ -35,6 +39,20 @@ def notes_once(notes: dict[str, Sequence[str]]) -> list[str]:
     return [
         note if len(names) == len(notes) > 1 else f"{', '.join(names)}: {note}" for note, names in who.items()
     ]
+
+
+def wrapped(note: str, width: int = NOTE_WIDTH, indent: str = "") -> str:
+    """A note below a table as lines of at most ``width`` characters, each after ``indent``,
+    the later ones two spaces further in, so that a 300-character note (the MFU line's peak and
+    its inputs) reads on a terminal; words are never split (a path stays whole)."""
+    return textwrap.fill(
+        note,
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent + "  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: bool = True) -> str:

@@ -21,7 +21,17 @@ A system file is TOML (the catalogue: ``hpcdl/recipes/systems/*.toml``)::
     latency_us = 5.0
     source = "..."
 
+    [device]                      # one device (what one rank drives)
+    name = "NVIDIA A100-SXM4-80GB"
+    memory_GB = 80.0
+    power_W = 400.0
+    source = "..."
+    # peak_TFLOPs = {fp32 = 19.5, bf16 = 312.0}   # dense; by default hpcdl's datasheet table's
+                                                  # entry for the name (measure/datasheets.py)
+
 Every figure must be there, finite and in range; the reader names the first one that is not.
+A file without ``[device]`` still predicts what its links do, but no figure can be carried to
+its device from a record measured on another (``hpcdl predict`` says which option to give).
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from typing import Any
 
 from hpcdl import reader
 from hpcdl.errors import InputError
+from hpcdl.measure.datasheets import LISTED, datasheet_entry
 from hpcdl.reader import Unreadable
 from hpcdl.scaling.collectives import Comm, Hierarchy
 
@@ -52,9 +63,25 @@ class Link:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Device:
+    """One device of a system: its dense peak FLOP/s by precision, memory and power, sourced."""
+
+    name: str
+    peak_flops: dict[str, float]
+    """by precision (``measure.datasheets.LISTED``: those it has)"""
+    memory_bytes: float
+    power_w: float
+    source: str
+    """where the memory and power figures come from, and the peaks' where given in the file"""
+    peak_source: str
+    """where the peaks come from: the file, or hpcdl's datasheet table"""
+
+
+@dataclass(frozen=True, kw_only=True)
 class System:
     """Nodes of ``devices_per_node`` devices: ``intra`` is one device's link inside a node,
-    ``inter`` the node's fabric (all ``nics`` together)."""
+    ``inter`` the node's fabric (all ``nics`` together), ``device`` one device (None where the
+    file names none)."""
 
     name: str
     description: str
@@ -62,6 +89,7 @@ class System:
     intra: Link
     inter: Link
     nics: int
+    device: Device | None = None
 
     def cost(self, collective: str, ranks_per_node: int) -> Hierarchy:
         """The two-level cost of ``collective`` with ``ranks_per_node`` ranks on each node."""
@@ -171,4 +199,37 @@ def parse_system(doc: dict[str, Any], where: str = "") -> System:
             source=_text(inter, "source", "inter."),
         ),
         nics=nics,
+        device=parse_device(doc["device"]) if "device" in doc else None,
+    )
+
+
+def parse_device(doc: Any) -> Device:
+    """The ``[device]`` table: its peaks given (``peak_TFLOPs``) or, by default, the datasheet
+    table's entry for its name (one place per fact: ``measure.datasheets``)."""
+    if not isinstance(doc, dict):
+        raise InputError("system.device", _shown(doc), "a [device] table")
+    name = _text(doc, "name", "device.")
+    given = doc.get("peak_TFLOPs")
+    if given is not None:
+        if not isinstance(given, dict) or not given or set(given) - set(LISTED):
+            raise InputError(
+                "system.device.peak_TFLOPs", _shown(given), f"a table of {', '.join(LISTED)} = TFLOP/s"
+            )
+        peaks = {p: _number(given, p, "device.peak_TFLOPs.", 1e-6, 1e6) * 1e12 for p in given}
+        peak_source = _text(doc, "source", "device.")
+    else:
+        found = datasheet_entry(name)
+        if found is None:
+            raise InputError(
+                "system.device.peak_TFLOPs", None, f"required: hpcdl's datasheet table has no device {name!r}"
+            )
+        peaks = dict(found[0])
+        peak_source = f"datasheet: {found[1]}"
+    return Device(
+        name=name,
+        peak_flops=peaks,
+        memory_bytes=_number(doc, "memory_GB", "device.", 1e-3, 1e6) * 1e9,
+        power_w=_number(doc, "power_W", "device.", 1e-3, 1e6),
+        source=_text(doc, "source", "device."),
+        peak_source=peak_source,
     )

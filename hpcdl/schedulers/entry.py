@@ -97,8 +97,6 @@ def say_rank0(rank: int) -> Say:
 
 def run_rank(point: Point) -> dict[str, Any]:
     """One rank of the point (every rank calls this): run it unless it is already done."""
-    from hpcdl.harness.runner import run  # the whole measurement stack: only inside a job
-
     os.environ[EXPECTED_ENV] = str(point.ranks)  # init_world ends every process of a split world
     world = init_world()
     say = say_rank0(world.rank)
@@ -114,21 +112,7 @@ def run_rank(point: Point) -> dict[str, Any]:
     try:
         if point.instances > 1:
             return run_instances(point, world, say)
-        views = []
-        for r in range(1, point.repeat + 1):
-            name = repeats.repeat_name(point.name, r, point.repeat)
-            result = run(
-                point.workload(),
-                point.config(),
-                output_dir=point.output,
-                name=name,
-                progress=partial(prefixed, say, name),
-                world=world,
-            )
-            views.append(read_result(result.record))
-            say(
-                f"{name}: {views[-1].metrics.samples_per_s:.1f} samples/s, valid: {views[-1].validity.passed}"
-            )
+        passed = run_workloads(point, world, say)
     except HpcdlError:
         raise  # every rank meets the same bad input and stops: nothing hangs
     except Exception as e:
@@ -136,9 +120,49 @@ def run_rank(point: Point) -> dict[str, Any]:
         raise
     if world.rank != 0:
         return {"point": point.name, "rank": world.rank}
-    if point.repeat > 1:
-        write_record(repeats.summarize(point.name, views), Path(point.output) / f"{point.name}-repeats.json")
-    return summary(point, views[0], passed=all(v.validity.passed for v in views))
+    return summary(point, read_result(load_record(point.record_path)), passed=passed)
+
+
+def run_workloads(point: Point, world: World, say: Say) -> bool:
+    """Every workload of the point, its repeats one after another (a class point: each
+    workload as its class trains it, ``harness.classes``; one whose records stand already, as
+    after a requeue, is not run again); True when every record passed its checks."""
+    from hpcdl.device import resolve_device
+    from hpcdl.harness import classes
+    from hpcdl.harness.runner import run  # the whole measurement stack: only inside a job
+
+    cfg, wanted = point.config(), point.named_specs()
+    named, note = classes.on_device(wanted, resolve_device(cfg.device)) if point.workloads else (wanted, "")
+    if note:  # a class's bf16 workloads on a device without bf16: fp32, as hpcdl run --class
+        say(f"{point.name}: {note}")
+    passed = True
+    for workload, spec in named.items():
+        records = point.workload_records(workload, wanted[workload])
+        if point.workloads and world.bcast(
+            all(point.stands(*r) for r in records) if world.rank == 0 else None
+        ):
+            say(f"{records[0][0].stem}: valid records exist; not run again")
+            continue
+        given = {"lr_given": "lr" in point.run, "mode_given": "mode" in point.run}  # the job's [run]
+        settings = classes.workload_settings(cfg, workload, world, **given)
+        views = []
+        for path, _, _ in records:
+            result = run(
+                spec,
+                settings,
+                output_dir=point.output,
+                name=path.stem,
+                progress=partial(prefixed, say, path.stem),
+                world=world,
+            )
+            views.append(read_result(result.record))
+            view = views[-1]
+            say(f"{path.stem}: {view.metrics.samples_per_s:.1f} samples/s, valid: {view.validity.passed}")
+        passed = passed and all(v.validity.passed for v in views)
+        if point.repeat > 1 and world.rank == 0:
+            stem = point.record_stem(workload)
+            write_record(repeats.summarize(stem, views), Path(point.output) / f"{stem}-repeats.json")
+    return passed
 
 
 def prefixed(say: Say, name: str, message: str) -> None:
@@ -169,7 +193,15 @@ def run_launched(point: Point, *, oversubscribe: bool) -> dict[str, Any]:
         return cancelled(point)
     if code != 0:
         raise HpcdlError(f"{point.name}: mpirun of {point.ranks} ranks exited with code {code}")
-    return summary(point, read_result(load_record(point.record_path)))
+    return summary(point, read_result(load_record(point.record_path)), passed=records_passed(point))
+
+
+def records_passed(point: Point) -> bool:
+    """Whether every record the point wrote passed its checks (a missing one did not)."""
+    try:
+        return all(read_result(load_record(path)).validity.passed for path, _, _ in point.records())
+    except (OSError, ValueError):
+        return False
 
 
 def launch_command(point: Point, path: Path, *, oversubscribe: bool) -> list[str]:

@@ -45,9 +45,12 @@ from hpcdl.schedulers.container import ContainerOptions, check_launcher
 from hpcdl.workloads.families.mlp import MLPSpec
 from hpcdl.workloads.knobs import Knobs, knob
 from hpcdl.workloads.precision import PRECISIONS
+from hpcdl.workloads.recipes import size_classes
 from hpcdl.workloads.spec import Spec
 
 LAUNCHERS = ("srun", "mpirun")
+SET_BY_WORKLOAD = ("size_class", "class_knobs")
+"""fields a job file sets through its ``[workload]`` table (``class = ...``), never at the top"""
 K = TypeVar("K", bound=Knobs)
 
 # Names and values that end up in batch scripts: no spaces, quotes or shell metacharacters, so
@@ -69,7 +72,17 @@ class Job(Knobs):
 
     name: str = knob("hpcdl", doc="job name; record of each point: NAME-nN.json (letters, digits, _.-)")
     workload: Spec = knob(
-        MLPSpec(), doc="table: {preset=NAME, knobs...}, {family=NAME, knobs...} or {sample={family, seed}}"
+        MLPSpec(),
+        doc="table: {preset=NAME, knobs...}, {family=NAME, knobs...}, {sample={family, seed}}, "
+        "{spec=FILE, knobs...} or {class=S, version=N, tunable knobs...}",
+    )
+    size_class: str = knob(
+        "",
+        doc="set by [workload] class=NAME: every workload of the class's suite runs at each node count, "
+        "a record each ('' = the one workload)",
+    )
+    class_knobs: tuple[str, ...] = knob(
+        (), doc="set by the knobs of a class's [workload] table: tunable knobs as NAME=value"
     )
     nodes: tuple[int, ...] = knob((1,), lo=1, hi=100_000, doc="node counts to sweep: one job each")
     tasks_per_node: int = knob(1, lo=1, hi=4096, doc="MPI ranks per node (one per GPU on GPU nodes)")
@@ -108,6 +121,14 @@ class Job(Knobs):
             raise SpecError(
                 "job.name", self.name, "1-64 letters, digits, '_', '.', '-', starting alphanumeric"
             )
+        if self.size_class and self.size_class not in size_classes():
+            raise SpecError("job.workload.class", self.size_class, "allowed: " + ", ".join(size_classes()))
+        if self.size_class and self.run.suite_class:
+            raise SpecError(
+                "job.run.suite_class", self.run.suite_class, "set the class in [workload]: class="
+            )
+        if self.size_class and self.instances > 1:
+            raise SpecError("job.instances", self.instances, "1 for a class job (capacity runs one workload)")
         if len(set(self.nodes)) != len(self.nodes):
             raise SpecError("job.nodes", list(self.nodes), "each node count once")
         if self.gpus_per_node > 0 and self.tasks_per_node > self.gpus_per_node:
@@ -139,12 +160,30 @@ class Job(Knobs):
 
     # --- derived values --------------------------------------------------------------------
     def spec(self) -> Spec:
-        """The workload with the job's precision applied: what every point runs."""
+        """The workload with the job's precision applied: what every point of a one-workload job runs."""
         return self.workload.replace(precision=self.precision) if self.precision else self.workload
 
+    def specs(self) -> dict[str, Spec]:
+        """What every point runs, by workload name: a class job's suite (its tunable knobs and
+        the job's precision applied), or the one workload under the name ''."""
+        if not self.size_class:
+            return {"": self.spec()}
+        from hpcdl.harness.classes import class_specs  # torch: only for a class job
+
+        knobs = dict(parse_class_knob(item) for item in self.class_knobs)
+        if self.precision:
+            knobs["precision"] = self.precision
+        return class_specs(self.size_class, knobs, "job.workload")
+
     def config(self) -> RunConfig:
-        """The run settings with the job's backend applied."""
-        return self.run.replace(backend=self.backend)
+        """The run settings with the job's backend applied, and a class job's class and version
+        (what makes its records rank in the class's list)."""
+        cfg = self.run.replace(backend=self.backend)
+        if not self.size_class:
+            return cfg
+        from hpcdl.workloads.recipes import suite
+
+        return cfg.replace(suite_class=self.size_class, suite_version=suite(self.size_class).version)
 
     def ranks(self, nodes: int) -> int:
         return nodes * self.tasks_per_node
@@ -178,8 +217,12 @@ class Job(Knobs):
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-ready dict, as a job file writes it (env and the scheduler tables as tables)."""
         d = super().to_dict()
-        del d["tables"]
+        del d["tables"], d["size_class"], d["class_knobs"]
         d["workload"] = self.workload.to_dict()
+        if self.size_class:
+            version = self.config().suite_version
+            knobs = dict(parse_class_knob(item) for item in self.class_knobs)
+            d["workload"] = {"class": self.size_class, "version": version, **knobs}
         d["run"] = self.run.to_dict()
         d["container"] = self.container.to_dict()
         d["env"] = dict(item.split("=", 1) for item in self.env)
@@ -195,6 +238,12 @@ def check_env(item: str) -> None:
         raise SpecError(field, value, "set by Slurm, PMIx or submitit for each task; not overridable")
     if not ENV_VALUE_RE.fullmatch(value):
         raise SpecError(field, value, "letters, digits and _.,:@%+/=- only (no spaces or shell characters)")
+
+
+def parse_class_knob(item: str) -> tuple[str, Any]:
+    """A class knob as the job file gave it (``NAME=value``, typed as the knob is)."""
+    name, _, text = item.partition("=")
+    return name, Spec.parse_knob(name, text)
 
 
 def table_name(options: Knobs) -> str:

@@ -14,23 +14,25 @@ from hpcdl import reader
 from hpcdl.errors import SpecError
 from hpcdl.measure.config import RunConfig
 from hpcdl.schedulers.container import ContainerOptions
-from hpcdl.schedulers.jobfile import ENV_NAME_RE, Job
+from hpcdl.schedulers.jobfile import ENV_NAME_RE, SET_BY_WORKLOAD, Job
 from hpcdl.schedulers.protocol import SCHEDULERS
-from hpcdl.schedulers.workload_table import workload_spec
+from hpcdl.schedulers.workload_table import KINDS, workload_fields
 from hpcdl.workloads.knobs import Knobs
 
 T = TypeVar("T")
 
 
 def load_job(path: str | Path) -> Job:
-    """Read (bounded: :func:`hpcdl.reader.document`) and validate a job file."""
-    return job_from_dict(reader.document(path, "job file", "toml"))
+    """Read (bounded: :func:`hpcdl.reader.document`) and validate a job file; a spec file it
+    names is relative to the job file's folder."""
+    return job_from_dict(reader.document(path, "job file", "toml"), base=Path(path).resolve().parent)
 
 
-def job_from_dict(data: dict[str, Any]) -> Job:
-    """A validated :class:`Job` from the tables of a job file."""
+def job_from_dict(data: dict[str, Any], base: Path | None = None) -> Job:
+    """A validated :class:`Job` from the tables of a job file (``base``: the folder a
+    ``spec = "FILE"`` is relative to)."""
     options = {name: cls.options for name, cls in SCHEDULERS.items() if cls.options is not None}
-    valid = [k for k in Job.knobs() if k != "tables"]
+    valid = [k for k in Job.knobs() if k not in ("tables", *SET_BY_WORKLOAD)]
     fields: dict[str, Any] = {}
     tables: list[Knobs] = []
     for key, value in data.items():
@@ -41,9 +43,11 @@ def job_from_dict(data: dict[str, Any]) -> Job:
         else:
             raise SpecError(f"job.{key}", value, unknown_key(key, valid, options))
     if "workload" not in data:
-        raise SpecError("job.workload", None, "required: a table with preset=, family= or sample=")
+        raise SpecError("job.workload", None, "required: a table with " + ", ".join(f"{k}=" for k in KINDS))
     precision = fields.get("precision", "")
-    fields["workload"] = workload_spec(table_value(fields, "workload"), precision_set=bool(precision))
+    table = table_value(fields, "workload")
+    del fields["workload"]
+    fields |= workload_fields(table, precision_set=bool(precision), base=base)
     if "run" in fields:
         run = table_value(fields, "run")
         fields["run"] = nested(lambda: RunConfig.from_dict(run), "job.")

@@ -1,20 +1,24 @@
 """The points of a job file: one node count of its sweep, run as one scheduler job.
 
-A point's record is written by rank 0 as ``OUTPUT/NAME-nN.json``; a point that already has a
-valid record is never submitted or run again.
+A point's record is written by rank 0 as ``OUTPUT/NAME-nN.json`` (a class job's: one per
+workload of the class, ``OUTPUT/NAME-nN-WORKLOAD.json``); a point whose records are all there
+and valid is never submitted or run again, and a requeued class point runs only the workloads
+that have none.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpcdl.records import schema
+from hpcdl.records.audit import audit
+from hpcdl.records.loader import Unreadable, read_record
 from hpcdl.records.repeats import repeat_name
-from hpcdl.scaling.sweep import valid_point
-from hpcdl.workloads.registry import spec_from_dict
+from hpcdl.workloads.registry import canonical, spec_from_dict
 
 if TYPE_CHECKING:
     from hpcdl.measure.config import RunConfig
@@ -42,16 +46,35 @@ class Point:
     instances: int = 1
     """concurrent instances in the allocation (capacity: ``NAME-iI`` and ``NAME-alone``)"""
     per_device: int = 1
+    workloads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """a class job's suite: each workload's spec by name, run one after another in the
+    allocation, a record each; empty where the point runs the one workload ``spec``"""
 
     @property
     def ranks(self) -> int:
         return self.nodes * self.tasks_per_node
 
+    def named_specs(self) -> dict[str, Spec]:
+        """What the point runs, by workload name ('' for a one-workload point)."""
+        if self.workloads:
+            return {name: spec_from_dict(d) for name, d in self.workloads.items()}
+        return {"": self.workload()}
+
+    def record_stem(self, workload: str) -> str:
+        """The name of a workload's record (its first repeat's): ``NAME`` or ``NAME-WORKLOAD``."""
+        return f"{self.name}-{workload}" if workload else self.name
+
+    def workload_records(self, workload: str, spec: Spec) -> list[tuple[Path, Spec, int]]:
+        """A workload's records: one per repeat."""
+        stem, out = self.record_stem(workload), Path(self.output)
+        names = [repeat_name(stem, r, self.repeat) for r in range(1, self.repeat + 1)]
+        return [(out / f"{m}.json", spec, self.ranks) for m in names]
+
     def records(self) -> list[tuple[Path, Spec, int]]:
-        """The records the point writes, each with its spec and rank count: one per repeat, or
-        one per instance (its own seed) and instance 0 alone."""
-        out, spec = Path(self.output), self.workload()
-        if self.instances > 1:
+        """The records the point writes, each with its spec and rank count: one per repeat (of
+        each workload of a class), or one per instance (its own seed) and instance 0 alone."""
+        if not self.workloads and self.instances > 1:
+            out, spec = Path(self.output), self.workload()
             n = self.ranks // self.instances
             seeded = [spec.replace(seed=spec.seed + i) for i in range(self.instances)]
             names = [f"{self.name}-i{i}" for i in range(self.instances)]
@@ -59,8 +82,7 @@ class Point:
                 (out / f"{m}.json", s, n)
                 for m, s in zip([*names, f"{self.name}-alone"], [*seeded, spec], strict=True)
             ]
-        names = [repeat_name(self.name, r, self.repeat) for r in range(1, self.repeat + 1)]
-        return [(out / f"{m}.json", spec, self.ranks) for m in names]
+        return [r for name, spec in self.named_specs().items() for r in self.workload_records(name, spec)]
 
     @property
     def record_path(self) -> Path:
@@ -77,7 +99,24 @@ class Point:
 
     def done(self) -> bool:
         """True when every record of the point is there and valid (it must not run again)."""
-        return all(valid_point(path, spec, n) for path, spec, n in self.records())
+        return all(self.stands(path, spec, n) for path, spec, n in self.records())
+
+    def stands(self, path: Path, spec: Spec, ranks: int) -> bool:
+        """Whether ``path`` holds a record that stands for ``spec`` at ``ranks``: valid, intact
+        (``audit``), of that world size and spec; of a class point, also as a device without
+        bf16 trains it (``classes.fp32_fallback``), and with any batch where ``--fit`` chose it."""
+        from hpcdl.harness.classes import fp32_fallback  # torch: the class's rules
+
+        try:
+            record = read_record(path)
+        except Unreadable:
+            return False
+        r = record.result
+        fitted = self.config().fit_fraction > 0
+        wanted = [spec, fp32_fallback(spec)] if self.workloads else [spec]
+        mine = canonical(r.spec) or {}
+        same = any(_but_batch(mine, fitted) == _but_batch(s.to_dict(), fitted) for s in wanted)
+        return same and r.world_size == ranks and r.validity.passed and not audit(record).problems
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -86,20 +125,29 @@ class Point:
     def from_dict(cls, d: dict[str, Any]) -> Point:
         """The point of a dict that holds its fields (and maybe more, as a state-file entry;
         fields added later may be missing)."""
-        fields = [f for f in dataclasses.fields(cls) if f.name in d or f.default is dataclasses.MISSING]
+
+        def required(f: dataclasses.Field[Any]) -> bool:
+            return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+        fields = [f for f in dataclasses.fields(cls) if f.name in d or required(f)]
         return cls(**{f.name: d[f.name] for f in fields})
+
+
+def _but_batch(spec: dict[str, Any], fitted: bool) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if k != "batch_size"} if fitted else spec
 
 
 def points(job: Job, cluster: str, output: Path) -> list[Point]:
     """The points of a job, in increasing node count."""
-    spec, run = job.spec().to_dict(), job.config().to_dict()
+    named, run = job.specs(), job.config().to_dict()
+    workloads = {name: s.to_dict() for name, s in named.items()} if job.size_class else {}
     return [
         Point(
             job=job.name,
             name=job.point_name(n),
             nodes=n,
             tasks_per_node=job.tasks_per_node,
-            spec=spec,
+            spec={} if workloads else named[""].to_dict(),
             run=run,
             output=str(output),
             launcher=job.launcher,
@@ -107,6 +155,7 @@ def points(job: Job, cluster: str, output: Path) -> list[Point]:
             repeat=job.repeat,
             instances=job.instances,
             per_device=job.per_device,
+            workloads=workloads,
         )
         for n in sorted(job.nodes)
     ]
@@ -128,5 +177,5 @@ def write_point_file(point: Point) -> Path:
     scheduler that runs ``python -m hpcdl.schedulers.entry``); returns the path."""
     path = point_file(point)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(point.to_dict(), indent=1))
+    path.write_text(json.dumps({"schema": schema.POINT, **point.to_dict()}, indent=1))
     return path

@@ -13,7 +13,6 @@ from typing import Any
 from hpcdl.records.store import load_record
 from hpcdl.records.typed import MalformedRecord
 from hpcdl.records.views import Result, read_result
-from hpcdl.scaling.sweep import valid_point
 from hpcdl.schedulers.protocol import SCHEDULERS, JobState
 from hpcdl.schedulers.state import Entry, entries
 
@@ -30,7 +29,13 @@ class PointStatus:
     detail: str
     samples_per_s: float | None = None
     record: Result | None = dataclasses.field(default=None, repr=False, compare=False)
-    """its valid record (state ``done``)"""
+    """its valid (first) record (state ``done``)"""
+    records: list[Path] = dataclasses.field(default_factory=list, repr=False, compare=False)
+    """where each of its records is expected (a class point's: one per workload and repeat)"""
+    problems: list[str] = dataclasses.field(default_factory=list)
+    """one line per record written that does not stand for its part of the point, with why"""
+    size_class: str = ""
+    """the class a class job's point runs ('' for one workload)"""
 
     @property
     def active(self) -> bool:
@@ -39,7 +44,8 @@ class PointStatus:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON of ``hpcdl status --json`` (without the record)."""
-        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "record"}
+        hidden = ("record", "records")
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in hidden}
         return {**shown, "active": self.active}
 
 
@@ -49,15 +55,29 @@ def record_path(output: Path, name: str) -> Path:
 
 
 def valid_record(output: Path, entry: Entry) -> Result | None:
-    """The point's (first) record, if it is one that may stand for the point."""
-    first, spec, ranks = entry.point.records()[0]
-    path = record_path(output, first.stem)
-    if not valid_point(path, spec, ranks):
+    """The point's (first) record, if every record of the point stands for its part of it."""
+    if any(not standing(output, entry, i) for i in range(len(entry.point.records()))):
         return None
     try:
-        return read_result(load_record(path))
+        return read_result(load_record(record_path(output, entry.point.record_path.stem)))
     except MalformedRecord:
         return None  # intact and valid, but not a shape this version reads: not done
+
+
+def standing(output: Path, entry: Entry, i: int) -> bool:
+    """Whether the point's ``i``-th record stands for its part of the point (``Point.stands``)."""
+    first, spec, ranks = entry.point.records()[i]
+    return entry.point.stands(record_path(output, first.stem), spec, ranks)
+
+
+def record_problems(output: Path, entry: Entry) -> list[str]:
+    """One line per record of the point that is written but does not stand, with why."""
+    out = []
+    for i, (first, _, ranks) in enumerate(entry.point.records()):
+        path = record_path(output, first.stem)
+        if path.exists() and not standing(output, entry, i):
+            out.append(invalid_detail(path, ranks))
+    return out
 
 
 def job_states(chosen: Sequence[Entry]) -> dict[str, JobState]:
@@ -76,28 +96,43 @@ def job_states(chosen: Sequence[Entry]) -> dict[str, JobState]:
 def point_status(output: Path, entry: Entry, record: Result | None, job: JobState | None) -> PointStatus:
     point = entry.point
     row = PointStatus(point.name, point.nodes, point.ranks, entry.job_id, "", "")
-    path = record_path(output, point.record_path.stem)
+    row.records = [record_path(output, p.stem) for p, _, _ in point.records()]
+    row.size_class = point.config().suite_class if point.workloads else ""
+    several = len(row.records) > 1
     if record is not None:
         row.state, row.record, row.samples_per_s = "done", record, record.metrics.samples_per_s
-        row.detail = f"{row.samples_per_s:.1f} samples/s"
-    elif entry.job_id is None:
+        row.detail = f"{len(row.records)} valid records" if several else f"{row.samples_per_s:.1f} samples/s"
+        return row
+    if entry.job_id is None:
         row.state = "not submitted"
-    else:
-        job = job or JobState("UNKNOWN", "its scheduler did not say")
-        row.state, row.detail = job.state, job.detail
-        if not job.active and path.exists():
-            row.state, row.detail = "invalid", invalid_detail(path, point.ranks)
+        return row
+    job = job or JobState("UNKNOWN", "its scheduler did not say")
+    row.state, row.detail = job.state, job.detail
+    written = [p for p in row.records if p.exists()]
+    if several and written:  # a class point records as it goes: how far it got
+        row.detail = "; ".join(x for x in (f"{len(written)} of {len(row.records)} records", job.detail) if x)
+    if not job.active:
+        row.problems = record_problems(output, entry)
+    if row.problems:
+        missing = len(row.records) - len(written)
+        row.state = "invalid"
+        row.detail = (
+            row.problems[0]
+            if not several
+            else f"{len(row.problems)} of {len(row.records)} records do not count"
+        )
+        row.detail += f"; {missing} missing" if several and missing else ""
     return row
 
 
 def invalid_detail(path: Path, ranks: int) -> str:
     """Why the record at ``path`` does not count for a point of ``ranks`` ranks."""
     try:
-        failed = read_result(load_record(path)).validity.failed
+        failed = read_result(load_record(path)).validity.reasons
     except (OSError, ValueError, MalformedRecord):
         return f"{path.name} is damaged"
     if failed:
-        return f"record {path.name} fails: {', '.join(failed)}"
+        return f"record {path.name} fails: {'; '.join(failed)}"
     return other_world(path, ranks) or f"record {path.name} is for another spec"
 
 

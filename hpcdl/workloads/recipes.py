@@ -20,6 +20,9 @@ from hpcdl.workloads.registry import spec_from_dict
 from hpcdl.workloads.spec import Spec
 
 DEFAULT_CLASS = "S"
+TUNABLE = ("batch_size", "accumulation_steps", "precision", "seed")
+"""the knobs a submitter may change and still run a class's workload (docs/rules.md, 3.2);
+every other knob the class fixes"""
 NODE_DEVICES = 8
 """the devices of the node a class's default layouts are made for"""
 
@@ -46,10 +49,15 @@ def anchors() -> dict[str, dict[str, Any]]:
 
 
 def preset(name: str, **overrides: Any) -> Spec:
-    """The spec of a named preset (``resnet50``, ``gpt2_small``, ...) with knobs overridden."""
-    table = presets()
+    """The spec of a named workload with knobs overridden: a preset (``resnet50``,
+    ``gpt2_small``, ...) or any size class's workload (``cnn-resnet-small``, ``gpt2-small``), as
+    ``hpcdl generate`` takes them (:func:`named_workloads`)."""
+    table = named_workloads()
     if name not in table:
-        raise SpecError("preset", name, "allowed: " + ", ".join(table))
+        classes = ", ".join(size_classes())
+        raise SpecError(
+            "preset", name, f"a preset ({', '.join(presets())}) or a workload of class {classes} (hpcdl list)"
+        )
     return spec_from_dict({**table[name], **overrides})
 
 

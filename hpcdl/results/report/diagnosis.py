@@ -14,22 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from hpcdl.measure.environment import hpcdl_version
-from hpcdl.results.diagnosis import FIGURES, key
+from hpcdl.results.diagnosis import FIGURES, SHOWN, key
 from hpcdl.results.output import output_dir
-from hpcdl.results.text import HTML_STYLE, si
+from hpcdl.results.text import HTML_STYLE
 
 STYLE = HTML_STYLE + "td.num{text-align:right}.bad{color:#b00;font-weight:bold}tr.bad td{background:#fee}"
 
-# figure -> (column title, how a value reads)
-SHOWN: dict[str, tuple[str, Callable[[float], str]]] = {
-    "gemm_flops": ("GEMM ceiling", lambda v: si(v, "FLOP/s")),
-    "copy_bytes_per_s": ("memory bandwidth", lambda v: si(v, "B/s")),
-    "compute_s": ("compute-only time", lambda v: f"{v * 1e3:.3g} ms"),
-    "cpu_share": ("CPU share when ready", lambda v: f"{v:.1%}"),
-    "allreduce_busbw": ("allreduce busbw", lambda v: si(v, "B/s")),
-    "bandwidth": ("bandwidth", lambda v: si(v, "B/s")),
-    "latency_s": ("latency", lambda v: f"{v * 1e6:.3g} µs"),
-}
 # section -> (title, identifying columns, how an item fills them)
 SECTIONS: dict[str, tuple[str, list[str], Callable[[dict[str, Any]], list[Any]]]] = {
     "devices": (

@@ -14,7 +14,7 @@ from hpcdl.errors import HpcdlError
 from hpcdl.metrics import memory_estimate
 from hpcdl.records.audit import Audit
 from hpcdl.results.report import figures
-from hpcdl.results.report.data import label
+from hpcdl.results.report.data import labels, system_of
 from hpcdl.results.report.plots import Plot
 from hpcdl.workloads.registry import spec_from_dict
 
@@ -39,6 +39,7 @@ def memory_points(records: Sequence[Audit]) -> list[figures.MemoryPoint]:
     for its size knobs on the same device and rank count with the same optimizer and kind of
     peak, share a key."""
     points = []
+    names = labels(records)
     for a in records:
         r = a.result
         measured, batch = r.metrics.peak_memory_bytes, r.settings.batch_per_rank
@@ -57,7 +58,7 @@ def memory_points(records: Sequence[Audit]) -> list[figures.MemoryPoint]:
         workload = json.dumps(
             [
                 {k: v for k, v in r.spec.items() if k not in SIZE_KNOBS},
-                r.system,
+                system_of(a),
                 r.environment.device_name,
                 r.world_size,
                 optimizer,
@@ -66,7 +67,9 @@ def memory_points(records: Sequence[Audit]) -> list[figures.MemoryPoint]:
             sort_keys=True,
         )
         points.append(
-            figures.MemoryPoint(label(a), r.family, workload, batch * per_sample, estimate, measured, kind)
+            figures.MemoryPoint(
+                names[a.path], r.family, workload, batch * per_sample, estimate, measured, kind
+            )
         )
     return points
 

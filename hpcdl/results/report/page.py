@@ -17,6 +17,7 @@ from hpcdl.measure.environment import hpcdl_version
 from hpcdl.records.audit import Audit
 from hpcdl.records.loader import Unread
 from hpcdl.records.views import Result, Stats
+from hpcdl.results.report.data import system_of
 from hpcdl.results.report.plots import Plot
 from hpcdl.results.report.sweeps import Sweep
 from hpcdl.results.score import execution_mode
@@ -40,11 +41,11 @@ def _join(values: Iterable[Any]) -> str:
 
 
 def systems_table(records: Sequence[Audit]) -> str:
-    """One row per system (Slurm cluster, else rank 0's host) and device: what was measured where, when,
-    with which hpcdl."""
+    """One row per system (as named on the command line, NAME=DIR; else its Slurm cluster or rank
+    0's host) and device: what was measured where, when, with which hpcdl."""
     groups: dict[tuple[str, str], list[Result]] = {}
     for a in records:
-        groups.setdefault((a.result.system, a.result.environment.device_name), []).append(a.result)
+        groups.setdefault((system_of(a), a.result.environment.device_name), []).append(a.result)
     rows = []
     for (name, device), found in sorted(groups.items()):
         dates = sorted(r.created[:10] for r in found if r.created)

@@ -15,7 +15,7 @@ from hpcdl.records.audit import Audit
 from hpcdl.records.loader import SweepSummary
 from hpcdl.records.views import Result, Stats, compute_times, finite
 from hpcdl.results.report import figures
-from hpcdl.results.report.data import label
+from hpcdl.results.report.data import labels, system_of
 from hpcdl.results.report.sweeps import Sweep, measured_points, plottable
 from hpcdl.results.text import html_table
 from hpcdl.scaling.capsweep import cap_figures, cap_of
@@ -72,10 +72,11 @@ def error_table(measured: Mapping[int, float], predicted: Mapping[int, float]) -
 
 
 def phase_plots(records: Sequence[Audit]) -> list[Plot]:
+    timed = [a for a in records if a.result.metrics.phases_s]
+    names = labels(timed)
     rows = [
-        (label(a), {p: _median_s(a.result.metrics.phases_s.get(p)) for p in figures.PHASES})
-        for a in records
-        if a.result.metrics.phases_s
+        (names[a.path], {p: _median_s(a.result.metrics.phases_s.get(p)) for p in figures.PHASES})
+        for a in timed
     ]
     if not rows:
         return []
@@ -105,10 +106,11 @@ def by_dimension(result: Result) -> dict[str, float]:
 
 
 def layout_plots(records: Sequence[Audit]) -> list[Plot]:
+    laid = [a for a in records if a.result.settings.layout]
+    names = labels(laid)
     rows = [
-        (f"{label(a)} {layout.split(',schedule')[0]}", by_dimension(a.result))
-        for a in records
-        if (layout := a.result.settings.layout)
+        (f"{names[a.path]} {str(a.result.settings.layout).split(',schedule')[0]}", by_dimension(a.result))
+        for a in laid
     ]
     if not rows:
         return []
@@ -126,8 +128,9 @@ def _median_s(stats: Stats | None) -> float:
 
 def per_rank_plots(records: Sequence[Audit]) -> list[Plot]:
     multi = [a for a in records if a.result.world_size > 1]
+    names = labels(multi)
     groups = [
-        figures.RankFigures(label(a), [x.samples_per_s for x in rows], compute_times(rows))
+        figures.RankFigures(names[a.path], [x.samples_per_s for x in rows], compute_times(rows))
         for a in multi
         for rows in [a.result.metrics.per_rank]
     ]
@@ -150,16 +153,17 @@ def per_rank_plots(records: Sequence[Audit]) -> list[Plot]:
 def straggler_table(records: Sequence[Audit]) -> str:
     """The slowest-computing rank of each multi-rank record, with its host, or why none is named."""
     rows = []
+    names = labels(records)
     for a in records:
         s = a.result.metrics.straggler
         if s is None:
             continue
         if s.rank is None or s.compute_only_s is None or s.median_compute_only_s is None:
-            rows.append([label(a), "", "", "", "", "", s.method])
+            rows.append([names[a.path], "", "", "", "", "", s.method])
             continue
         rows.append(
             [
-                label(a),
+                names[a.path],
                 str(s.rank),
                 s.host or "",
                 f"{s.compute_only_s * 1e3:.3g}",
@@ -174,12 +178,17 @@ def straggler_table(records: Sequence[Audit]) -> str:
 
 def power_traces(records: Sequence[Audit]) -> list[figures.PowerTrace]:
     """Rank 0's GPU power trace of every record whose steps file holds one (read by its audit)."""
-    traces = []
-    for a in records:
-        t, w = a.steps.get("gpu_time_s"), a.steps.get("gpu_power_w")
-        if t is not None and w is not None and len(t) > 1 and len(t) == len(w):
-            traces.append(figures.PowerTrace(label(a), t.tolist(), w.tolist()))
-    return traces
+    traced = [a for a in records if _traced(a)]
+    names = labels(traced)
+    return [
+        figures.PowerTrace(names[a.path], a.steps["gpu_time_s"].tolist(), a.steps["gpu_power_w"].tolist())
+        for a in traced
+    ]
+
+
+def _traced(a: Audit) -> bool:
+    t, w = a.steps.get("gpu_time_s"), a.steps.get("gpu_power_w")
+    return t is not None and w is not None and len(t) > 1 and len(t) == len(w)
 
 
 def power_plots(records: Sequence[Audit]) -> list[Plot]:
@@ -198,7 +207,7 @@ def cap_plots(records: Sequence[Audit]) -> list[Plot]:
         r, cap = a.result, cap_of(a.record)
         if cap is None or a.problems or not r.validity.passed:
             continue
-        key = json.dumps([r.spec, r.system, r.environment.device_name, r.world_size], sort_keys=True)
+        key = json.dumps([r.spec, system_of(a), r.environment.device_name, r.world_size], sort_keys=True)
         groups.setdefault((key, cap[0]), {})[cap[1]] = a
     out: list[Plot] = []
     for (_, kind), group in groups.items():
@@ -208,7 +217,7 @@ def cap_plots(records: Sequence[Audit]) -> list[Plot]:
         unit = caps.KINDS[kind]
         points = {value: cap_point(a) for value, a in sorted(group.items())}
         r = first.result
-        title = f"{r.family} on {r.system}, {r.world_size} rank{'s' if r.world_size > 1 else ''}"
+        title = f"{r.family} on {system_of(first)}, {r.world_size} rank{'s' if r.world_size > 1 else ''}"
         caption = (
             f"{title}: the same work under each {kind} cap ({unit}): time to solution, energy to solution "
             "ETS = ∫P dt and the energy-delay product EDP = ETS·T; the cap of the lowest EDP marked"

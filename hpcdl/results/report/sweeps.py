@@ -14,7 +14,7 @@ from hpcdl.records.audit import Audit
 from hpcdl.records.loader import Document, SweepPoint, SweepSummary, beside
 from hpcdl.records.views import finite
 from hpcdl.results.best import best_per_rank_count
-from hpcdl.results.report.data import label
+from hpcdl.results.report.data import label, system_of
 
 MAX_RANKS = 1 << 30
 """a rank count beyond this in a summary is not a measurement a figure can place"""
@@ -60,13 +60,14 @@ def record_groups(records: Sequence[Audit]) -> list[Sweep]:
         r = a.result
         if a.problems or not r.validity.passed or not r.metrics.samples_per_s > 0:
             continue
-        key = json.dumps([r.spec, r.system, r.environment.device_name], sort_keys=True)
+        key = json.dumps([r.spec, system_of(a), r.environment.device_name], sort_keys=True)
         groups.setdefault(key, []).append(a)
     best = [best_per_rank_count(g, lambda r: r.metrics.samples_per_s) for g in groups.values()]
-    return [_group_sweep(g) for g in best if len(g) > 1]
+    several = len({system_of(a) for a in records}) > 1
+    return [_group_sweep(g, several) for g in best if len(g) > 1]
 
 
-def _group_sweep(group: Mapping[int, Audit]) -> Sweep:
+def _group_sweep(group: Mapping[int, Audit], several: bool = False) -> Sweep:
     base = group[min(group)]
     points = [
         SweepPoint(
@@ -81,4 +82,5 @@ def _group_sweep(group: Mapping[int, Audit]) -> Sweep:
     ]
     summary = SweepSummary(schema.SWEEP, "weak", base.result.spec, points, base_np=min(group))
     name = re.sub(r" \(np\d+\)$|-np\d+$", "", label(base))
-    return Sweep(f"{name} (records)", summary)
+    system = f"{system_of(base)}: " if several else ""  # two machines' sweeps of one workload apart
+    return Sweep(f"{system}{name} (records)", summary)

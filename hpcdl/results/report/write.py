@@ -26,22 +26,25 @@ NO_POWER = "no power trace (no GPU energy meter)"
 
 
 def write_report(
-    paths: Sequence[Path],
+    paths: Sequence[Path | tuple[str, Path]],
     out_dir: Path,
     predicted: Predictor | None = None,
     say: Callable[[str], None] = print,
 ) -> Path:
     """Write ``out_dir/index.html`` and its PNG figures from every record (``hpcdl.result``) and
     sweep summary (``hpcdl.sweep``) under ``paths`` (files or directories, searched
-    recursively); files that cannot be read are said and listed on the page, other hpcdl
-    documents are skipped. ``predicted`` maps a sweep summary to predicted samples/s by rank
-    count (or None), drawn beside the measured points; by default the scaling model, calibrated
-    on the allreduce sweeps (``hpcdl.comm``) under ``paths``. Returns the HTML file's path;
-    :class:`InputError` when ``out_dir`` cannot be written."""
-    paths = [Path(p) for p in paths]
-    data = load(paths, say)
+    recursively; a ``(NAME, path)`` pair names the system of the records under it, as
+    ``hpcdl report NAME=DIR`` does, so that two machines' records stay apart); files that cannot
+    be read are said and listed on the page, other hpcdl documents are skipped. ``predicted``
+    maps a sweep summary to predicted samples/s by rank count (or None), drawn beside the
+    measured points; by default the scaling model, calibrated on the allreduce sweeps
+    (``hpcdl.comm``) under ``paths``. Returns the HTML file's path; :class:`InputError` when
+    ``out_dir`` cannot be written."""
+    sources = [p if isinstance(p, tuple) else ("", Path(p)) for p in paths]
+    folders = [path for _, path in sources]
+    data = load(sources, say)
     if not data.records and not data.summaries:
-        raise HpcdlError(f"report: no hpcdl records under {', '.join(map(str, paths))}")
+        raise HpcdlError(f"report: no hpcdl records under {', '.join(map(str, folders))}")
     found = sweeps(data.records, data.summaries)
     sections: list[Section] = [
         (
@@ -63,6 +66,6 @@ def write_report(
         for p in plotted:
             p.draw(out_dir / p.file)
         index = out_dir / "index.html"
-        index.write_text(page(paths, data.records, found, sections, data.skipped), encoding="utf-8")
+        index.write_text(page(folders, data.records, found, sections, data.skipped), encoding="utf-8")
     say(f"report: wrote {index}")
     return index
