@@ -78,7 +78,7 @@ def test_a_class_workload_is_a_preset_too(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.slow  # five workloads with rankable 5 s windows, then a requeue: about 100 s
+@pytest.mark.slow(reason="five workloads with rankable 5 s windows, then a requeue: about 100 s")
 def test_a_class_job_through_the_local_executor_is_collected_and_ranked(tmp_path: Path) -> None:
     f = class_job(tmp_path / "s.toml", 'class = "S"', run="duration_s = 5.5\nwarmup_steps = 2")
     out = tmp_path / "out"

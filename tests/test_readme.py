@@ -101,7 +101,7 @@ def test_the_readme_commands_that_measure_nothing_run_as_written(tmp_path: Path)
         run(command, cwd)
 
 
-@pytest.mark.slow  # class S twice (1 and 2 ranks), two single runs, rank and report: about 7 minutes
+@pytest.mark.slow(reason="class S twice (1 and 2 ranks), two single runs, rank and report: about 7 minutes")
 def test_the_readme_commands_that_measure_run_as_written(tmp_path: Path) -> None:
     cwd = scratch(tmp_path)
     for command in [c for c in commands() if HOW[c] == SLOW]:
@@ -109,7 +109,7 @@ def test_the_readme_commands_that_measure_run_as_written(tmp_path: Path) -> None
     assert (cwd / "report" / "index.html").exists() and (cwd / "ranking" / "ranking.json").exists()
 
 
-@pytest.mark.slow  # three runs of four ranks and a sweep on two cores: about 3 minutes
+@pytest.mark.slow(reason="three runs of four ranks and a sweep on two cores: about 3 minutes")
 @pytest.mark.mpi
 def test_the_readme_commands_with_several_ranks_run_as_written(tmp_path: Path) -> None:
     cwd = scratch(tmp_path)

@@ -374,7 +374,7 @@ def test_preempted_point_is_requeued_and_runs_again(sweep: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ a class as a job
-@pytest.mark.slow  # class S's five workloads with rankable windows on two nodes: about 2 minutes
+@pytest.mark.slow(reason="class S's five workloads with rankable windows on two nodes: about 2 minutes")
 @pytest.mark.mpi
 def test_a_class_job_on_two_nodes_is_collected_and_ranked(cluster: None, tmp_path: Path) -> None:
     """issue 45: a job file naming class S, submitted at 2 nodes, runs the class's workloads
