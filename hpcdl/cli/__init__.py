@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterable, Sequence
 
 from hpcdl.cli.common import Parser, err
+from hpcdl.cli.terminal import printable_output
 from hpcdl.errors import HpcdlError, InputError, RunFailed
 from hpcdl.parallel.world import end_all_ranks, rank_of_process
 
@@ -63,6 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``hpcdl`` command: 0 on success, 1 when a run completed but failed its checks, 2 on
     bad input (one line), 124 on a timeout, 130 on Ctrl-C, 143 on SIGTERM."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    with printable_output():  # what it prints never controls the terminal (a stranger's string)
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     try:
         return _command(argv)
     except RunFailed as e:  # found mid-run, maybe on one rank alone: end them all

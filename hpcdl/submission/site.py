@@ -7,9 +7,7 @@ apart with their problems, never ranked."""
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import os
 import tempfile
@@ -23,6 +21,7 @@ from hpcdl.records import schema
 from hpcdl.results.output import output_dir
 from hpcdl.results.ranking import FIGURE_COLUMNS
 from hpcdl.results.report import write_report
+from hpcdl.results.text import csv_text
 from hpcdl.submission import pages
 from hpcdl.submission.check import Report, check
 from hpcdl.submission.layout import RESULTS
@@ -184,11 +183,8 @@ def write_site(site: Site, out: Path) -> None:
     for key, entries in lists.items():
         name = list_name(key)
         rows = [row(i, e) for i, e in enumerate(entries, 1)]
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, COLUMNS, lineterminator="\n")
-        w.writeheader()
-        w.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
-        (out / f"{name}.csv").write_text(buf.getvalue(), encoding="utf-8")
+        table = csv_text(COLUMNS, [[r[c] for c in COLUMNS] for r in rows])
+        (out / f"{name}.csv").write_text(table, encoding="utf-8", newline="")
         doc = {
             "schema": schema.LIST,
             "class": key[0],

@@ -8,11 +8,11 @@ Every string taken from the diagnosis is escaped: it is data, possibly from anot
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hpcdl.escape import html_text
 from hpcdl.measure.environment import hpcdl_version
 from hpcdl.results.diagnosis import FIGURES, key
 from hpcdl.results.output import output_dir
@@ -48,7 +48,7 @@ SOFTWARE = ["torch", "cuda", "nccl", "mpi", "driver", "ofed"]
 
 
 def esc(value: Any) -> str:
-    return html.escape("n/a" if value is None else str(value))
+    return html_text("n/a" if value is None else value)
 
 
 def table(head: Sequence[str], rows: Sequence[tuple[Sequence[str], Sequence[bool], bool]]) -> str:
