@@ -10,8 +10,8 @@ writer of that output calls it on every string it did not write itself:
   bytes of a file name that are not UTF-8 are written as visible escapes (``\\x1b``, ``\\u202e``,
   ``\\xff``). The CLI runs every byte it prints through it (``hpcdl/cli/terminal.py``).
 - :func:`html_text`: HTML, every markup character escaped, over :func:`printable`.
-- :func:`markdown_cell`: a cell of a Markdown table: pipes, Markdown's punctuation and inline HTML
-  escaped, newlines made visible, over :func:`printable`.
+- :func:`markdown_text`: inline Markdown (a table's cell, a heading): pipes, Markdown's
+  punctuation and inline HTML escaped, newlines made visible, over :func:`printable`.
 - :func:`csv_cell`: a cell of a CSV list: a string a spreadsheet would take for a formula (first
   character ``=``, ``+``, ``-``, ``@``, tab or carriage return) is prefixed with ``'``, so that it
   is shown as text (OWASP, "CSV Injection").
@@ -73,13 +73,14 @@ def html_text(text: Any) -> str:
     )
 
 
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]<>()#+!|~&])")
-"""the ASCII punctuation that can make Markdown structure inside a table cell: emphasis, code,
-links and images, inline HTML and entities, a cell's end (CommonMark escapes any of it with ``\\``)"""
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>|~&])")
+"""the punctuation that makes Markdown structure inside a line: escapes, code, emphasis and
+strike-through, links and images (``[``), inline HTML and entities, a table cell's end
+(CommonMark escapes any of it with ``\\``); ``#``, ``+`` and ``-`` matter only where a line starts"""
 
 
-def markdown_cell(text: Any) -> str:
-    """``text`` as one cell of a Markdown table: shown as written, never as markup."""
+def markdown_text(text: Any) -> str:
+    """``text`` inline in Markdown (a table's cell, a heading): shown as written, never as markup."""
     return _MARKDOWN.sub(r"\\\1", printable(text))
 
 

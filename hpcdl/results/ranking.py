@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcdl.errors import InputError
-from hpcdl.escape import html_text, markdown_cell
+from hpcdl.escape import html_text, markdown_text
 from hpcdl.records import schema
 from hpcdl.records.audit import Audit, audit, gate_problems
 from hpcdl.records.loader import Document, Record, SweepSummary, beside, load_tree
@@ -270,18 +270,18 @@ def unclassed_note(r: Ranking) -> str:
 
 def _markdown(r: Ranking) -> str:
     def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(markdown_cell(c) for c in cells) + " |"
+        return "| " + " | ".join(markdown_text(c) for c in cells) + " |"
 
     def tab(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
         return [line(head), line(["---"] * len(head)), *(line(row) for row in body)] if body else ["none"]
 
     text = ["# hpcdl ranking", "", INTRO]
     for size_class in r.lists:
-        text += ["", f"## {class_title(size_class)}", "", *tab(HEADER, rows(r, size_class))]
+        text += ["", f"## {markdown_text(class_title(size_class))}", "", *tab(HEADER, rows(r, size_class))]
     if r.unclassed:
-        text += ["", unclassed_note(r)]
+        text += ["", markdown_text(unclassed_note(r))]
     for title, head, body in detail_tables(r):
-        text += ["", f"## {title}", "", *tab(head, body)]
+        text += ["", f"## {markdown_text(title)}", "", *tab(head, body)]
     return "\n".join(text) + "\n"
 
 
