@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -129,6 +131,10 @@ a sweep, ``hpcdl submit`` running points here), comma-separated, each ``SPACE/PI
 (SPACE: the kernel's boot id and pid namespace; START: the process's start time, so that a
 reused pid is not taken for it). A launcher killed with SIGKILL cannot mark its run stopped;
 its absence says so instead."""
+SCRATCH_ENV = "HPCDL_SCRATCH"
+"""a private folder of the launcher's, for what its run keeps only while it runs (the ranks'
+heartbeats): the launcher removes it on every way it ends, so a run never leaves scratch state in
+its output folder. Its file ``remove`` lists what the run keeps elsewhere, removed with it."""
 PR_SET_PDEATHSIG = 1
 
 
@@ -235,9 +241,10 @@ def supervise(cmd: list[str], what: str, timeout_s: float | None) -> int:
     then ends the whole session; the child also dies with this process, and its rank 0 writes
     no record once this process is gone (``LAUNCHERS_ENV``): without these, mpirun and its ranks
     would outlive us and a stopped run could still write its record."""
-    with tempfile.TemporaryDirectory(prefix="hpcdl-launch-") as private:
+    remove_stale_scratch()
+    with tempfile.TemporaryDirectory(prefix=_scratch_prefix()) as private, _removed_after(private):
         stop = os.path.join(private, "stop")
-        env = {**mpi_env(), **launcher_env(), STOP_ENV: stop}
+        env = {**mpi_env(), **launcher_env(), STOP_ENV: stop, SCRATCH_ENV: private}
         die = partial(die_with_parent, os.getpid())
         raise_if_terminated()  # a signal whose exception an earlier fork's callback swallowed
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die)
@@ -256,6 +263,56 @@ def supervise(cmd: list[str], what: str, timeout_s: float | None) -> int:
             except KeyboardInterrupt:
                 _end(proc, stop)
                 raise
+
+
+SCRATCH_PREFIX = "hpcdl-launch-"
+
+
+def _space_tag() -> str:
+    """This kernel and pid namespace, short (a temporary folder may be shared with others)."""
+    return hashlib.sha256(str(_pid_space()).encode()).hexdigest()[:8]
+
+
+def _scratch_prefix() -> str:
+    """A launcher's scratch folder is named for it (pid space, pid and start time), so that one
+    killed with SIGKILL, which removes nothing, is known by the next launcher
+    (:func:`remove_stale_scratch`)."""
+    return f"{SCRATCH_PREFIX}{_space_tag()}.{os.getpid()}.{_start_time(os.getpid())}-"
+
+
+def remove_stale_scratch() -> None:
+    """Remove the scratch folders (and what they list) of this pid space's launchers that are
+    gone (killed with SIGKILL)."""
+    pattern = re.compile(rf"{SCRATCH_PREFIX}{_space_tag()}\.(\d+)\.(\d+)-[^/]+")
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(tempfile.gettempdir()):
+            named = pattern.fullmatch(entry.name)
+            if named and entry.is_dir(follow_symlinks=False) and _start_time(int(named[1])) != named[2]:
+                with _removed_after(entry.path):
+                    pass
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def keep_until_launcher_ends(path: Path) -> None:
+    """Have this process's launcher remove ``path`` (a folder) when it ends, however the run
+    ends (a rank killed cannot remove what it made); nothing without a launcher here."""
+    scratch = os.environ.get(SCRATCH_ENV)
+    if scratch and os.path.isdir(scratch):
+        with open(os.path.join(scratch, "remove"), "a") as f:
+            f.write(f"{path}\n")
+
+
+@contextlib.contextmanager
+def _removed_after(scratch: str) -> Iterator[None]:
+    """On the way out, the folders the run asked to be removed (``keep_until_launcher_ends``)."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            for line in Path(scratch, "remove").read_text().splitlines():
+                shutil.rmtree(line, ignore_errors=True)
+                with contextlib.suppress(OSError):  # the folder of all runs' ones, once empty
+                    Path(line).parent.rmdir()
 
 
 def _end(proc: subprocess.Popen[bytes], stop: str) -> None:

@@ -1,0 +1,142 @@
+"""What a run leaves in its output folder, for every way it ends (issue 50, item 3): the record
+and steps file it promises, or nothing. Heartbeats, locks and temporary files live where every
+ending removes them (the launcher's scratch folder, ``launch.SCRATCH_ENV``).
+
+A row of ``ENDINGS`` is one ending of a real 2-rank run (``hpcdl run --np 2``): its arguments,
+what is done to it once its ranks time their steps, the exit code, and whether a record is
+promised. Each test lists the output folder, hidden files included, after every process of the
+run has ended."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from test_faults import mount  # noqa: F401  (a fixture)
+from test_kills import TINY, Launched
+from test_schedulers import processes_with
+
+from hpcdl.parallel.launch import SCRATCH_ENV
+
+
+def rank_pid(run: Launched, rank: int) -> int:
+    """The pid of rank ``rank`` of the run."""
+    for line in processes_with(run.mark):
+        pid = int(line.split(":")[0])
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
+            return pid
+    raise AssertionError(f"no rank {rank} among {processes_with(run.mark)}")
+
+
+def scratch_of(run: Launched) -> Path:
+    """The launcher's scratch folder, as its ranks were told."""
+    environ = Path(f"/proc/{rank_pid(run, 0)}/environ").read_bytes().split(b"\0")
+    (value,) = [e for e in environ if e.startswith(f"{SCRATCH_ENV}=".encode())]
+    return Path(value.split(b"=", 1)[1].decode())
+
+
+def fill(folder: Path) -> None:
+    with open(folder / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+        except OSError:
+            pass
+
+
+def stop_rank_1(run: Launched) -> None:
+    os.kill(rank_pid(run, 1), signal.SIGSTOP)
+
+
+def kill_rank_1(run: Launched) -> None:
+    os.kill(rank_pid(run, 1), signal.SIGKILL)
+
+
+def kill_launcher(run: Launched) -> None:
+    """SIGKILL removes nothing: the next launcher on this host removes the scratch folder."""
+    scratch = scratch_of(run)
+    assert scratch.is_dir() and any(scratch.glob("hpcdl-heartbeats-*/rank-*.json"))
+    run.proc.kill()
+    run.ended()
+    assert scratch.is_dir()
+    subprocess.run([sys.executable, "-c", LAUNCH_ONCE], check=True, timeout=60)
+    assert not scratch.exists()
+
+
+LAUNCH_ONCE = "import sys; from hpcdl.parallel.launch import supervise; supervise(['true'], 'x', 30)"
+
+
+@dataclass(frozen=True)
+class Ending:
+    args: list[str]
+    act: Callable[[Launched], None] | None
+    """done once the ranks time their steps (None: the run is left to end)"""
+    code: int | None
+    """the launcher's exit code (None: any but 0)"""
+    promised: bool
+    """a record and its steps file are left (else nothing)"""
+
+
+LONG = ["--duration", "60", "--min-duration", "0"]
+ENDINGS = {
+    "success": Ending(["--steps", "30", "--min-duration", "0"], None, 0, True),
+    "invalid (a check fails)": Ending(["--steps", "3", "--min-duration", "1000"], None, 1, True),
+    "timeout, a rank stopped": Ending([*LONG, "--timeout", "20", "--stall", "0"], stop_rank_1, 124, False),
+    "SIGTERM to the launcher": Ending(LONG, lambda run: run.proc.terminate(), 143, False),
+    "SIGKILL to the launcher": Ending(LONG, kill_launcher, -signal.SIGKILL, False),
+    "a rank killed": Ending(LONG, kill_rank_1, None, False),
+    "the disk fills up": Ending(
+        ["--duration", "8", "--min-duration", "0"], lambda run: fill(run.out), 2, False
+    ),
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_a_run_leaves_its_record_or_nothing(tmp_path: Path, ending: str, mount) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    row = ENDINGS[ending]
+    out = mount("out", "size=24m") if ending == "the disk fills up" else tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    argv = ["run", "--workload", *TINY, "--data", "random", *row.args, "--np", "2", "--name", "r"]
+    run = Launched([*argv, "--backend", "torch", "-o", str(out)], out)
+    try:
+        if row.act is not None:
+            run.timing()
+            row.act(run)
+        code = run.ended()
+        left = sorted(p.name for p in out.iterdir() if p.name != "filler")
+        promised = ["r.json", next((n for n in left if n.endswith(".steps.h5")), "r.*.steps.h5")]
+        assert left == (sorted(promised) if row.promised else []), (left, run.output[-3000:])
+        assert code == row.code if row.code is not None else code != 0, (code, run.output[-3000:])
+    finally:
+        run.stop()
+
+
+REGISTERS = """
+import os, sys
+from pathlib import Path
+from hpcdl.parallel.launch import keep_until_launcher_ends
+folder = Path(sys.argv[1]) / ".hpcdl-heartbeats" / "0123"
+folder.mkdir(parents=True)
+(folder / "rank-0.json").write_text("{}")
+keep_until_launcher_ends(folder)
+os._exit(9)  # as a rank killed: nothing of its own is cleaned
+"""
+
+
+def test_heartbeats_under_the_output_folder_are_removed_by_the_launcher(tmp_path: Path) -> None:
+    """Ranks on nodes that share no scratch folder meet under the output folder; the launcher
+    removes their folder however the run ended."""
+    from hpcdl.parallel.launch import supervise
+
+    out = tmp_path / "out"
+    out.mkdir()
+    code = supervise([sys.executable, "-c", REGISTERS, str(out)], "run", 60)
+    assert code == 9 and list(out.iterdir()) == []
