@@ -115,6 +115,9 @@ def test_a_run_leaves_its_record_or_nothing(tmp_path: Path, ending: str, mount) 
         promised = ["r.json", next((n for n in left if n.endswith(".steps.h5")), "r.*.steps.h5")]
         assert left == (sorted(promised) if row.promised else []), (left, run.output[-3000:])
         assert code == row.code if row.code is not None else code != 0, (code, run.output[-3000:])
+        said = [line for line in run.lines if line.startswith("hpcdl: ") and "error" in line]
+        assert len(said) <= 1 and "Traceback" not in run.output, run.output[-3000:]
+        assert "MPI_ABORT" not in run.output and "help message" not in run.output, run.output[-3000:]
     finally:
         run.stop()
 

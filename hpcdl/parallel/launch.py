@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import hashlib
 import os
 import re
@@ -16,10 +17,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 from hpcdl.errors import HpcdlError, InputError
 
@@ -221,10 +223,22 @@ def die_with_parent(parent: int | None = None) -> None:
     signal). Called in a launcher's child before it runs, so that mpirun and its ranks never
     outlive it, and by a process started by another's hand (a point of ``hpcdl submit``).
     ``parent``: the pid the parent had; gone already (it died before this call), SIGTERM now."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    _libc().prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if parent is not None and os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def dies_with_this_process() -> Callable[[], None]:
+    """A ``preexec_fn`` for every child hpcdl starts (mpirun, a rank, a fit's trial): it gets the
+    parent-death signal before it runs, so it never outlives this process (even killed with
+    SIGKILL). libc is loaded here, before the fork: the child only calls it."""
+    _libc()
+    return partial(die_with_parent, os.getpid())
 
 
 def launch(np: int, argv: Sequence[str], timeout_s: float | None = None) -> int:
@@ -245,10 +259,15 @@ def supervise(cmd: list[str], what: str, timeout_s: float | None) -> int:
     with tempfile.TemporaryDirectory(prefix=_scratch_prefix()) as private, _removed_after(private):
         stop = os.path.join(private, "stop")
         env = {**mpi_env(), **launcher_env(), STOP_ENV: stop, SCRATCH_ENV: private}
-        die = partial(die_with_parent, os.getpid())
+        die = dies_with_this_process()
         raise_if_terminated()  # a signal whose exception an earlier fork's callback swallowed
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die)
-        with stop_signals_raise():
+        # mpirun's stderr passes through relay_errors (a single process has no MPI to abort,
+        # and keeps its terminal: a progress bar draws there)
+        errors = None if cmd[0] == sys.executable else subprocess.PIPE
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die, stderr=errors)
+        relay = threading.Thread(target=relay_errors, args=(proc.stderr,), name="hpcdl-stderr", daemon=True)
+        relay.start()
+        with stop_signals_raise(), _relayed(relay):
             try:
                 raise_if_terminated()  # ... or this fork's
                 return proc.wait(timeout=timeout_s)
@@ -313,6 +332,44 @@ def _removed_after(scratch: str) -> Iterator[None]:
                 shutil.rmtree(line, ignore_errors=True)
                 with contextlib.suppress(OSError):  # the folder of all runs' ones, once empty
                     Path(line).parent.rmdir()
+
+
+ABORT_BANNER = re.compile(
+    rb"MPI_ABORT was invoked on rank|help-mpi-api\.txt / mpi-abort|orte_base_help_aggregate"
+)
+"""what Open MPI says after a rank called MPI_Abort: a boxed banner (``MPI_ABORT was invoked on
+rank ...``) and, from several ranks, a count of the same; hpcdl said why in its own line first"""
+RULE = b"-" * 74
+"""the rule above and below each of Open MPI's boxed messages"""
+
+
+def relay_errors(source: IO[bytes] | None, sink_fd: int = 2) -> None:
+    """Copy a child's stderr to ``sink_fd`` line by line as it comes, without Open MPI's banner
+    after an abort (``ABORT_BANNER``): the failure stays hpcdl's one line. Every other block of
+    Open MPI's (why a launch failed, which rank died of which signal) passes."""
+    if source is None:
+        return
+    block: list[bytes] = []
+    for line in iter(source.readline, b""):
+        rule = line.rstrip() == RULE
+        if block or rule:  # inside one of Open MPI's boxed messages, or its start
+            block.append(line)
+            if len(block) == 1 or not rule:
+                continue
+            line, block = b"".join(block), []
+        if not ABORT_BANNER.search(line):
+            os.write(sink_fd, line)
+    if block:
+        os.write(sink_fd, b"".join(block))
+
+
+@contextlib.contextmanager
+def _relayed(relay: threading.Thread) -> Iterator[None]:
+    """Wait, on the way out, until the child's stderr is all relayed (the child has ended)."""
+    try:
+        yield
+    finally:
+        relay.join(timeout=10)
 
 
 def _end(proc: subprocess.Popen[bytes], stop: str) -> None:
