@@ -366,3 +366,28 @@ def test_rank_and_report_reject_forged_figures_in_one_line(tmp_path: Path) -> No
     err = p.stderr
     assert p.returncode == 2
     assert err.count("figures out of range") == len(FORGED) and "no hpcdl records" in err, err
+
+
+# --- a point file's fields, each of the wrong type --------------------------------------------
+
+POINT = {
+    "job": "j", "name": "j-n1", "nodes": 1, "tasks_per_node": 2, "spec": {"family": "mlp"}, "run": {},
+    "output": "out", "launcher": "mpirun", "cluster": "local", "repeat": 1, "instances": 1, "per_device": 1,
+}  # fmt: skip
+WRONG = {
+    "job": "../x", "name": "a/b", "nodes": "two", "tasks_per_node": True, "spec": [1], "run": "fast",
+    "output": 7, "launcher": None, "cluster": ["slurm"], "repeat": 0, "instances": 10**12, "per_device": 1.5,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("field", WRONG)
+def test_a_point_file_names_its_wrong_field_in_one_line(tmp_path: Path, field: str) -> None:
+    from hpcdl.schedulers.entry import read_point
+    from hpcdl.schedulers.point import Point
+
+    assert Point.from_dict(POINT).nodes == 1  # the point is sound but for the field below
+    path = tmp_path / "point.json"
+    path.write_text(json.dumps({**POINT, field: WRONG[field]}))
+    with pytest.raises(HpcdlError) as e:
+        read_point(path)
+    assert f"point field {field}=" in str(e.value) and "\n" not in str(e.value), e.value

@@ -8,6 +8,7 @@ import argparse
 import math
 from pathlib import Path
 
+import pytest
 from hpcdl_cli import hpcdl, one_line
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -95,3 +96,14 @@ def test_io_options_are_checked_before_anything_is_written(field: str, value: in
         assert "\n" not in str(e) and "is invalid" in str(e)
         return
     assert 0 <= args.workers <= 256 and 1 <= args.shards <= args.batches and args.epochs >= 1
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "capacity"])
+def test_steps_zero_on_the_command_line_is_refused(command: str, tmp_path: Path) -> None:
+    """``--steps 0`` is the knob's timed window, which leaving ``--steps`` out already asks for:
+    given, it is a mistake (a sweep once ran on it), refused before anything runs."""
+    size = {"sweep": ["--np", "1"], "capacity": ["--instances", "2"]}.get(command, [])
+    out = tmp_path / "out"
+    p = hpcdl(command, "--workload", "mlp", *size, "--steps", "0", "-o", str(out))
+    assert "steps='0' is invalid: give --steps N >= 1" in one_line(p)
+    assert not out.exists()

@@ -15,7 +15,7 @@ from hpcdl.proxy import as_profile, document
 from hpcdl.proxy.kernels import CLASSES
 from hpcdl.proxy.measure import STEPS, measure
 from hpcdl.proxy.objective import PROFILE_FIGURE, Weights, describe_errors
-from hpcdl.proxy.reference import RealModel, load_model, resolve_syntax
+from hpcdl.proxy.reference import RealModel, load_model, resolve_syntax, user_code
 from hpcdl.proxy.result import TOLERANCE, FitResult
 from hpcdl.proxy.search import FINALISTS, describe_spec, fit
 from hpcdl.proxy.training import Trainee
@@ -63,7 +63,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     real = load_model(args.model)  # the command's own argument: what the user typed
     trainee = Trainee(real.module, real.batch, real.loss_fn, precision=args.precision, device=args.device)
     name = args.name or args.model.rpartition(":")[2]
-    p = measure(trainee, name=name, source={"ref": args.model}, steps=args.steps, progress=_progress)
+    with user_code(args.model, "profiling it"):  # its forward, loss and backward run in there
+        p = measure(trainee, name=name, source={"ref": args.model}, steps=args.steps, progress=_progress)
     print(profile_table(p))
     if args.output:
         document.save(p.to_dict(), args.output)
@@ -181,7 +182,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace, spec: Spec, ref: str) -> dict[str, Any]:
     real = _show_and_load(ref)
     _progress(f"timing the proxy and {ref} interleaved, {args.rounds} rounds")
-    comparison, entry = verify(spec, real, device=args.device, rounds=args.rounds)
+    with user_code(ref, "timing it"):
+        comparison, entry = verify(spec, real, device=args.device, rounds=args.rounds)
     print(f"step time, proxy / real model: {comparison.describe()}")
     return {"model": ref, **entry}
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -72,8 +74,18 @@ def build(paths: Sequence[Path], out: Path, say: Callable[[str], None] = print) 
 
 
 def _reports(site: Site, out: Path, say: Callable[[str], None]) -> None:
-    """``hpcdl report`` of each entry's results, once per distinct set of results."""
+    """``hpcdl report`` of each entry's results, once per distinct set of results; the reports
+    an earlier build made of results no entry holds now are removed."""
     made: set[str] = set()
+    current = {results_id(e.report) for e in site.entries}
+    for old in out.glob("reports/*"):
+        if (
+            REPORT_ID.fullmatch(old.name)
+            and old.name not in current
+            and old.is_dir()
+            and not old.is_symlink()
+        ):
+            shutil.rmtree(old)
     for e in site.entries:
         e.report_dir = f"reports/{results_id(e.report)}"
         if e.report_dir in made:
@@ -84,6 +96,10 @@ def _reports(site: Site, out: Path, say: Callable[[str], None]) -> None:
         except HpcdlError as err:  # a report needs records; a verified submission has them
             say(f"list-site: no report for {e.name} {e.edition}: {err}")
         made.add(e.report_dir)
+
+
+REPORT_ID = re.compile(r"[0-9a-f]{16}")
+"""the name of a report's folder (``results_id``): what a rebuild may remove"""
 
 
 def results_id(report: Report) -> str:
