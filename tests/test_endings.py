@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,27 @@ def kill_launcher(run: Launched) -> None:
     assert not scratch.exists()
 
 
+def stop_mpirun_then_kill_launcher(run: Launched) -> None:
+    """mpirun stopped (it can neither end its ranks nor close their connections), then the
+    launcher killed: each rank sees its launcher gone and ends itself within seconds
+    (``launch.end_with_launchers``); the stopped mpirun is killed afterwards."""
+    (mpirun,) = [
+        int(p.split(":")[0]) for p in processes_with(run.mark) if "mpirun" in p.split(":", 1)[1][:80]
+    ]
+    os.kill(mpirun, signal.SIGSTOP)
+    run.proc.kill()
+    run.proc.wait()
+    end = time.monotonic() + RANKS_END_S
+    while [p for p in processes_with(run.mark) if int(p.split(":")[0]) != mpirun] and time.monotonic() < end:
+        time.sleep(0.2)
+    left = [p for p in processes_with(run.mark) if int(p.split(":")[0]) != mpirun]
+    os.kill(mpirun, signal.SIGKILL)
+    assert left == [], left
+
+
+RANKS_END_S = 10.0
+
+
 LAUNCH_ONCE = "import sys; from hpcdl.parallel.launch import supervise; supervise(['true'], 'x', 30)"
 
 
@@ -92,6 +114,9 @@ ENDINGS = {
     "SIGTERM to the launcher": Ending(LONG, lambda run: run.proc.terminate(), 143, False),
     "SIGKILL to the launcher": Ending(LONG, kill_launcher, -signal.SIGKILL, False),
     "a rank killed": Ending(LONG, kill_rank_1, None, False),
+    "mpirun stopped, the launcher killed": Ending(
+        LONG, stop_mpirun_then_kill_launcher, -signal.SIGKILL, False
+    ),
     "the disk fills up": Ending(
         ["--duration", "8", "--min-duration", "0"], lambda run: fill(run.out), 2, False
     ),

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Sequence
 from hpcdl.cli.common import Parser, err
 from hpcdl.cli.terminal import printable_output
 from hpcdl.errors import HpcdlError, InputError, RunFailed
-from hpcdl.parallel.world import end_all_ranks, rank_of_process
+from hpcdl.parallel.launch import end_with_launchers
+from hpcdl.parallel.world import end_all_ranks, rank_of_process, under_mpi
 
 COMMANDS: dict[str, tuple[str, str]] = {
     # command: (its module in hpcdl/cli/, the line hpcdl --help shows: the module's own help=)
@@ -69,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    if under_mpi():  # a rank: mpirun started it, not hpcdl; it ends with hpcdl's launcher all the same
+        end_with_launchers()
     try:
         return _command(argv)
     except RunFailed as e:  # found mid-run, maybe on one rank alone: end them all

@@ -279,7 +279,7 @@ def supervise(cmd: list[str], what: str, timeout_s: float | None) -> int:
                 print(f"hpcdl: terminated ({e}); ending the {what}", file=sys.stderr, flush=True)
                 _end(proc, stop)
                 return e.code
-            except KeyboardInterrupt:
+            except BaseException:  # Ctrl-C, or any other way out of here: the child ends first
                 _end(proc, stop)
                 raise
 
