@@ -17,11 +17,14 @@ writer of that output calls it on every string it did not write itself:
   is shown as text (OWASP, "CSV Injection").
 - :func:`plot_text`: a label matplotlib draws: ``$`` does not start math mode.
 - :func:`file_part`: a stranger's string as part of a file name: letters, digits, ``.-_`` only.
+- :func:`shell_word`: a stranger's string in a command line hpcdl prints for a person to run
+  (``sbatch --exclude=HOSTS``): one word to the shell, whatever it holds.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import unicodedata
 from typing import Any
 
@@ -108,3 +111,9 @@ def file_part(text: Any, limit: int = 60) -> str:
     ``-`` become ``-``; never empty, never ``.`` or ``..``, at most ``limit`` characters."""
     part = re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-.")[:limit]
     return part or "x"
+
+
+def shell_word(text: Any) -> str:
+    """``text`` as one word of a shell command line, quoted where the shell would read anything
+    else in it (``;``, ``$(...)``, spaces), and :func:`printable`."""
+    return printable(shlex.quote(str(text)))

@@ -18,6 +18,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -51,6 +52,7 @@ HOSTILE = {
     "8-bit control sequence": "\x9b31mred\x85next",
     "right-to-left override": "safe\u202egnp.exe\u2066x\u2069",
     "line separators": "one\u2028two\u2029three\x00four",
+    "shell command": "n1 ; touch pwned $(id) `id` 'q",
     "math for matplotlib": "$\\frac{1}{0}$ and $\\undefinedmacro$ and one $",
     "byte that is not UTF-8": "vm-\udcff\udcfe",
 }
@@ -228,7 +230,7 @@ def every_output(folder: Path) -> list[str]:
 # --- the table ------------------------------------------------------------------------------------
 
 
-FAST = ("formula =", "script element", "terminal title and clear", "byte that is not UTF-8")
+FAST = ("formula =", "script element", "terminal title and clear", "shell command", "byte that is not UTF-8")
 """the rows of the default tier: one of each kind of output's danger"""
 ROWS = [
     pytest.param(n, marks=() if n in FAST else pytest.mark.slow)  # about 5 s a row, 18 rows
@@ -261,6 +263,26 @@ def test_a_stranger_s_string_is_data_in_every_output(tmp_path: Path, name: str) 
     terminal(p)
     assert p.returncode == 0, p.stderr[-3000:]
     assert every_output(tmp_path / "report") == [".html", ".png"]
+    diagnosed(s, tmp_path)
+
+
+def diagnosed(s: str, tmp_path: Path) -> None:
+    """hpcdl diagnose of a planted record (one whose rank 0 is 3 % slower) flags its host at a
+    tight threshold and prints the sbatch line a person copies: the host is one word to the
+    shell, whatever it holds; then the diagnosis's page."""
+    source = next((SYSTEMS["epyc-b"] / "suite-np2").glob("*-cnn-resnet-small.json"))
+    record = tmp_path / "diagnosed" / source.name
+    record.parent.mkdir()
+    steps = json.loads(source.read_text())["steps_file"]
+    shutil.copy(source.parent / steps, record.parent / steps)
+    record.write_text(json.dumps(seal(plant(json.loads(source.read_text()), s))))
+    p = hpcdl("diagnose", "--record", str(record), "--threshold", "0.99", "-o", str(tmp_path / "d.json"))
+    terminal(p)
+    (line,) = [x for x in p.stdout.splitlines() if x.startswith("sbatch ")]
+    assert len(shlex.split(line)) == 2, line
+    p = hpcdl("report", str(tmp_path / "d.json"), "-o", str(tmp_path / "diagnosis"))
+    terminal(p)
+    assert p.returncode == 0 and every_output(tmp_path / "diagnosis") == [".html"], p.stderr[-3000:]
 
 
 def test_every_field_planted_reaches_the_outputs(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from hpcdl.cli.common import err
 from hpcdl.errors import InputError
+from hpcdl.escape import shell_word
 from hpcdl.proxy import as_profile, document
 from hpcdl.proxy.kernels import CLASSES
 from hpcdl.proxy.measure import STEPS, measure
@@ -124,7 +125,7 @@ def _named_model(args: argparse.Namespace, named: Any) -> str | None:
         return None
     if args.model:
         return str(args.model)
-    hint = f"; it names {named!r}: pass --model {named} if you trust that code" if named else ""
+    hint = f"; it names {named!r}: pass --model {shell_word(named)} if you trust that code" if named else ""
     allowed = f"needs the real model on the command line: --model MODULE:CALLABLE{hint}"
     raise InputError("--verify", str(args.profile), allowed)
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcdl.escape import html_text
+from hpcdl.escape import html_text, shell_word
 from hpcdl.measure.environment import hpcdl_version
 from hpcdl.results.diagnosis import FIGURES, key
 from hpcdl.results.output import output_dir
@@ -139,7 +139,9 @@ def diagnosis_page(doc: dict[str, Any]) -> str:
     )  # fmt: skip
     against = f"the baseline {esc(doc['baseline'])}" if doc.get("baseline") else "the allocation's median"
     exclude = (
-        f"<pre>sbatch --exclude={esc(','.join(doc['exclude']))}</pre>" if doc["exclude"] else "<p>none</p>"
+        f"<pre>sbatch --exclude={esc(shell_word(','.join(doc['exclude'])))}</pre>"
+        if doc["exclude"]
+        else "<p>none</p>"
     )
     notes = "".join(f"<li>{esc(n)}</li>" for n in doc.get("notes", []))
     return (
