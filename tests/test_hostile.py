@@ -322,6 +322,7 @@ ELSEWHERE = {
     "hpcdl.submission.archive": "archives: tests/test_archive.py, a row per limit",
     "hpcdl.submission.manifest": "a submission's manifest: tests/test_submission.py",
     "hpcdl.submission.package": "results packaged: tests/test_submission.py",
+    "hpcdl.schedulers.logs": "a job's logs, read from their end: test_a_job_log_is_read_from_its_end_only",
 }
 """modules that read through hpcdl/reader.py but have no row above, and where they are tested"""
 READS = {"document", "read_json", "read_bytes", "parse_json", "parse_toml", "open_regular", "read_object"}
@@ -489,3 +490,22 @@ def test_a_bad_cap_in_the_environment_is_one_line(text: str, monkeypatch: pytest
     with pytest.raises(HpcdlError) as e:
         cap_in_force()
     assert e.value.exit_code == 2 and "\n" not in str(e.value) and CAP_ENV in str(e.value)
+
+
+def test_a_job_log_is_read_from_its_end_only(tmp_path: Path, deadline: None) -> None:
+    """hpcdl status reads why a job failed from the end of its logs: a FIFO or a link to a device
+    in a log's place is passed over at once, a log of 64 GB (sparse) costs its last 20 kB."""
+    from hpcdl.schedulers.logs import TAIL_BYTES, log_error, tail
+
+    os.mkfifo(tmp_path / "0_0_log.err")
+    (tmp_path / "0_1_log.err").symlink_to("/dev/zero")
+    assert log_error(tmp_path) == ""
+    big = tmp_path / "big" / "0_0_log.err"
+    big.parent.mkdir()
+    with open(big, "wb") as f:
+        f.truncate(64 << 30)
+        f.write(b"hpcdl: error: the first line, long gone\n")
+    with open(big, "ab") as f:
+        f.write(b"\nhpcdl: rank 1 on n2 failed: RuntimeError: the last word\n")
+    assert len(tail(big)) == TAIL_BYTES
+    assert log_error(big.parent) == "hpcdl: rank 1 on n2 failed: RuntimeError: the last word"
