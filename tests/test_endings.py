@@ -168,3 +168,28 @@ def test_heartbeats_under_the_output_folder_are_removed_by_the_launcher(tmp_path
     out.mkdir()
     code = supervise([sys.executable, "-c", REGISTERS, str(out)], "run", 60)
     assert code == 9 and list(out.iterdir()) == []
+
+
+# --- a command told to stop removes its temporary folders --------------------------------------
+
+
+def test_a_check_told_to_stop_removes_what_it_extracted(tmp_path: Path) -> None:
+    """SIGTERM to ``hpcdl check`` while it extracts an archive: exit 143 and nothing left in the
+    temporary folder (SIGTERM unwinds every command; its temporary folders go with it)."""
+    from test_archive import bomb
+
+    archive = tmp_path / "sys.tar.gz"
+    bomb(archive, 200, 1)  # 200 MiB of zeros: under every limit, and a while to extract
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcdl", "check", str(archive)], env=env, stderr=subprocess.PIPE
+    )
+    end = time.monotonic() + 120
+    while not any(scratch.glob("hpcdl-check-*/sys/results/*")) and time.monotonic() < end:
+        assert proc.poll() is None
+        time.sleep(0.02)
+    proc.terminate()
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert list(scratch.iterdir()) == []

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hpcdl_cli import hpcdl
 from test_schedulers import processes_with, write_job
 
 from hpcdl.parallel.launch import LAUNCHERS_ENV, launcher_env, stop_requested
@@ -80,6 +81,12 @@ COMMANDS = {
         lambda run: run.until("a fit's trial", lambda: any(TRIAL in p for p in processes_with(run.mark))),
         ends_within_s=HELPER_S,
     ),
+    "run --data hdf5": Command(
+        lambda out, _: ["run", "--workload", *TINY, *RUN[2:], *hdf5(out), "-o", str(out)],
+        None,
+        lambda run: run.until("its data workers", lambda: len(processes_with(run.mark)) >= 3),
+        ends_within_s=HELPER_S,
+    ),
     "profile": Command(
         lambda out, _: ["profile", PROFILED, "--steps", "1000000", "-o", str(out / "p.json")],
         None,
@@ -88,6 +95,16 @@ COMMANDS = {
     ),
 }
 TRIAL = "hpcdl.measure.trial"
+
+
+def hdf5(out: Path) -> list[str]:
+    """Shards written beside ``out``, and the options that read them with 2 DataLoader workers."""
+    shards = out.parent / "shards"
+    p = hpcdl("io", "--dir", str(shards), "--batches", "8", "--shards", "2", *TINY)
+    assert p.returncode == 0, p.stderr
+    return ["--data", "hdf5", "--data-dir", str(shards), "--workers", "2"]
+
+
 PROFILED = str(Path(__file__).resolve().parent / "proxy_models.py") + ":tiny_cnn"
 
 

@@ -72,8 +72,10 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
-class Terminated(Exception):
-    """This process was told to stop (SIGTERM: ``kill``, ``scancel``; SIGHUP: its terminal closed)."""
+class Terminated(BaseException):
+    """This process was told to stop (SIGTERM: ``kill``, ``scancel``; SIGHUP: its terminal closed).
+    Not an ``Exception``, as ``KeyboardInterrupt`` is not: no handler of errors takes it for one
+    (a user's model code, a plugin), and every ``finally`` runs on its way out."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
