@@ -21,6 +21,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tomllib
 from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
@@ -264,6 +265,9 @@ def test_a_stranger_s_string_is_data_in_every_output(tmp_path: Path, name: str) 
     assert p.returncode == 0, p.stderr[-3000:]
     assert every_output(tmp_path / "report") == [".html", ".png"]
     diagnosed(s, tmp_path)
+    p = hpcdl("system", "init", str(results), "-o", str(tmp_path / "init.toml"))
+    terminal(p)
+    assert p.returncode == 0 and tomllib.loads(text_of(tmp_path / "init.toml")), p.stderr[-3000:]
 
 
 def diagnosed(s: str, tmp_path: Path) -> None:
@@ -341,3 +345,15 @@ def xml_text(s: str) -> str:
     for c, entity in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ('"', "&quot;"), ("'", "&apos;")):
         s = s.replace(c, entity)
     return s
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_fitted_spec_file_keeps_a_profile_s_name_in_its_comment(name: str) -> None:
+    """hpcdl fit writes the spec with the profile's name in a comment line: a newline there
+    would end the comment and put a line of the stranger's in the TOML."""
+    from hpcdl.cli.proxy import spec_toml
+    from hpcdl.workloads.registry import spec_from_args
+
+    spec = spec_from_args("mlp", [])
+    text = spec_toml(spec, [f"fitted by hpcdl fit to p.json ({HOSTILE[name]})"])
+    assert UNSAFE.findall(text) == [] and tomllib.loads(text) == spec.to_dict()

@@ -11,7 +11,7 @@ from typing import Any
 
 from hpcdl.cli.common import err
 from hpcdl.errors import InputError
-from hpcdl.escape import shell_word
+from hpcdl.escape import printable, shell_word
 from hpcdl.proxy import as_profile, document
 from hpcdl.proxy.kernels import CLASSES
 from hpcdl.proxy.measure import STEPS, measure
@@ -78,8 +78,9 @@ def _progress(message: str) -> None:
 
 
 def spec_toml(spec: Spec, header: list[str]) -> str:
-    """The spec as a TOML table of knobs (``family`` first), with comment lines above it."""
-    lines = [f"# {h}" for h in header]
+    """The spec as a TOML table of knobs (``family`` first), with comment lines above it (a
+    profile's name, a stranger's, in one of them: made printable, a newline ends no comment)."""
+    lines = [f"# {printable(h)}" for h in header]
     for key, value in spec.to_dict().items():
         lines.append(f"{key} = {json.dumps(value)}")  # JSON scalars and lists are valid TOML
     return "\n".join(lines) + "\n"
