@@ -514,4 +514,4 @@ def test_a_job_log_is_read_from_its_end_only(tmp_path: Path, deadline: None) -> 
 def test_a_refused_value_of_a_megabyte_is_shown_in_a_line_of_a_few_hundred_characters(tmp_path: Path) -> None:
     p = hpcdl("run", "--class", "x" * (1 << 20), "-o", str(tmp_path / "out"))
     line = one_line(p)
-    assert "class='xxx" in line and "...' is invalid: " in line and len(line) < 600, len(line)
+    assert "class='xxx" in line and "xxx... is invalid: " in line and len(line) < 600, len(line)
