@@ -30,11 +30,18 @@ BOUND_S = 60.0
 """every refusal comes well within this on a loaded 2-core machine"""
 
 
-def header(name: str, size: int = 0, kind: bytes = tarfile.REGTYPE, link: str = "", **pax: str) -> bytes:
+def header(
+    name: str,
+    size: int = 0,
+    kind: bytes = tarfile.REGTYPE,
+    link: str = "",
+    format_: int = tarfile.PAX_FORMAT,
+    **pax: str,
+) -> bytes:
     info = tarfile.TarInfo(name)
     info.size, info.type, info.linkname, info.mode = size, kind, link, 0o644
     info.pax_headers = pax
-    return info.tobuf(format=tarfile.PAX_FORMAT)
+    return info.tobuf(format=format_)
 
 
 def padded(data: bytes) -> bytes:
@@ -61,6 +68,14 @@ def members(path: Path, names: list[str], data: bytes = b"x", **pax: str) -> Non
     for i, name in enumerate(names):
         body.write(header(name, len(data), **(pax if i == 0 else {})) + padded(data))
     path.write_bytes(gzip.compress(body.getvalue() + b"\0" * 1024, compresslevel=1))
+
+
+def chained(path: Path, count: int) -> None:
+    """``count`` pax headers, one after the other, before a single member (tarfile recurses
+    into each)."""
+    member = header(f"{TOP}/results/x.txt", 1, format_=tarfile.USTAR_FORMAT)
+    pax = header(f"{TOP}/results/x.txt", 1, comment="c")[: -len(member)]
+    path.write_bytes(gzip.compress(pax * count + member + padded(b"x") + b"\0" * 1024))
 
 
 def many(path: Path, count: int) -> None:
@@ -128,6 +143,7 @@ ARCHIVES = {
     "a pax header of 2 MiB": Case(
         lambda p, _: members(p, [f"{TOP}/results/x.txt"], comment="c" * (2 << 20)), "a header of more than"
     ),
+    "5,000 pax headers chained": Case(lambda p, _: chained(p, 5_000), "extended headers chained too deep"),
     "a hard link": Case(lambda p, out: hard_link(p, out / "secret"), "a hard link"),
     "a write through a symbolic link": Case(link_then_write, "a symbolic link"),
     "a sparse member": Case(lambda p, out: sparse(p, p.parent / "sparse-src"), "a sparse file"),

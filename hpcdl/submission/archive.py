@@ -250,6 +250,8 @@ def extract(path: Path, dest: Path) -> tuple[Path | None, Inspection]:
         return None, Inspection(problems=[f"{path.name}: {e}"])
     except Refused as e:
         return None, _refused(found, f"{path.name}: {e}")
+    except RecursionError:  # tarfile reads each extended header by recursing into the next
+        return None, _refused(found, f"{path.name}: extended headers chained too deep: not read")
     except (tarfile.TarError, gzip.BadGzipFile, EOFError, zlib.error, ValueError) as e:
         return None, _refused(found, f"{path.name}: not a readable tar archive ({e})")
     except OSError as e:
