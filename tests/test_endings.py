@@ -173,9 +173,11 @@ def test_heartbeats_under_the_output_folder_are_removed_by_the_launcher(tmp_path
 # --- a command told to stop removes its temporary folders --------------------------------------
 
 
-def test_a_check_told_to_stop_removes_what_it_extracted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_check_told_to_stop_removes_what_it_extracted(tmp_path: Path, sig: int) -> None:
     """SIGTERM to ``hpcdl check`` while it extracts an archive: exit 143 and nothing left in the
-    temporary folder (SIGTERM unwinds every command; its temporary folders go with it)."""
+    temporary folder (SIGTERM unwinds every command). SIGKILL removes nothing: the next check
+    removes the folder of the one killed (``launch.private_folder``)."""
     from test_archive import bomb
 
     archive = tmp_path / "sys.tar.gz"
@@ -183,13 +185,17 @@ def test_a_check_told_to_stop_removes_what_it_extracted(tmp_path: Path) -> None:
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hpcdl", "check", str(archive)], env=env, stderr=subprocess.PIPE
-    )
+    check = [sys.executable, "-m", "hpcdl", "check", str(archive)]
+    proc = subprocess.Popen(check, env=env, stderr=subprocess.PIPE)
     end = time.monotonic() + 120
     while not any(scratch.glob("hpcdl-check-*/sys/results/*")) and time.monotonic() < end:
         assert proc.poll() is None
         time.sleep(0.02)
-    proc.terminate()
-    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == (128 + sig if sig == signal.SIGTERM else -sig)
+    if sig == signal.SIGKILL:
+        assert list(scratch.iterdir()) != []  # nothing ran on its way out
+        (tmp_path / "other.tar.gz").write_bytes(b"not an archive")
+        again = subprocess.run([*check[:-1], str(tmp_path / "other.tar.gz")], env=env, capture_output=True)
+        assert again.returncode == 1, again.stderr
     assert list(scratch.iterdir()) == []

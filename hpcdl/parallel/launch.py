@@ -257,8 +257,7 @@ def supervise(cmd: list[str], what: str, timeout_s: float | None) -> int:
     then ends the whole session; the child also dies with this process, and its rank 0 writes
     no record once this process is gone (``LAUNCHERS_ENV``): without these, mpirun and its ranks
     would outlive us and a stopped run could still write its record."""
-    remove_stale_scratch()
-    with tempfile.TemporaryDirectory(prefix=_scratch_prefix()) as private, _removed_after(private):
+    with private_folder("launch") as private, _removed_after(private):
         stop = os.path.join(private, "stop")
         env = {**mpi_env(), **launcher_env(), STOP_ENV: stop, SCRATCH_ENV: private}
         die = dies_with_this_process()
@@ -286,27 +285,34 @@ def supervise(cmd: list[str], what: str, timeout_s: float | None) -> int:
                 raise
 
 
-SCRATCH_PREFIX = "hpcdl-launch-"
-
-
 def _space_tag() -> str:
     """This kernel and pid namespace, short (a temporary folder may be shared with others)."""
     return hashlib.sha256(str(_pid_space()).encode()).hexdigest()[:8]
 
 
-def _scratch_prefix() -> str:
-    """A launcher's scratch folder is named for it (pid space, pid and start time), so that one
-    killed with SIGKILL, which removes nothing, is known by the next launcher
-    (:func:`remove_stale_scratch`)."""
-    return f"{SCRATCH_PREFIX}{_space_tag()}.{os.getpid()}.{_start_time(os.getpid())}-"
+def _owned(kind: str, hidden: bool) -> str:
+    return f"{'.' if hidden else ''}hpcdl-{kind}-{_space_tag()}"
 
 
-def remove_stale_scratch() -> None:
-    """Remove the scratch folders (and what they list) of this pid space's launchers that are
-    gone (killed with SIGKILL)."""
-    pattern = re.compile(rf"{SCRATCH_PREFIX}{_space_tag()}\.(\d+)\.(\d+)-[^/]+")
+@contextlib.contextmanager
+def private_folder(kind: str, where: str | Path | None = None, hidden: bool = False) -> Iterator[str]:
+    """A new folder (in ``where``, else the temporary folder) for what a command keeps only
+    while it runs: a launcher's scratch, an archive extracted, a package staged. It goes when the
+    command ends, however (SIGTERM unwinds every command); one left by a process killed with
+    SIGKILL, which removes nothing, is named for that process (pid space, pid, start time) and
+    removed by the next command of its ``kind`` (:func:`remove_stale`)."""
+    remove_stale(kind, where, hidden)
+    prefix = f"{_owned(kind, hidden)}.{os.getpid()}.{_start_time(os.getpid())}-"
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=where) as folder:
+        yield folder
+
+
+def remove_stale(kind: str, where: str | Path | None = None, hidden: bool = False) -> None:
+    """Remove the private folders of ``kind`` in ``where`` (and what a launcher's lists) whose
+    process is gone."""
+    pattern = re.compile(rf"{re.escape(_owned(kind, hidden))}\.(\d+)\.(\d+)-[^/]+")
     with contextlib.suppress(OSError):
-        for entry in os.scandir(tempfile.gettempdir()):
+        for entry in os.scandir(where or tempfile.gettempdir()):
             named = pattern.fullmatch(entry.name)
             if named and entry.is_dir(follow_symlinks=False) and _start_time(int(named[1])) != named[2]:
                 with _removed_after(entry.path):

@@ -12,13 +12,13 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpcdl.errors import HpcdlError
+from hpcdl.parallel.launch import private_folder
 from hpcdl.records import schema
 from hpcdl.results.output import output_dir
 from hpcdl.results.ranking import FIGURE_COLUMNS
@@ -58,7 +58,7 @@ def build(paths: Sequence[Path], out: Path, say: Callable[[str], None] = print) 
     """Check every submission, then write the site into ``out``; :class:`InputError` when
     ``out`` cannot be written."""
     site = Site()
-    with tempfile.TemporaryDirectory(prefix="hpcdl-list-") as tmp:
+    with private_folder("list") as tmp:
         owners: dict[str, str] = {}  # record digest -> the system whose submission holds it
         for i, path in enumerate(paths):
             work = Path(tmp) / str(i)
