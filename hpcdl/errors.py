@@ -27,7 +27,14 @@ class InputError(HpcdlError, ValueError):
         self.field = field
         self.value = value
         self.allowed = allowed
-        super().__init__(f"{field}={value!r} is invalid: {allowed}")
+        shown = repr(value)  # a value may be a stranger's megabyte: the line stays a line
+        if len(shown) > MAX_SHOWN:
+            shown = shown[: MAX_SHOWN - 3] + "..."
+        super().__init__(f"{field}={shown} is invalid: {allowed}")
+
+
+MAX_SHOWN = 200
+"""the most characters of a refused value an error line shows"""
 
 
 class SpecError(InputError):

@@ -42,8 +42,9 @@ if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
   apt_install python3-venv python3-dev
 fi
 [ "$mpi" = 1 ] && apt_install openmpi-bin libopenmpi-dev
-# the tests open the HTML report in a real headless browser, and fit a run with jemalloc preloaded
-[ "$test" = 1 ] && apt_install chromium libjemalloc2
+# the tests open the HTML report in a real headless browser, a list's CSV in a real spreadsheet
+# (LibreOffice Calc, headless), and fit a run with jemalloc preloaded
+[ "$test" = 1 ] && apt_install chromium libreoffice-calc-nogui libjemalloc2
 if [ ! -x "$VENV/bin/python" ]; then
   log "creating $VENV"
   python3 -m venv "$VENV"

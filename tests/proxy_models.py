@@ -93,3 +93,18 @@ def wrong_input() -> tuple[nn.Module, torch.Tensor]:
     """A model and a batch that does not match it (5 channels for a 3-channel conv)."""
     model, _ = tiny_cnn()
     return model, torch.zeros(2, 5, 8, 8)
+
+
+def raises() -> Any:
+    """A model function that fails before it returns (a missing file, a bad setting)."""
+    raise FileNotFoundError("weights.pt: no such file")
+
+
+def raises_in_backward() -> tuple[nn.Module, torch.Tensor, Any]:
+    """A model whose loss fails once it is called (after the first forward pass)."""
+    model, batch = tiny_cnn()
+
+    def loss(output: Any) -> Any:
+        raise ValueError("the loss cannot take this output")
+
+    return model, batch, loss

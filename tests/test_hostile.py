@@ -2,12 +2,16 @@
 one line (an ``HpcdlError`` of exit code 2), never a traceback, a hang or the memory gone.
 
 The table is readers x documents. A new kind of document adds one row to ``READERS``: where its
-file lies (``place``), how hpcdl reads it (``read``), and a document of the right form with one
-field of the wrong type (``wrong_field``). Most cells call the Python reader; a few commands are
-run end to end at the bottom (they are slow)."""
+file lies (``place``), how hpcdl reads it (``read``), the module that reads it (``module``), and
+a document of the right form with one field of the wrong type (``wrong_field``). Every module
+of hpcdl that reads a document through ``hpcdl/reader.py`` must have a row, or say in
+``ELSEWHERE`` where its reading is tested: a new reader (a spec file, a class job file, the peak
+store) fails ``test_every_module_that_reads_documents_has_a_row`` until it has one. Most cells
+call the Python reader; a few commands are run end to end at the bottom (they are slow)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -30,6 +34,8 @@ from hpcdl.reader import MAX_DOCUMENT_BYTES
 @dataclass(frozen=True)
 class Reader:
     name: str
+    module: str
+    """the module of hpcdl that reads it (``hpcdl.records.loader``)"""
     place: Callable[[Path], Path]
     """where the document lies, given an empty private folder (its parents made)"""
     read: Callable[[Path], object]
@@ -134,23 +140,35 @@ def _in(folder: str, name: str) -> Callable[[Path], Path]:
 
 RECORD_WRONG = json.dumps({"schema": "hpcdl.result", "schema_version": 1, "spec": "mlp"})
 READERS = [
-    Reader("record", _in("r", "rec.json"), _record, wrong_field=RECORD_WRONG),
-    Reader("results tree", _in("t", "rec.json"), _tree, wrong_field=RECORD_WRONG, entered=True),
+    Reader("record", "hpcdl.records.loader", _in("r", "rec.json"), _record, wrong_field=RECORD_WRONG),
+    Reader(
+        "results tree",
+        "hpcdl.records.loader",
+        _in("t", "rec.json"),
+        _tree,
+        wrong_field=RECORD_WRONG,
+        entered=True,
+    ),
     Reader(
         "comm sweep",
+        "hpcdl.records.loader",
         _in("c", "comm.json"),
         _comm,
         wrong_field=json.dumps({"schema": "hpcdl.comm", "ranks": "two", "backend": "torch", "rows": []}),
     ),
     Reader(
         "profile",
+        "hpcdl.proxy.document",
         _in("p", "profile.json"),
         _profile,
         wrong_field=json.dumps({"schema": "hpcdl.profile", "input": "images"}),
     ),
-    Reader("fit record", _in("f", "x.fit.json"), _fit_record),  # its fields: tests/test_proxy.py
+    Reader(
+        "fit record", "hpcdl.proxy.document", _in("f", "x.fit.json"), _fit_record
+    ),  # its fields: tests/test_proxy.py
     Reader(
         "job file",
+        "hpcdl.schedulers.load",
         _in("j", "job.toml"),
         _job,
         toml=True,
@@ -158,32 +176,51 @@ READERS = [
     ),
     Reader(
         "caps journal",
+        "hpcdl.measure.journal",
         _in("cj", "caps.json"),
         _journal,
         wrong_field=json.dumps({"pid": "12", "limits": []}),
     ),
     Reader(
         "shard manifest",
+        "hpcdl.measure.hdf5",
         _in("h", "hpcdl-shards.json"),
         _manifest,
         wrong_field=json.dumps({"spec": {}, "shards": ["4"], "batch_size": 8}),
     ),
     Reader(
         "job state",
+        "hpcdl.schedulers.state",
         _in("s", "hpcdl-jobs.json"),
         _state,
         wrong_field=json.dumps({"schema": "hpcdl.jobs", "points": []}),
     ),
-    Reader("point file", _in("pt", "point.json"), _point, wrong_field=json.dumps({"job": 5})),
-    Reader("system file", _in("sy", "system.toml"), _system, toml=True, wrong_field="name = 5\n"),
+    Reader(
+        "point file",
+        "hpcdl.schedulers.entry",
+        _in("pt", "point.json"),
+        _point,
+        wrong_field=json.dumps({"job": 5}),
+    ),
+    Reader(
+        "system file",
+        "hpcdl.scaling.system",
+        _in("sy", "system.toml"),
+        _system,
+        toml=True,
+        wrong_field="name = 5\n",
+    ),
     Reader(
         "diagnosis",
+        "hpcdl.results.diagnosis",
         _in("dg", "diag.json"),
         _diagnosis,
         wrong_field=json.dumps({"schema": "hpcdl.diagnosis", "threshold": 0.9, "links": [{"hosts": "ab"}]}),
     ),
     # its fields: one line per problem, tests/test_submission.py
-    Reader("system description", _in("sd", "system.toml"), _description, toml=True),
+    Reader(
+        "system description", "hpcdl.submission.system", _in("sd", "system.toml"), _description, toml=True
+    ),
 ]
 
 
@@ -276,6 +313,57 @@ def test_a_hostile_document_is_one_line(
     assert "Traceback" not in message
 
 
+ELSEWHERE = {
+    "hpcdl.reader": "the reader itself: every row above",
+    "hpcdl.records.store": "records: the record rows (store reads a record back through loader)",
+    "hpcdl.records.audit": "steps files beside records: tests/test_audit.py",
+    "hpcdl.measure.environment": "HPCDL_CAP, set by hpcdl sweep for its own ranks: test_a_bad_cap_...",
+    "hpcdl.measure.watchdog": "heartbeats in the launcher's private scratch: tests/test_faults.py",
+    "hpcdl.submission.archive": "archives: tests/test_archive.py, a row per limit",
+    "hpcdl.submission.manifest": "a submission's manifest: tests/test_submission.py",
+    "hpcdl.submission.package": "results packaged: tests/test_submission.py",
+    "hpcdl.schedulers.logs": "a job's logs, read from their end: test_a_job_log_is_read_from_its_end_only",
+}
+"""modules that read through hpcdl/reader.py but have no row above, and where they are tested"""
+READS = {"document", "read_json", "read_bytes", "parse_json", "parse_toml", "open_regular", "read_object"}
+"""the bounded reader's functions (``read_object``: records.loader's, over them)"""
+
+
+def reading_modules() -> set[str]:
+    """Every module of hpcdl that calls a function of the bounded reader: ``reader.X(...)``, or
+    ``X(...)`` imported from hpcdl.reader or hpcdl.records.loader."""
+    root = Path(__file__).resolve().parent.parent / "hpcdl"
+    found = set()
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module in ("hpcdl.reader", "hpcdl.records.loader")
+            for alias in node.names
+        }
+        module = path.relative_to(root.parent).with_suffix("").as_posix().replace("/", ".")
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            via_reader = (
+                isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "reader"
+            )
+            name = f.attr if via_reader else f.id if isinstance(f, ast.Name) and f.id in imported else ""
+            if name in READS or (module == "hpcdl.reader" and isinstance(f, ast.Name) and f.id in READS):
+                found.add(module)
+    return found
+
+
+def test_every_module_that_reads_documents_has_a_row() -> None:
+    covered = {r.module for r in READERS} | set(ELSEWHERE)
+    assert sorted(reading_modules() - covered) == [], "a reader of documents without a row in READERS"
+    assert sorted(covered - reading_modules() - {"hpcdl.reader"}) == [], (
+        "a row of a module that reads nothing"
+    )
+
+
 def test_every_reader_has_a_wrong_field_row_or_says_where_it_is_tested() -> None:
     assert [r.name for r in READERS if r.wrong_field is None] == ["fit record", "system description"]
 
@@ -366,3 +454,64 @@ def test_rank_and_report_reject_forged_figures_in_one_line(tmp_path: Path) -> No
     err = p.stderr
     assert p.returncode == 2
     assert err.count("figures out of range") == len(FORGED) and "no hpcdl records" in err, err
+
+
+# --- a point file's fields, each of the wrong type --------------------------------------------
+
+POINT = {
+    "job": "j", "name": "j-n1", "nodes": 1, "tasks_per_node": 2, "spec": {"family": "mlp"}, "run": {},
+    "output": "out", "launcher": "mpirun", "cluster": "local", "repeat": 1, "instances": 1, "per_device": 1,
+}  # fmt: skip
+WRONG = {
+    "job": "../x", "name": "a/b", "nodes": "two", "tasks_per_node": True, "spec": [1], "run": "fast",
+    "output": 7, "launcher": None, "cluster": ["slurm"], "repeat": 0, "instances": 10**12, "per_device": 1.5,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("field", WRONG)
+def test_a_point_file_names_its_wrong_field_in_one_line(tmp_path: Path, field: str) -> None:
+    from hpcdl.schedulers.entry import read_point
+    from hpcdl.schedulers.point import Point
+
+    assert Point.from_dict(POINT).nodes == 1  # the point is sound but for the field below
+    path = tmp_path / "point.json"
+    path.write_text(json.dumps({**POINT, field: WRONG[field]}))
+    with pytest.raises(HpcdlError) as e:
+        read_point(path)
+    assert f"point field {field}=" in str(e.value) and "\n" not in str(e.value), e.value
+
+
+@pytest.mark.parametrize("text", ["{", "[1, 2]", "[" * 1000 + "]" * 1000, '"\\udcff"', "\x1b[2J"])
+def test_a_bad_cap_in_the_environment_is_one_line(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpcdl.measure.caps import CAP_ENV
+    from hpcdl.measure.environment import cap_in_force
+
+    monkeypatch.setenv(CAP_ENV, text)
+    with pytest.raises(HpcdlError) as e:
+        cap_in_force()
+    assert e.value.exit_code == 2 and "\n" not in str(e.value) and CAP_ENV in str(e.value)
+
+
+def test_a_job_log_is_read_from_its_end_only(tmp_path: Path, deadline: None) -> None:
+    """hpcdl status reads why a job failed from the end of its logs: a FIFO or a link to a device
+    in a log's place is passed over at once, a log of 64 GB (sparse) costs its last 20 kB."""
+    from hpcdl.schedulers.logs import TAIL_BYTES, log_error, tail
+
+    os.mkfifo(tmp_path / "0_0_log.err")
+    (tmp_path / "0_1_log.err").symlink_to("/dev/zero")
+    assert log_error(tmp_path) == ""
+    big = tmp_path / "big" / "0_0_log.err"
+    big.parent.mkdir()
+    with open(big, "wb") as f:
+        f.truncate(64 << 30)
+        f.write(b"hpcdl: error: the first line, long gone\n")
+    with open(big, "ab") as f:
+        f.write(b"\nhpcdl: rank 1 on n2 failed: RuntimeError: the last word\n")
+    assert len(tail(big)) == TAIL_BYTES
+    assert log_error(big.parent) == "hpcdl: rank 1 on n2 failed: RuntimeError: the last word"
+
+
+def test_a_refused_value_of_a_megabyte_is_shown_in_a_line_of_a_few_hundred_characters(tmp_path: Path) -> None:
+    p = hpcdl("run", "--class", "x" * (1 << 20), "-o", str(tmp_path / "out"))
+    line = one_line(p)
+    assert "class='xxx" in line and "xxx... is invalid: " in line and len(line) < 600, len(line)

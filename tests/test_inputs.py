@@ -8,6 +8,7 @@ import argparse
 import math
 from pathlib import Path
 
+import pytest
 from hpcdl_cli import hpcdl, one_line
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -95,3 +96,78 @@ def test_io_options_are_checked_before_anything_is_written(field: str, value: in
         assert "\n" not in str(e) and "is invalid" in str(e)
         return
     assert 0 <= args.workers <= 256 and 1 <= args.shards <= args.batches and args.epochs >= 1
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "capacity"])
+def test_steps_zero_on_the_command_line_is_refused(command: str, tmp_path: Path) -> None:
+    """``--steps 0`` is the knob's timed window, which leaving ``--steps`` out already asks for:
+    given, it is a mistake (a sweep once ran on it), refused before anything runs."""
+    size = {"sweep": ["--np", "1"], "capacity": ["--instances", "2"]}.get(command, [])
+    out = tmp_path / "out"
+    p = hpcdl(command, "--workload", "mlp", *size, "--steps", "0", "-o", str(out))
+    assert "steps='0' is invalid: give --steps N >= 1" in one_line(p)
+    assert not out.exists()
+
+
+# --- every numeric option of every command is fuzzed, in one of the tables here ---------------
+
+OTHERS = {
+    # command: the arguments that end in a one-line refusal once every option is checked (so
+    # that nothing runs), and its numeric options that the tests above do not fuzz
+    "run": (TOO_BIG, ["repeat", "target-loss-fraction"]),
+    "sweep": ([*TOO_BIG, "--np=1,2"], ["target-loss-fraction"]),
+    "capacity": (TOO_BIG, ["instances", "ranks-per-instance", "per-device", "target-loss-fraction"]),
+    "generate": (["mlp", "layers=0"], ["sample"]),
+    "comm": (["--reps", "0"], ["np", "timeout"]),  # its --np that fits runs: --np < 1 alone, here
+    "predict": (["--workload", "mlp", "--gamma", "1e12", "--alpha", "1e-6", "--beta", "x"], ["throughput"]),
+    "profile": (["no_such_package.models:make"], ["steps"]),
+    "fit": (["/nonexistent/profile.json"], ["budget", "seed", "finalists", "tolerance", "rounds"]),
+    "diagnose": (["--record", "/nonexistent/record.json"], ["np", "seconds", "threshold", "timeout"]),
+}
+"""a new numeric option is one word here (``test_every_numeric_option_is_fuzzed`` finds it)"""
+FUZZED = {
+    *{(c, o) for c in ("run", "sweep") for o in RUN_OPTIONS},
+    *{("capacity", o) for o in RUN_OPTIONS if o != "np"},  # capacity has the run options but --np
+    *{("predict", o) for o in ("gamma", "alpha", "beta", "nodes", "ranks-per-node")},
+    *{("comm", o) for o in ("reps", "sizes")},
+    *{("io", o) for o in ("batches", "shards", "workers", "epochs")},
+    *{(c, o) for c, (_, options) in OTHERS.items() for o in options},
+}
+
+
+def numeric_options() -> set[tuple[str, str]]:
+    """(command, option) of every option that takes a number: an int or float type, or a run
+    setting whose knob is one."""
+    import typing
+
+    from hpcdl.cli.run_options import RUN_FLAGS
+    from hpcdl.measure.config import RunConfig
+
+    hints = typing.get_type_hints(RunConfig)
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found = set()
+    for command, p in sub.choices.items():
+        for a in p._actions:
+            knob = RUN_FLAGS.get(a.dest)
+            if a.option_strings and (a.type in (int, float) or (knob and hints.get(knob) in (int, float))):
+                found.add((command, a.option_strings[-1].removeprefix("--")))
+    return found
+
+
+def test_every_numeric_option_is_fuzzed() -> None:
+    assert sorted(numeric_options() - FUZZED) == []
+
+
+@FAST
+@given(
+    pair=st.sampled_from(sorted((c, o) for c, (_, options) in OTHERS.items() for o in options)), value=NUMBERS
+)
+def test_other_numeric_options(pair: tuple[str, str], value: str, tmp_path: Path) -> None:
+    """Every value is a finite setting or one line; nothing runs (each command's arguments end
+    in a refusal) and nothing is written."""
+    command, option = pair
+    base, _ = OTHERS[command]
+    out = ["-o", str(tmp_path / "never")] if command in ("run", "sweep", "capacity") else []
+    one_line(hpcdl(command, *base, f"--{option}={value}", *out, timeout=60))
+    assert list(tmp_path.iterdir()) == []

@@ -1,14 +1,15 @@
-"""The stop rule, for every way a run can end, against every command that launches ranks: a
-record is written only when the run ended normally and whoever launched it still wants it.
+"""The stop rule, for every way a run can end, against every long command (those that launch
+ranks, a fit's trials, a profile): a record is written only when the run ended normally and
+whoever launched it still wants it, and every process hpcdl started ends with it.
 
 Real processes throughout: the launcher is hung up under ``nohup`` (SIGHUP ignored by the
 parent, as ``nohup`` does), which must end nothing, then killed with SIGKILL, which must end
-everything; or rank 0's write fails (the output directory replaced by a file while the ranks
-measure). One run serves both signals of the first fault: ranks are slow to start. A command
-is one row of ``COMMANDS``; a fault is one row of ``FAULTS``; every pair that applies is a
-test. Each asserts that the processes end within a bound, that no orphan runs on (every process
-of the run carries a mark in its environment), that no record, steps file or temporary file is
-left, and the exit code.
+everything; or told to stop with SIGTERM; or rank 0's write fails (the output directory
+replaced by a file while the ranks measure). One run serves both signals of the first fault:
+ranks are slow to start. A command is one row of ``COMMANDS``; a fault is one row of
+``FAULTS``; every pair that applies is a test. Each asserts that the processes end within a
+bound, that no orphan runs on (every process of the run carries a mark in its environment),
+that no record, steps file or temporary file is left, and the exit code.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hpcdl_cli import hpcdl
 from test_schedulers import processes_with, write_job
 
 from hpcdl.parallel.launch import LAUNCHERS_ENV, launcher_env, stop_requested
@@ -40,12 +42,16 @@ TIMED = re.compile(r"timed \d+ steps in")
 
 @dataclass(frozen=True)
 class Command:
-    """A command that launches ranks: its arguments writing into ``out`` (``job``: a job file
-    beside it, for ``submit``), and the exit code when rank 0's write fails (None: not a case
-    of its own, the same ``run`` inside)."""
+    """A long command: its arguments writing into ``out`` (``job``: a job file beside it, for
+    ``submit``), the exit code when rank 0's write fails (None: not a case of its own, the same
+    ``run`` inside, or nothing written), and when it is busy (``Launched.timing``: its ranks time
+    their steps)."""
 
     argv: Callable[[Path, Path], list[str]]
     write_fails: int | None
+    busy: Callable[[Launched], None] = lambda run: run.timing()
+    ends_within_s: float = BOUND_S
+    """its processes end this soon after it (mpirun takes its time; a helper dies at once)"""
 
 
 def _submit(out: Path, job: Path) -> list[str]:
@@ -56,6 +62,9 @@ def _submit(out: Path, job: Path) -> list[str]:
     return ["submit", str(job), "--executor", "local"]
 
 
+HELPER_S = 1.5
+"""a helper process (a fit's trial) gets its parent-death signal as its parent dies: a trial
+left running takes seconds more to finish (or to fail writing to its parent's closed pipe)"""
 RUN = ["--data", "random", "--duration", str(WINDOW_S), "--min-duration", "0"]
 COMMANDS = {
     "run": Command(lambda out, _: ["run", "--workload", *TINY, *RUN, "--np", "2", "-o", str(out)], 2),
@@ -66,15 +75,49 @@ COMMANDS = {
         lambda out, _: ["capacity", "--workload", *TINY, *RUN, "--instances", "2", "-o", str(out)], 2
     ),
     "submit": Command(_submit, None),
+    "run --fit": Command(
+        lambda out, _: ["run", "--workload", *TINY, *RUN, "--fit", "0.01", "-o", str(out)],
+        None,
+        lambda run: run.until("a fit's trial", lambda: any(TRIAL in p for p in processes_with(run.mark))),
+        ends_within_s=HELPER_S,
+    ),
+    "run --data hdf5": Command(
+        lambda out, _: ["run", "--workload", *TINY, *RUN[2:], *hdf5(out), "-o", str(out)],
+        None,
+        lambda run: run.until("its data workers", lambda: len(processes_with(run.mark)) >= 3),
+        ends_within_s=HELPER_S,
+    ),
+    "profile": Command(
+        lambda out, _: ["profile", PROFILED, "--steps", "1000000", "-o", str(out / "p.json")],
+        None,
+        lambda run: run.until("timed steps", lambda: "timed steps" in run.output),
+        ends_within_s=HELPER_S,
+    ),
 }
+TRIAL = "hpcdl.measure.trial"
+
+
+def hdf5(out: Path) -> list[str]:
+    """Shards written beside ``out``, and the options that read them with 2 DataLoader workers."""
+    shards = out.parent / "shards"
+    p = hpcdl("io", "--dir", str(shards), "--batches", "8", "--shards", "2", *TINY)
+    assert p.returncode == 0, p.stderr
+    return ["--data", "hdf5", "--data-dir", str(shards), "--workers", "2"]
+
+
+PROFILED = str(Path(__file__).resolve().parent / "proxy_models.py") + ":tiny_cnn"
 
 
 class Launched:
     """A command started as a user would, in its own session (a terminal's), its output
     collected by a thread; every process it starts inherits ``mark``."""
 
-    def __init__(self, argv: list[str], out: Path, *, nohup: bool = False) -> None:
+    def __init__(
+        self, argv: list[str], out: Path, *, nohup: bool = False, ends_within_s: float = BOUND_S
+    ) -> None:
         self.mark = f"hpcdl-kill-{uuid.uuid4().hex}"
+        self.ends_within_s = ends_within_s
+        """every process it started has ended this long after it did"""
         self.out, self.lines = out, []
         ignore_hup = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
         self.proc = subprocess.Popen(
@@ -107,10 +150,17 @@ class Launched:
             assert self.proc.poll() is None and time.monotonic() < end, self.output[-3000:]
             time.sleep(0.2)
 
+    def until(self, what: str, done: Callable[[], bool], within_s: float = 240) -> None:
+        """Return once ``done()``, while the command runs (else fail, naming ``what``)."""
+        end = time.monotonic() + within_s
+        while not done():
+            assert self.proc.poll() is None and time.monotonic() < end, (what, self.output[-3000:])
+            time.sleep(0.2)
+
     def ended(self) -> int:
         """The launcher's exit code, once every process of the run has ended (or fail)."""
         code = self.proc.wait(timeout=BOUND_S)
-        end = time.monotonic() + BOUND_S
+        end = time.monotonic() + self.ends_within_s
         while processes_with(self.mark) and time.monotonic() < end:
             time.sleep(0.2)
         assert processes_with(self.mark) == [], self.output[-3000:]
@@ -134,23 +184,33 @@ def nothing_recorded(out: Path) -> None:
 
 
 def kill_launcher(run: Launched) -> None:
-    """SIGKILL to the launcher while the ranks time their steps: it cannot say it stops."""
-    run.timing()
+    """SIGKILL to the launcher while it is busy (``hang_up_then_kill`` waited): it cannot say it stops."""
     run.proc.kill()
     assert run.ended() == -signal.SIGKILL
     nothing_recorded(run.out)
 
 
-def hang_up_then_kill(run: Launched) -> None:
+def hang_up_then_kill(run: Launched, busy: Callable[[Launched], None]) -> None:
     """Under nohup a closed terminal's SIGHUP (to the launcher's whole session) ends nothing:
     every process runs on; then SIGKILL to the launcher ends them all, with no record."""
-    run.timing()
+    busy(run)
     before = sorted(processes_with(run.mark))
     os.killpg(run.proc.pid, signal.SIGHUP)
     time.sleep(2)
     assert run.proc.poll() is None, run.output[-3000:]
     assert sorted(processes_with(run.mark)) == before
     kill_launcher(run)
+
+
+def terminate(run: Launched, busy: Callable[[Launched], None]) -> None:
+    """SIGTERM (``kill``, a harness's timeout) to the launcher alone while it is busy: every
+    process it started ends, exit 143 (or the signal itself: a command that launches nothing of
+    its own need not catch it), no record."""
+    busy(run)
+    run.proc.terminate()
+    assert run.ended() in (128 + signal.SIGTERM, -signal.SIGTERM), run.output[-3000:]
+    assert "Traceback" not in run.output, run.output[-3000:]
+    nothing_recorded(run.out)
 
 
 def write_fails(run: Launched, code: int) -> None:
@@ -166,7 +226,7 @@ def write_fails(run: Launched, code: int) -> None:
     nothing_recorded(moved)
 
 
-FAULTS = ("hangup-then-kill", "write")
+FAULTS = ("hangup-then-kill", "term", "write")
 
 
 @pytest.mark.slow(reason="every command killed every way: about two minutes")
@@ -179,10 +239,13 @@ def test_a_run_ends_every_way_without_a_wrong_record(tmp_path: Path, command: st
         pytest.skip(f"{command}: the write is run's own (covered by the run row)")
     out = tmp_path / "out"
     out.mkdir()
-    run = Launched(row.argv(out, tmp_path / "job.toml"), out, nohup=fault == "hangup-then-kill")
+    nohup = fault == "hangup-then-kill"
+    run = Launched(row.argv(out, tmp_path / "job.toml"), out, nohup=nohup, ends_within_s=row.ends_within_s)
     try:
         if fault == "hangup-then-kill":
-            hang_up_then_kill(run)
+            hang_up_then_kill(run, row.busy)
+        elif fault == "term":
+            terminate(run, row.busy)
         else:
             assert row.write_fails is not None
             write_fails(run, row.write_fails)
@@ -259,7 +322,7 @@ def test_a_kill_between_the_two_renames_leaves_no_record_and_the_next_write_clea
     left = sorted(p.name for p in tmp_path.iterdir() if p.name != ".r.lock")
     assert left[0].startswith(".r.json.") and left[1] == "r.0123456789ab.steps.h5", left
     _, path, steps = write_pair({"id": "fedcba9876543210"}, {"step_s": [0.2]}, tmp_path, "r")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".r.lock", path.name, steps.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, steps.name])  # no lock left
 
 
 SWALLOWED = """
@@ -286,3 +349,39 @@ def test_a_stop_signal_whose_exception_was_swallowed_still_stops_the_next_launch
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert p.returncode == 128 + signal.SIGTERM, p.stderr
     assert not marker.exists()
+
+
+# --- the daemons of the project's scripts keep no descriptor they inherit ----------------------
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+INHERITS = """
+set -euo pipefail
+. {lib}
+exec 7</etc/hostname 9>>{lock}
+listed() {{ ls /proc/self/fd; }}
+inherit_nothing ls /proc/self/fd
+inherit_nothing listed
+"""
+
+
+def test_a_daemon_started_by_the_cluster_scripts_inherits_no_descriptor(tmp_path: Path) -> None:
+    """A script holding a lock (descriptor 9) and a file (7) starts a command and a shell
+    function through inherit_nothing: they see stdin, stdout, stderr and ls's own directory only."""
+    script = INHERITS.format(lib=SCRIPTS / "slurm" / "inherit-nothing.sh", lock=tmp_path / "lock")
+    p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["0", "1", "2", "3"] * 2, p.stdout
+
+
+def test_every_daemon_of_the_slurm_cluster_starts_through_inherit_nothing() -> None:
+    """Each statement of start-cluster.sh that starts a daemon (its output to /dev/null, the
+    daemons' idiom there) begins with inherit_nothing."""
+    text = (SCRIPTS / "slurm" / "start-cluster.sh").read_text().replace("\\\n", " ")
+    starts = [
+        line.strip()
+        for line in text.splitlines()
+        if "</dev/null >/dev/null 2>&1" in line and not line.strip().startswith("#")
+    ]
+    daemons = ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd -N")
+    assert sorted({d for d in daemons for s in starts if d in s}) == sorted(daemons), starts
+    assert [s for s in starts if not s.startswith("inherit_nothing ")] == []

@@ -245,6 +245,10 @@ def test_interleaved_comparison() -> None:
         (["profile", f"{MODELS}:missing"], "has no attribute missing"),
         (["profile", f"{MODELS}:returns_a_number"], "must return (module, example batch"),
         (["profile", f"{MODELS}:returns_no_module"], "its first item is str"),
+        (
+            ["profile", f"{MODELS}:raises"],
+            "calling raises() raised FileNotFoundError: weights.pt: no such file",
+        ),
         (["fit", "/nonexistent/profile.json"], "unreadable: missing"),
         (["fit", str(HERE / "proxy_models.py")], "not JSON"),
         (["fit", "/dev/zero"], "not a regular file"),
@@ -554,3 +558,15 @@ def test_the_profiler_s_own_lines_are_not_printed(capfd: pytest.CaptureFixture[s
     shares = time_mix(trainee, steps=1)
     err = capfd.readouterr().err
     assert shares and "USDT:" not in err and "STAGE:" not in err, err
+
+
+def test_a_model_whose_code_raises_is_one_line(tmp_path: Path) -> None:
+    """The user's code raising anywhere (importing, later in the steps) is one line naming the
+    reference, what ran and the exception; exit 2 (calling it: the table above)."""
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('not importable here')\n")
+    p = hpcdl_cli.hpcdl("profile", f"{broken}:make")
+    assert f"importing {broken} raised RuntimeError: not importable here" in hpcdl_cli.one_line(p)
+    p = hpcdl_cli.hpcdl("profile", f"{MODELS}:raises_in_backward", "--steps", "1")
+    said = hpcdl_cli.one_line(p, alone=False)  # after its progress lines
+    assert f"model='{MODELS}:raises_in_backward' is invalid: profiling it raised ValueError" in said

@@ -424,3 +424,19 @@ def test_a_rebuilt_site_drops_the_pages_of_withdrawn_lists_and_systems(
     assert not any(f.exists() for f in stale)
     assert (out / "notes.txt").exists() and (out / "class-S-v1.csv").exists()
     assert sorted(p.name for p in (out / "systems").iterdir()) == ["epyc-a.html", "epyc-b.html"]
+
+
+def test_a_rebuilt_site_drops_the_reports_of_results_no_longer_listed(
+    packages: dict[str, Path], tmp_path: Path
+) -> None:
+    """A report folder an earlier build made (named by its results' hash) and this one does not
+    is removed; the current one is made, and a folder not named like a report stays."""
+    out = tmp_path / "site"
+    stale, other = out / "reports" / "0123456789abcdef", out / "reports" / "notes"
+    for folder in (stale, other):
+        folder.mkdir(parents=True)
+        (folder / "index.html").write_text("from an earlier build")
+    built = build([packages["epyc-a"]], out, say=lambda _m: None)
+    (entry,) = built.entries
+    assert sorted(p.name for p in (out / "reports").iterdir()) == sorted(["notes", entry.report_dir[8:]])
+    assert (out / entry.report_dir / "index.html").is_file()

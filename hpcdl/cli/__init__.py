@@ -7,6 +7,7 @@ that need it, not at their top (``tests/test_cli_imports.py`` keeps it so)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
@@ -14,8 +15,10 @@ import sys
 from collections.abc import Iterable, Sequence
 
 from hpcdl.cli.common import Parser, err
+from hpcdl.cli.terminal import printable_output
 from hpcdl.errors import HpcdlError, InputError, RunFailed
-from hpcdl.parallel.world import end_all_ranks, rank_of_process
+from hpcdl.parallel.launch import Terminated, end_with_launchers, stop_signals_raise
+from hpcdl.parallel.world import end_all_ranks, rank_of_process, under_mpi
 
 COMMANDS: dict[str, tuple[str, str]] = {
     # command: (its module in hpcdl/cli/, the line hpcdl --help shows: the module's own help=)
@@ -63,6 +66,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``hpcdl`` command: 0 on success, 1 when a run completed but failed its checks, 2 on
     bad input (one line), 124 on a timeout, 130 on Ctrl-C, 143 on SIGTERM."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    # what it prints never controls the terminal (a stranger's string); SIGTERM and SIGHUP unwind
+    # it, so that what it made in temporary folders goes (a rank is ended by its launcher instead:
+    # one blocked in MPI would not run a handler)
+    stop = contextlib.nullcontext() if under_mpi() else stop_signals_raise()
+    with printable_output(), stop:
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
+    if under_mpi():  # a rank: mpirun started it, not hpcdl; it ends with hpcdl's launcher all the same
+        end_with_launchers()
     try:
         return _command(argv)
     except RunFailed as e:  # found mid-run, maybe on one rank alone: end them all
@@ -85,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err("hpcdl: interrupted; records already written are kept")
         return 130
+    except Terminated as e:
+        err(f"hpcdl: terminated ({e}); records already written are kept")
+        return e.code
 
 
 def _out_of_memory(e: Exception) -> bool:

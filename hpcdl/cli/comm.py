@@ -8,7 +8,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from hpcdl.cli.common import err
+from hpcdl.cli.common import err, ranks_fit_here
 from hpcdl.errors import InputError
 from hpcdl.parallel.launch import launch, not_stopped
 from hpcdl.parallel.world import init_world, under_mpi
@@ -57,6 +57,7 @@ def cmd_comm(args: argparse.Namespace) -> int:
     if args.reps < 1:
         raise InputError("reps", args.reps, "timed repetitions per size: an integer >= 1")
     if args.np > 1 and not under_mpi():
+        ranks_fit_here(args.np)
         return launch(args.np, args.argv, timeout_s=args.timeout)
     world = init_world()
     cfg = RunConfig.from_dict(

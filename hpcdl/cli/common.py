@@ -149,3 +149,15 @@ def add_workload_options(r: argparse.ArgumentParser) -> None:
         nargs="*",
         help="key=value knob settings (for the suite: batch_size, accumulation_steps, precision, seed)",
     )
+
+
+def ranks_fit_here(np: int) -> None:
+    """Refuse ``--np N`` (one line) when this host cannot hold N rank processes, before mpirun
+    starts them (``hpcdl run`` says so in its preflight; a ``comm --np 1000`` once started a
+    thousand)."""
+    import torch
+
+    from hpcdl.measure.fit import rank_memory
+    from hpcdl.parallel.world import World
+
+    rank_memory(torch.device("cpu"), World(size=np, local_size=np))

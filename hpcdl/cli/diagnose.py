@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from hpcdl.cli.common import ranks_fit_here
 from hpcdl.errors import InputError
 from hpcdl.parallel.launch import launch
 from hpcdl.parallel.world import init_world, under_mpi
@@ -27,6 +28,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         measured = diagnosis.from_record(Path(args.record))
     else:
         if args.np > 1 and not under_mpi():
+            ranks_fit_here(args.np)
             return launch(args.np, args.argv, timeout_s=args.timeout)
         from hpcdl.harness.runner import rank_device
         from hpcdl.measure.config import RunConfig

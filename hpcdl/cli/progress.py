@@ -11,6 +11,9 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from hpcdl.cli.terminal import unfiltered
+from hpcdl.escape import printable
+
 
 class LiveLine:
     """The progress of one workload. ``say`` prints a message; ``timed`` reports the timed steps
@@ -25,9 +28,9 @@ class LiveLine:
             sized = shutil.get_terminal_size((0, 0)).columns > 0  # a terminal may report 0 columns
             self.bar = tqdm(
                 total=steps if self.by_steps else duration_s,
-                desc=prefix,
+                desc=printable(prefix),
                 unit="step" if self.by_steps else "s",
-                file=self.stream,
+                file=unfiltered(self.stream),  # the bar draws with control codes; its text is printable
                 dynamic_ncols=sized,
                 ncols=None if sized else 100,
                 nrows=None if sized else 24,  # tqdm asks the terminal unless given both
@@ -38,7 +41,7 @@ class LiveLine:
     def say(self, message: str) -> None:
         line = f"{self.prefix}: {message}"
         if self.bar is not None:
-            self.bar.write(line, file=self.stream)
+            self.bar.write(printable(line), file=self.bar.fp)  # the bar's own stream: it clears it first
         else:
             print(line, file=self.stream, flush=True)
 

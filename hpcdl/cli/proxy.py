@@ -11,11 +11,12 @@ from typing import Any
 
 from hpcdl.cli.common import err
 from hpcdl.errors import InputError
+from hpcdl.escape import printable, shell_word
 from hpcdl.proxy import as_profile, document
 from hpcdl.proxy.kernels import CLASSES
 from hpcdl.proxy.measure import STEPS, measure
 from hpcdl.proxy.objective import PROFILE_FIGURE, Weights, describe_errors
-from hpcdl.proxy.reference import RealModel, load_model, resolve_syntax
+from hpcdl.proxy.reference import RealModel, load_model, resolve_syntax, user_code
 from hpcdl.proxy.result import TOLERANCE, FitResult
 from hpcdl.proxy.search import FINALISTS, describe_spec, fit
 from hpcdl.proxy.training import Trainee
@@ -63,7 +64,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     real = load_model(args.model)  # the command's own argument: what the user typed
     trainee = Trainee(real.module, real.batch, real.loss_fn, precision=args.precision, device=args.device)
     name = args.name or args.model.rpartition(":")[2]
-    p = measure(trainee, name=name, source={"ref": args.model}, steps=args.steps, progress=_progress)
+    with user_code(args.model, "profiling it"):  # its forward, loss and backward run in there
+        p = measure(trainee, name=name, source={"ref": args.model}, steps=args.steps, progress=_progress)
     print(profile_table(p))
     if args.output:
         document.save(p.to_dict(), args.output)
@@ -76,8 +78,9 @@ def _progress(message: str) -> None:
 
 
 def spec_toml(spec: Spec, header: list[str]) -> str:
-    """The spec as a TOML table of knobs (``family`` first), with comment lines above it."""
-    lines = [f"# {h}" for h in header]
+    """The spec as a TOML table of knobs (``family`` first), with comment lines above it (a
+    profile's name, a stranger's, in one of them: made printable, a newline ends no comment)."""
+    lines = [f"# {printable(h)}" for h in header]
     for key, value in spec.to_dict().items():
         lines.append(f"{key} = {json.dumps(value)}")  # JSON scalars and lists are valid TOML
     return "\n".join(lines) + "\n"
@@ -135,7 +138,7 @@ def _named_model(args: argparse.Namespace, named: Any) -> str | None:
         return None
     if args.model:
         return str(args.model)
-    hint = f"; it names {named!r}: pass --model {named} if you trust that code" if named else ""
+    hint = f"; it names {named!r}: pass --model {shell_word(named)} if you trust that code" if named else ""
     allowed = f"needs the real model on the command line: --model MODULE:CALLABLE{hint}"
     raise InputError("--verify", str(args.profile), allowed)
 
@@ -196,7 +199,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace, spec: Spec, ref: str) -> dict[str, Any]:
     real = _show_and_load(ref)
     _progress(f"timing the proxy and {ref} interleaved, {args.rounds} rounds")
-    comparison, entry = verify(spec, real, device=args.device, rounds=args.rounds)
+    with user_code(ref, "timing it"):
+        comparison, entry = verify(spec, real, device=args.device, rounds=args.rounds)
     print(f"step time, proxy / real model: {comparison.describe()}")
     return {"model": ref, **entry}
 

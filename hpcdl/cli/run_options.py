@@ -59,6 +59,8 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         for flag, knob in RUN_FLAGS.items()
         if getattr(args, flag) is not None
     }
+    if args.steps is not None and values["steps"] == 0:  # the knob's 0 (a timed window) is left out
+        raise InputError("steps", args.steps, "give --steps N >= 1, or leave it out to time --duration")
     if args.fit is not None and not 0 < values["fit_fraction"] <= 1:
         raise InputError("fit", args.fit, "a fraction of the device's memory in (0, 1], e.g. 0.8")
     target = args.target_loss_fraction

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from hpcdl.cli.common import Parser, err
 from hpcdl.errors import InputError
+from hpcdl.parallel.launch import private_folder
 from hpcdl.records.loader import Unreadable, load_tree
 from hpcdl.submission import system as system_mod
 
@@ -104,7 +104,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from hpcdl.submission.check import check, summary
 
     path = submission_path("check.submission", args.submission)
-    with tempfile.TemporaryDirectory(prefix="hpcdl-check-") as tmp:
+    with private_folder("check") as tmp:
         report = check(path, Path(tmp))
         for line in report.problems:
             print(f"{report.shown}: {line}")

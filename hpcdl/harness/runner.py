@@ -6,11 +6,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +40,7 @@ from hpcdl.measure.peaks import theoretical_peak
 from hpcdl.measure.schedstat import Descheduled, kernel_id, together
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.trial import Shard, warm_base
-from hpcdl.measure.watchdog import Watchdog
+from hpcdl.measure.watchdog import Watchdog, heartbeat_dir, remove_heartbeats
 from hpcdl.parallel.backends import (
     Backend,
     Traffic,
@@ -430,9 +427,7 @@ def run(
     finally:
         backend.close()
         if world.rank == 0 and heartbeats is not None:
-            shutil.rmtree(heartbeats, ignore_errors=True)
-            with contextlib.suppress(OSError):  # the folder of all runs' heartbeats, once empty
-                heartbeats.parent.rmdir()
+            remove_heartbeats(heartbeats)
     ranks = world.gather(mine)
     name = name or f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.family}"
     result = RunResult({}, None, None)
@@ -440,16 +435,6 @@ def run(
         with others_wait(world):
             result = finish(spec, cfg, device, ranks, backend_name, name, output_dir, fit)
     return world.bcast(result)
-
-
-def heartbeat_dir(output_dir: str | Path | None, world: World) -> Path | None:
-    """Where the ranks' watchdogs meet: under the output directory (which a multi-node run's
-    ranks usually share), else in a temporary directory of rank 0's host; None alone."""
-    if world.size == 1:
-        return None
-    name = world.bcast(uuid.uuid4().hex if world.rank == 0 else None)
-    base = Path(output_dir) if output_dir is not None else Path(tempfile.gettempdir())
-    return base / ".hpcdl-heartbeats" / name
 
 
 def finish(

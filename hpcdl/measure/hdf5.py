@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from hpcdl import reader
 from hpcdl.errors import HpcdlError, InputError, RunFailed
 from hpcdl.measure.data import make_batch
+from hpcdl.parallel.launch import die_with_parent
 from hpcdl.workloads.registry import canonical
 from hpcdl.workloads.spec import Spec
 
@@ -199,7 +201,14 @@ def loader(
         pin_memory=pin,
         persistent_workers=workers > 0,
         generator=torch.Generator().manual_seed(0),
+        worker_init_fn=partial(_dies_with, os.getpid()),
     )
+
+
+def _dies_with(parent: int, worker: int) -> None:
+    """A DataLoader worker gets the parent-death signal: killed, a run takes its workers along
+    at once (torch's own check of the parent comes every few seconds)."""
+    die_with_parent(parent)
 
 
 def read_throughput(

@@ -34,6 +34,7 @@ from hpcdl.errors import RunFailed
 from hpcdl.parallel.backends import Backend
 from hpcdl.parallel.backends.choose import start_backend
 from hpcdl.parallel.backends.torch_ddp import DistGroup
+from hpcdl.parallel.launch import dies_with_this_process
 from hpcdl.parallel.layout import Layout
 from hpcdl.parallel.placement import Collectives, spread
 from hpcdl.parallel.world import World
@@ -240,15 +241,27 @@ def cpu_trial(
         *(["kept_grads"] if kept_grads else []),
         *([f"shard={json.dumps(asdict(shard))}"] if shard else []),
     ]
-    child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    while child.poll() is None:
-        rss = _rss(child.pid)
-        if rss is not None and rss > limit_bytes:
-            child.send_signal(signal.SIGKILL)
-            child.communicate()
-            return Trial(spec.batch_size, None)
-        time.sleep(POLL_S)
-    out, err = child.communicate()
+    child = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=dies_with_this_process(),  # a killed run takes its trial along
+    )
+    try:
+        while child.poll() is None:
+            rss = _rss(child.pid)
+            if rss is not None and rss > limit_bytes:
+                child.send_signal(signal.SIGKILL)
+                child.communicate()
+                return Trial(spec.batch_size, None)
+            time.sleep(POLL_S)
+        out, err = child.communicate()
+    finally:  # a signal or Ctrl-C here: the child ends now (and it dies with this process anyway)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
     if child.returncode != 0:
         if child.returncode == -signal.SIGKILL:  # the kernel's OOM killer, despite the limit
             return Trial(spec.batch_size, None)

@@ -3,8 +3,8 @@ and host named, instead of hanging forever (a rank stopped, hung on a device, or
 lost peer).
 
 Every rank runs a watchdog thread while it trains (warm-up and timed steps). Each second it
-writes this rank's heartbeat into a directory the ranks share (the output directory, or a
-temporary one on one host): the steps done, when the last one ended, the median step time and
+writes this rank's heartbeat into a directory the ranks share (:func:`heartbeat_dir`): the
+steps done, when the last one ended, the median step time and
 a tick that shows the process itself is alive. It reads the others' and, when some rank has
 completed no step for ``max(floor, FACTOR x median step)``, says which rank stalled and ends
 every rank (MPI_Abort). A frozen rank (stopped, its tick old) is the culprit; otherwise the
@@ -16,15 +16,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
+import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 from hpcdl import reader
+from hpcdl.parallel.launch import SCRATCH_ENV, keep_until_launcher_ends
 from hpcdl.parallel.world import World
 
 FACTOR = 20
@@ -97,6 +101,43 @@ class Watchdog:
                 print(f"hpcdl: {verdict}; ending the run", file=sys.stderr, flush=True)
                 self.world.abort(1)
                 os._exit(1)  # without MPI (one process cannot stall itself, but be sure)
+
+
+HEARTBEATS = ".hpcdl-heartbeats"
+"""under the output folder, where ranks that share no other folder meet"""
+
+
+def heartbeat_dir(output_dir: str | Path | None, world: World) -> Path | None:
+    """Where the ranks' watchdogs meet (None alone): a new folder in the launcher's scratch
+    folder (``launch.SCRATCH_ENV``), else in this host's temporary folder, when every rank sees
+    it; else, ranks on several nodes that share neither, under the output folder, which the
+    launcher, if there is one, removes when it ends. Rank 0 removes it too when training ends
+    (:func:`remove_heartbeats`)."""
+    if world.size == 1:
+        return None
+    made = None
+    if world.rank == 0:
+        scratch = os.environ.get(SCRATCH_ENV)  # the launcher's: on another node, not here
+        made = tempfile.mkdtemp(
+            prefix="hpcdl-heartbeats-", dir=scratch if scratch and os.path.isdir(scratch) else None
+        )
+    made = world.bcast(made)
+    if all(world.allgather(os.path.isdir(made))):
+        return Path(made)
+    fallback = world.bcast(uuid.uuid4().hex if world.rank == 0 else None)
+    base = Path(output_dir) if output_dir is not None else Path(tempfile.gettempdir())
+    if world.rank == 0:
+        os.rmdir(made)
+        keep_until_launcher_ends(base / HEARTBEATS / fallback)
+    return base / HEARTBEATS / fallback
+
+
+def remove_heartbeats(directory: Path) -> None:
+    """Rank 0, when training ends: the folder, and the output folder's folder of them once empty."""
+    shutil.rmtree(directory, ignore_errors=True)
+    if directory.parent.name == HEARTBEATS:
+        with contextlib.suppress(OSError):
+            directory.parent.rmdir()
 
 
 def read_beats(directory: Path) -> list[dict[str, Any]]:

@@ -6,7 +6,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
+import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,10 +17,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 from hpcdl.errors import HpcdlError, InputError
 
@@ -68,8 +72,10 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
-class Terminated(Exception):
-    """This process was told to stop (SIGTERM: ``kill``, ``scancel``; SIGHUP: its terminal closed)."""
+class Terminated(BaseException):
+    """This process was told to stop (SIGTERM: ``kill``, ``scancel``; SIGHUP: its terminal closed).
+    Not an ``Exception``, as ``KeyboardInterrupt`` is not: no handler of errors takes it for one
+    (a user's model code, a plugin), and every ``finally`` runs on its way out."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -129,6 +135,10 @@ a sweep, ``hpcdl submit`` running points here), comma-separated, each ``SPACE/PI
 (SPACE: the kernel's boot id and pid namespace; START: the process's start time, so that a
 reused pid is not taken for it). A launcher killed with SIGKILL cannot mark its run stopped;
 its absence says so instead."""
+SCRATCH_ENV = "HPCDL_SCRATCH"
+"""a private folder of the launcher's, for what its run keeps only while it runs (the ranks'
+heartbeats): the launcher removes it on every way it ends, so a run never leaves scratch state in
+its output folder. Its file ``remove`` lists what the run keeps elsewhere, removed with it."""
 PR_SET_PDEATHSIG = 1
 
 
@@ -215,10 +225,22 @@ def die_with_parent(parent: int | None = None) -> None:
     signal). Called in a launcher's child before it runs, so that mpirun and its ranks never
     outlive it, and by a process started by another's hand (a point of ``hpcdl submit``).
     ``parent``: the pid the parent had; gone already (it died before this call), SIGTERM now."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    _libc().prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if parent is not None and os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def dies_with_this_process() -> Callable[[], None]:
+    """A ``preexec_fn`` for every child hpcdl starts (mpirun, a rank, a fit's trial): it gets the
+    parent-death signal before it runs, so it never outlives this process (even killed with
+    SIGKILL). libc is loaded here, before the fork: the child only calls it."""
+    _libc()
+    return partial(die_with_parent, os.getpid())
 
 
 def launch(np: int, argv: Sequence[str], timeout_s: float | None = None) -> int:
@@ -235,13 +257,18 @@ def supervise(cmd: list[str], what: str, timeout_s: float | None) -> int:
     then ends the whole session; the child also dies with this process, and its rank 0 writes
     no record once this process is gone (``LAUNCHERS_ENV``): without these, mpirun and its ranks
     would outlive us and a stopped run could still write its record."""
-    with tempfile.TemporaryDirectory(prefix="hpcdl-launch-") as private:
+    with private_folder("launch") as private, _removed_after(private):
         stop = os.path.join(private, "stop")
-        env = {**mpi_env(), **launcher_env(), STOP_ENV: stop}
-        die = partial(die_with_parent, os.getpid())
+        env = {**mpi_env(), **launcher_env(), STOP_ENV: stop, SCRATCH_ENV: private}
+        die = dies_with_this_process()
         raise_if_terminated()  # a signal whose exception an earlier fork's callback swallowed
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die)
-        with stop_signals_raise():
+        # mpirun's stderr passes through relay_errors (a single process has no MPI to abort,
+        # and keeps its terminal: a progress bar draws there)
+        errors = None if cmd[0] == sys.executable else subprocess.PIPE
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die, stderr=errors)
+        relay = threading.Thread(target=relay_errors, args=(proc.stderr,), name="hpcdl-stderr", daemon=True)
+        relay.start()
+        with stop_signals_raise(), _relayed(relay):
             try:
                 raise_if_terminated()  # ... or this fork's
                 return proc.wait(timeout=timeout_s)
@@ -253,9 +280,104 @@ def supervise(cmd: list[str], what: str, timeout_s: float | None) -> int:
                 print(f"hpcdl: terminated ({e}); ending the {what}", file=sys.stderr, flush=True)
                 _end(proc, stop)
                 return e.code
-            except KeyboardInterrupt:
+            except BaseException:  # Ctrl-C, or any other way out of here: the child ends first
                 _end(proc, stop)
                 raise
+
+
+def _space_tag() -> str:
+    """This kernel and pid namespace, short (a temporary folder may be shared with others)."""
+    return hashlib.sha256(str(_pid_space()).encode()).hexdigest()[:8]
+
+
+def _owned(kind: str, hidden: bool) -> str:
+    return f"{'.' if hidden else ''}hpcdl-{kind}-{_space_tag()}"
+
+
+@contextlib.contextmanager
+def private_folder(kind: str, where: str | Path | None = None, hidden: bool = False) -> Iterator[str]:
+    """A new folder (in ``where``, else the temporary folder) for what a command keeps only
+    while it runs: a launcher's scratch, an archive extracted, a package staged. It goes when the
+    command ends, however (SIGTERM unwinds every command); one left by a process killed with
+    SIGKILL, which removes nothing, is named for that process (pid space, pid, start time) and
+    removed by the next command of its ``kind`` (:func:`remove_stale`)."""
+    remove_stale(kind, where, hidden)
+    prefix = f"{_owned(kind, hidden)}.{os.getpid()}.{_start_time(os.getpid())}-"
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=where) as folder:
+        yield folder
+
+
+def remove_stale(kind: str, where: str | Path | None = None, hidden: bool = False) -> None:
+    """Remove the private folders of ``kind`` in ``where`` (and what a launcher's lists) whose
+    process is gone."""
+    pattern = re.compile(rf"{re.escape(_owned(kind, hidden))}\.(\d+)\.(\d+)-[^/]+")
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(where or tempfile.gettempdir()):
+            named = pattern.fullmatch(entry.name)
+            if named and entry.is_dir(follow_symlinks=False) and _start_time(int(named[1])) != named[2]:
+                with _removed_after(entry.path):
+                    pass
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def keep_until_launcher_ends(path: Path) -> None:
+    """Have this process's launcher remove ``path`` (a folder) when it ends, however the run
+    ends (a rank killed cannot remove what it made); nothing without a launcher here."""
+    scratch = os.environ.get(SCRATCH_ENV)
+    if scratch and os.path.isdir(scratch):
+        with open(os.path.join(scratch, "remove"), "a") as f:
+            f.write(f"{path}\n")
+
+
+@contextlib.contextmanager
+def _removed_after(scratch: str) -> Iterator[None]:
+    """On the way out, the folders the run asked to be removed (``keep_until_launcher_ends``)."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            for line in Path(scratch, "remove").read_text().splitlines():
+                shutil.rmtree(line, ignore_errors=True)
+                with contextlib.suppress(OSError):  # the folder of all runs' ones, once empty
+                    Path(line).parent.rmdir()
+
+
+ABORT_BANNER = re.compile(
+    rb"MPI_ABORT was invoked on rank|help-mpi-api\.txt / mpi-abort|orte_base_help_aggregate"
+)
+"""what Open MPI says after a rank called MPI_Abort: a boxed banner (``MPI_ABORT was invoked on
+rank ...``) and, from several ranks, a count of the same; hpcdl said why in its own line first"""
+RULE = b"-" * 74
+"""the rule above and below each of Open MPI's boxed messages"""
+
+
+def relay_errors(source: IO[bytes] | None, sink_fd: int = 2) -> None:
+    """Copy a child's stderr to ``sink_fd`` line by line as it comes, without Open MPI's banner
+    after an abort (``ABORT_BANNER``): the failure stays hpcdl's one line. Every other block of
+    Open MPI's (why a launch failed, which rank died of which signal) passes."""
+    if source is None:
+        return
+    block: list[bytes] = []
+    for line in iter(source.readline, b""):
+        rule = line.rstrip() == RULE
+        if block or rule:  # inside one of Open MPI's boxed messages, or its start
+            block.append(line)
+            if len(block) == 1 or not rule:
+                continue
+            line, block = b"".join(block), []
+        if not ABORT_BANNER.search(line):
+            os.write(sink_fd, line)
+    if block:
+        os.write(sink_fd, b"".join(block))
+
+
+@contextlib.contextmanager
+def _relayed(relay: threading.Thread) -> Iterator[None]:
+    """Wait, on the way out, until the child's stderr is all relayed (the child has ended)."""
+    try:
+        yield
+    finally:
+        relay.join(timeout=10)
 
 
 def _end(proc: subprocess.Popen[bytes], stop: str) -> None:

@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -15,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpcdl.errors import InputError
+from hpcdl.errors import HpcdlError, InputError
 from hpcdl.proxy.training import Batch, LossFn, first_tensor
 
 FIELD = "model"
@@ -57,16 +59,35 @@ def resolve_syntax(ref: str) -> tuple[str, str]:
     return where, attr
 
 
+@contextlib.contextmanager
+def user_code(ref: str, doing: str) -> Iterator[None]:
+    """Around what runs the code a reference names (its import, its callable, its steps): an
+    exception of that code is a one-line ``InputError`` naming the reference, what it was
+    ``doing`` and the exception (exit 2), not its traceback. hpcdl's own errors (and running out
+    of device memory, which the CLI says in its own line) pass as they are."""
+    try:
+        yield
+    except HpcdlError:
+        raise
+    except Exception as e:
+        if type(e).__name__ == "OutOfMemoryError":
+            raise
+        first = (str(e).strip().splitlines() or [""])[0]
+        said = f": {first if len(first) <= 200 else first[:197] + '...'}" if first else ""
+        raise InputError(FIELD, ref, f"{doing} raised {type(e).__name__}{said}") from None
+
+
 def resolve(ref: str) -> Any:
     """The callable an import reference names; a one-line ``InputError`` when it does not resolve.
 
     Importing runs the module's (or the file's) code: call this only with a reference the user
     gave on the command line or in Python, never with one read from a document (issue 16)."""
     where, attr = resolve_syntax(ref)
-    try:
-        obj: Any = _import(where, ref)
-    except ImportError as e:
-        raise InputError(FIELD, ref, f"cannot be imported ({e})") from None
+    with user_code(ref, f"importing {where}"):
+        try:
+            obj: Any = _import(where, ref)
+        except ImportError as e:
+            raise InputError(FIELD, ref, f"cannot be imported ({e})") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise InputError(FIELD, ref, f"{where} has no attribute {attr}")
@@ -78,7 +99,9 @@ def resolve(ref: str) -> Any:
 
 def load_model(ref: str) -> RealModel:
     """Call the reference and check that it returned a module and an example batch."""
-    made = resolve(ref)()
+    made_by = resolve(ref)
+    with user_code(ref, f"calling {ref.rpartition(':')[2]}()"):
+        made = made_by()
     shape = "(module, example batch) or (module, example batch, loss_fn)"
     if not isinstance(made, tuple) or len(made) not in (2, 3):
         raise InputError(FIELD, ref, f"must return {shape}; it returned {type(made).__name__}")

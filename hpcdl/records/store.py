@@ -177,10 +177,26 @@ def _written(directory: Path, name: str, data: bytes, temps: list[str]) -> str:
 
 @contextlib.contextmanager
 def _name_lock(directory: Path, name: str) -> Iterator[None]:
-    """Serialise writers of one record name (two runs given the same --name)."""
-    with open(directory / f".{name}.lock", "a") as f:
+    """Serialise writers of one record name (two runs given the same --name). The lock file is
+    removed by its holder when done, so that an output folder holds records and steps files
+    only: a writer that waited on a file since removed finds it replaced (another inode, or
+    none) and takes the lock again on the file now there."""
+    path = directory / f".{name}.lock"
+    while True:
+        f = open(path, "a")
         fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            same = os.path.samestat(os.fstat(f.fileno()), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        f.close()
+    try:
         yield
+    finally:
+        path.unlink(missing_ok=True)  # still holding the lock: no writer takes this file any more
+        f.close()
 
 
 def _steps_of(path: Path) -> str | None:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from hpcdl.errors import InputError
+from hpcdl.escape import shell_word
 from hpcdl.records.loader import Unreadable, read_object, read_record
 from hpcdl.records.views import RankRow, compute_times
 from hpcdl.results.text import si
@@ -289,7 +290,7 @@ def report(doc: dict[str, Any]) -> str:
     lines += [f"warning: {w}" for w in doc["warnings"]]
     lines += [f"note: {n}" for n in doc.get("notes", [])]
     if doc["exclude"]:
-        lines.append(f"sbatch --exclude={','.join(doc['exclude'])}")
+        lines.append(f"sbatch --exclude={shell_word(','.join(doc['exclude']))}")
     elif not doc["flags"]:
         lines.append(f"nothing below {t:g} x the {'baseline' if doc.get('baseline') else 'median'}")
     return "\n".join(lines)

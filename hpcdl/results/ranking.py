@@ -7,22 +7,21 @@ named by the directory or as ``NAME=DIR``. Rejected records are listed with the 
 
 from __future__ import annotations
 
-import csv
-import html
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from hpcdl.errors import InputError
+from hpcdl.escape import html_text, markdown_text
 from hpcdl.records import schema
 from hpcdl.records.audit import Audit, audit, gate_problems
 from hpcdl.records.loader import Document, Record, SweepSummary, beside, load_tree
 from hpcdl.records.store import write_record
 from hpcdl.results.output import output_dir
 from hpcdl.results.score import SystemScore, execution_mode, list_key, record_class, score_system, split_key
-from hpcdl.results.text import HTML_STYLE, html_table, mfu_text, si, table
+from hpcdl.results.text import HTML_STYLE, csv_text, html_table, mfu_text, si, table
 from hpcdl.scaling.table import scaling_table
 from hpcdl.workloads import recipes
 
@@ -279,18 +278,18 @@ def unclassed_note(r: Ranking) -> str:
 
 def _markdown(r: Ranking) -> str:
     def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+        return "| " + " | ".join(markdown_text(c) for c in cells) + " |"
 
     def tab(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
         return [line(head), line(["---"] * len(head)), *(line(row) for row in body)] if body else ["none"]
 
     text = ["# hpcdl ranking", "", INTRO]
     for size_class in r.lists:
-        text += ["", f"## {class_title(size_class)}", "", *tab(HEADER, rows(r, size_class))]
+        text += ["", f"## {markdown_text(class_title(size_class))}", "", *tab(HEADER, rows(r, size_class))]
     if r.unclassed:
-        text += ["", unclassed_note(r)]
+        text += ["", markdown_text(unclassed_note(r))]
     for title, head, body in detail_tables(r):
-        text += ["", f"## {title}", "", *tab(head, body)]
+        text += ["", f"## {markdown_text(title)}", "", *tab(head, body)]
     return "\n".join(text) + "\n"
 
 
@@ -298,12 +297,12 @@ def _html(r: Ranking) -> str:
     def tab(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
         return html_table(head, body) if body else "<p>none</p>"
 
-    lists = "".join(f"<h2>{html.escape(class_title(c))}</h2>{tab(HEADER, rows(r, c))}" for c in r.lists)
-    note = f"<p>{html.escape(unclassed_note(r))}</p>" if r.unclassed else ""
-    details = "".join(f"<h2>{html.escape(t)}</h2>{tab(h, b)}" for t, h, b in detail_tables(r))
+    lists = "".join(f"<h2>{html_text(class_title(c))}</h2>{tab(HEADER, rows(r, c))}" for c in r.lists)
+    note = f"<p>{html_text(unclassed_note(r))}</p>" if r.unclassed else ""
+    details = "".join(f"<h2>{html_text(t)}</h2>{tab(h, b)}" for t, h, b in detail_tables(r))
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>hpcdl ranking</title>"
-        f"<style>{HTML_STYLE}</style></head><body><h1>hpcdl ranking</h1><p>{html.escape(INTRO)}</p>"
+        f"<style>{HTML_STYLE}</style></head><body><h1>hpcdl ranking</h1><p>{html_text(INTRO)}</p>"
         + lists
         + note
         + details
@@ -316,10 +315,9 @@ def write(r: Ranking, out: Path) -> list[Path]:
     when ``out`` cannot be written."""
     with output_dir("rank.output", out):
         paths = [out / "ranking.md", out / "ranking.html", out / "ranking.csv"]
-        paths[0].write_text(_markdown(r))
-        paths[1].write_text(_html(r))
-        with open(paths[2], "w", newline="") as f:
-            _csv(r, f)
+        paths[0].write_text(_markdown(r), encoding="utf-8")
+        paths[1].write_text(_html(r), encoding="utf-8")
+        paths[2].write_text(_csv(r), encoding="utf-8", newline="")
         doc: dict[str, Any] = {
             "schema": schema.RANKING,
             "classes": {c: [asdict(s) for s in scores] for c, scores in r.lists.items()},
@@ -346,33 +344,32 @@ FIGURE_COLUMNS = [
 """the columns of a system's figures in every CSV list (hpcdl rank, hpcdl list-site)"""
 
 
-def _csv(r: Ranking, f: TextIO) -> None:
-    w = csv.writer(f)
-    w.writerow(["class", "rank", "system", *FIGURE_COLUMNS, "reason"])
-    for size_class, scores in r.lists.items():
-        for place, s in enumerate(scores, 1):  # ranked systems come first
-            _csv_row(w, size_class, place, s)
+def _csv(r: Ranking) -> str:
+    rows = [
+        _csv_row(size_class, place, s)
+        for size_class, scores in r.lists.items()
+        for place, s in enumerate(scores, 1)  # ranked systems come first
+    ]
+    return csv_text(["class", "rank", "system", *FIGURE_COLUMNS, "reason"], rows)
 
 
-def _csv_row(w: Any, size_class: str, place: int, s: SystemScore) -> None:
-    w.writerow(
-        [
-            size_class,
-            place if s.score is not None else "",
-            s.system,
-            s.nodes or "",
-            s.world_size or "",
-            s.device,
-            s.score or "",
-            s.regulated if s.regulated is not None else "",
-            s.efficiency or "",
-            s.efficiency_base or "",
-            s.ai_ops_per_watt or "",
-            s.time_to_quality_s or "",
-            s.date,
-            s.reason,
-        ]
-    )
+def _csv_row(size_class: str, place: int, s: SystemScore) -> list[Any]:
+    return [
+        size_class,
+        place if s.score is not None else "",
+        s.system,
+        s.nodes or "",
+        s.world_size or "",
+        s.device,
+        s.score or "",
+        s.regulated if s.regulated is not None else "",
+        s.efficiency or "",
+        s.efficiency_base or "",
+        s.ai_ops_per_watt or "",
+        s.time_to_quality_s or "",
+        s.date,
+        s.reason,
+    ]
 
 
 def terminal_table(r: Ranking) -> str:

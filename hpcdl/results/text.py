@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import html
+import csv
+import io
 import textwrap
 from collections.abc import Sequence
+from typing import Any
+
+from hpcdl.escape import csv_cell, html_text
 
 NOTE_WIDTH = 100
 """the width a note below a table is wrapped to (a table may be wider: its rows stay whole)"""
@@ -78,7 +82,17 @@ HTML_STYLE = (
 
 def html_table(head: Sequence[str], rows: Sequence[Sequence[str]], css: str = "") -> str:
     """An HTML table; every cell is escaped here, so callers pass plain text."""
-    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    attr = f" class='{html.escape(css)}'" if css else ""
+    th = "".join(f"<th>{html_text(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html_text(c)}</td>" for c in row) + "</tr>" for row in rows)
+    attr = f" class='{html_text(css)}'" if css else ""
     return f"<table{attr}><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def csv_text(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A CSV list (``hpcdl rank``, ``hpcdl list-site``): None as an empty cell, every string
+    cell that a spreadsheet would evaluate as a formula neutralised (``escape.csv_cell``)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    w.writerows([csv_cell("" if c is None else c) for c in row] for row in rows)
+    return buf.getvalue()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from hpcdl.records import schema
 from hpcdl.records.audit import audit
 from hpcdl.records.loader import Unreadable, read_record
 from hpcdl.records.repeats import repeat_name
+from hpcdl.records.store import NAME_RE
 from hpcdl.workloads.registry import canonical, spec_from_dict
 
 if TYPE_CHECKING:
@@ -124,13 +126,54 @@ class Point:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Point:
         """The point of a dict that holds its fields (and maybe more, as a state-file entry;
-        fields added later may be missing)."""
+        fields added later may be missing). A point file is a document, read from disk: each
+        field is checked for its type (``FIELD_RULES``), and a ``KeyError`` or ``TypeError``
+        names the first that is missing or wrong."""
 
         def required(f: dataclasses.Field[Any]) -> bool:
             return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
         fields = [f for f in dataclasses.fields(cls) if f.name in d or required(f)]
-        return cls(**{f.name: d[f.name] for f in fields})
+        values = {f.name: d[f.name] for f in fields}
+        for name, value in values.items():
+            ok, allowed = FIELD_RULES[name]
+            if not ok(value):
+                shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+                raise TypeError(f"point field {name}={shown} is invalid: {allowed}")
+        return cls(**values)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1_000_000
+
+
+def _name(value: Any) -> bool:
+    return isinstance(value, str) and bool(NAME_RE.fullmatch(value)) and ".." not in value
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and "\0" not in value
+
+
+FIELD_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "job": (_name, "a job's name: letters, digits and ._-"),
+    "name": (_name, "a point's name, a file name: letters, digits and ._-"),
+    "nodes": (_count, "an integer from 1 to 1,000,000"),
+    "tasks_per_node": (_count, "an integer from 1 to 1,000,000"),
+    "spec": (lambda v: isinstance(v, dict), "a table of the workload's knobs"),
+    "run": (lambda v: isinstance(v, dict), "a table of run settings"),
+    "output": (_text, "a folder's path"),
+    "launcher": (_text, "a launcher's name"),
+    "cluster": (_text, "a scheduler's name"),
+    "repeat": (_count, "an integer from 1 to 1,000,000"),
+    "instances": (_count, "an integer from 1 to 1,000,000"),
+    "per_device": (_count, "an integer from 1 to 1,000,000"),
+    "workloads": (
+        lambda v: isinstance(v, dict) and all(isinstance(w, dict) for w in v.values()),
+        "a table of a class's workloads, each a table of knobs",
+    ),
+}
+"""each field of a point: what it must be, and that in words"""
 
 
 def _but_batch(spec: dict[str, Any], fitted: bool) -> dict[str, Any]:

@@ -5,14 +5,16 @@ problem, and a summary a reviewer reads."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcdl.reader import size_text
 from hpcdl.records.loader import Unreadable
 from hpcdl.results.text import si, table
 from hpcdl.submission import manifest, system
 from hpcdl.submission.archive import extract
-from hpcdl.submission.layout import DESCRIPTIONS, RESULTS, walk
+from hpcdl.submission.layout import DESCRIPTIONS, MAX_FILES, MAX_TOTAL_BYTES, RESULTS, walk
 from hpcdl.submission.system import Description
 from hpcdl.submission.verify import Verified, score_line, summary_rows, verify
 
@@ -59,8 +61,14 @@ def check_folder(root: Path, shown: str) -> Report:
     if root.is_symlink() or not root.is_dir():
         problems.append(f"{shown}: not a submission folder or a .tar.gz, .tgz or .tar archive")
         return report
-    entries = [e for e in walk(root) if e.kind != "dir"]
+    walked = list(itertools.islice(walk(root), MAX_FILES + 1))  # a folder is bounded as an archive is
+    entries = [e for e in walked if e.kind != "dir"]
     report.files, report.bytes = len(entries), sum(e.size for e in entries)
+    if len(walked) > MAX_FILES or report.bytes > MAX_TOTAL_BYTES:
+        problems.append(
+            f"{shown}: more than {MAX_FILES} files and folders, or {size_text(MAX_TOTAL_BYTES)}: not read"
+        )
+        return report
     odd = [e for e in entries if e.kind != "file"]  # each named by the manifest's check
     try:
         report.manifest = manifest.read(root)

@@ -27,8 +27,24 @@ KINDS = (".json", ".h5", ".toml", ".log", ".out", ".err", ".txt", ".md")
 files, logs and notes; figures and pages (.png, .html) are made again from these"""
 MAX_FILES = 100_000
 """files in one submission: a sweep of 4,096 points with repeats is a few thousand"""
-MAX_TOTAL_BYTES = 64 << 30
-"""all files of one submission together"""
+MAX_TOTAL_BYTES = 16 << 30
+"""all files of one submission together, uncompressed: a steps file holds about 100 bytes per
+step and column, so thousands of records take well under a gigabyte"""
+MAX_RATIO = 200
+"""an archive's files together at most this many times the archive's own size (a gzip bomb
+expands about 1,000 times; records and steps files about 5 to 20 times)..."""
+RATIO_FLOOR = 256 << 20
+"""... once they are more than this (a small archive's padding compresses far better)"""
+MAX_NAME_CHARS = 1024
+"""the most characters of one member's path"""
+MAX_PART_BYTES = 255
+"""the most bytes (UTF-8) of one part of a path: every file system's own limit"""
+MAX_DEPTH = 32
+"""the most folders a path goes down (results/SYSTEM/sweep/point/... is 5)"""
+MAX_HEADER_BYTES = 1 << 20
+"""the most bytes of one header an archive's reader reads at once (a long name, pax records)"""
+MAX_SECONDS = 300.0
+"""reading and extracting one archive, all together (a checksum then reads what was extracted)"""
 
 
 def limit_of(name: str) -> int:

@@ -4,16 +4,17 @@ runs; results that do not verify are never packaged."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import tarfile
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcdl.errors import HpcdlError, InputError
+from hpcdl.parallel.launch import private_folder
 from hpcdl.records.loader import Unreadable, open_regular
 from hpcdl.submission import manifest, system
 from hpcdl.submission.check import Report, check_folder
@@ -62,13 +63,13 @@ def package(results: Path, description: Path, out: Path) -> Packaged:
         raise InputError("package.output", str(out), "a file in an existing directory")
     name = match.group(1)
     done = Packaged(out)
-    try:
-        staging = tempfile.TemporaryDirectory(prefix=".hpcdl-package-", dir=out.parent)
-    except OSError as e:
-        raise InputError(
-            "package.output", str(out), f"a folder that can be written ({e.strerror or e})"
-        ) from None
-    with staging as tmp:
+    with contextlib.ExitStack() as staging:
+        try:  # beside the archive, hidden; it goes however package ends (or at the next one)
+            tmp = staging.enter_context(private_folder("package", out.parent, hidden=True))
+        except OSError as e:
+            raise InputError(
+                "package.output", str(out), f"a folder that can be written ({e.strerror or e})"
+            ) from None
         # Staged as the folder the archive will hold, so that it is checked exactly as a list
         # maintainer will check it, before the archive exists.
         stage = Path(tmp) / name

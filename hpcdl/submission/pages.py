@@ -4,12 +4,12 @@ submission is escaped (a description is data written by whoever submitted it).""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcdl.escape import html_text
 from hpcdl.results.ranking import INTRO, time_to_quality
 from hpcdl.results.score import SystemScore
 from hpcdl.results.text import HTML_STYLE, mfu_text, si
@@ -56,11 +56,11 @@ class Raw(str):
 
 
 def esc(value: Any) -> str:
-    return value if isinstance(value, Raw) else html.escape(str(value))
+    return value if isinstance(value, Raw) else html_text(value)
 
 
 def link(href: str, text: str) -> Raw:
-    return Raw(f"<a href='{html.escape(href)}'>{html.escape(text)}</a>")
+    return Raw(f"<a href='{html_text(href)}'>{html_text(text)}</a>")
 
 
 def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

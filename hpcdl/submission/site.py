@@ -7,22 +7,23 @@ apart with their problems, never ranked."""
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import os
-import tempfile
+import re
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpcdl.errors import HpcdlError
+from hpcdl.parallel.launch import private_folder
 from hpcdl.records import schema
 from hpcdl.results.output import output_dir
 from hpcdl.results.ranking import FIGURE_COLUMNS
 from hpcdl.results.report import write_report
+from hpcdl.results.text import csv_text
 from hpcdl.submission import pages
 from hpcdl.submission.check import Report, check
 from hpcdl.submission.layout import RESULTS
@@ -57,7 +58,7 @@ def build(paths: Sequence[Path], out: Path, say: Callable[[str], None] = print) 
     """Check every submission, then write the site into ``out``; :class:`InputError` when
     ``out`` cannot be written."""
     site = Site()
-    with tempfile.TemporaryDirectory(prefix="hpcdl-list-") as tmp:
+    with private_folder("list") as tmp:
         owners: dict[str, str] = {}  # record digest -> the system whose submission holds it
         for i, path in enumerate(paths):
             work = Path(tmp) / str(i)
@@ -73,8 +74,18 @@ def build(paths: Sequence[Path], out: Path, say: Callable[[str], None] = print) 
 
 
 def _reports(site: Site, out: Path, say: Callable[[str], None]) -> None:
-    """``hpcdl report`` of each entry's results, once per distinct set of results."""
+    """``hpcdl report`` of each entry's results, once per distinct set of results; the reports
+    an earlier build made of results no entry holds now are removed."""
     made: set[str] = set()
+    current = {results_id(e.report) for e in site.entries}
+    for old in out.glob("reports/*"):
+        if (
+            REPORT_ID.fullmatch(old.name)
+            and old.name not in current
+            and old.is_dir()
+            and not old.is_symlink()
+        ):
+            shutil.rmtree(old)
     for e in site.entries:
         e.report_dir = f"reports/{results_id(e.report)}"
         if e.report_dir in made:
@@ -85,6 +96,10 @@ def _reports(site: Site, out: Path, say: Callable[[str], None]) -> None:
         except HpcdlError as err:  # a report needs records; a verified submission has them
             say(f"list-site: no report for {e.name} {e.edition}: {err}")
         made.add(e.report_dir)
+
+
+REPORT_ID = re.compile(r"[0-9a-f]{16}")
+"""the name of a report's folder (``results_id``): what a rebuild may remove"""
 
 
 def results_id(report: Report) -> str:
@@ -184,11 +199,8 @@ def write_site(site: Site, out: Path) -> None:
     for key, entries in lists.items():
         name = list_name(key)
         rows = [row(i, e) for i, e in enumerate(entries, 1)]
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, COLUMNS, lineterminator="\n")
-        w.writeheader()
-        w.writerows({k: "" if v is None else v for k, v in r.items()} for r in rows)
-        (out / f"{name}.csv").write_text(buf.getvalue(), encoding="utf-8")
+        table = csv_text(COLUMNS, [[r[c] for c in COLUMNS] for r in rows])
+        (out / f"{name}.csv").write_text(table, encoding="utf-8", newline="")
         doc = {
             "schema": schema.LIST,
             "class": key[0],

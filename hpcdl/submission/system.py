@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from hpcdl import reader
 from hpcdl.errors import HpcdlError
+from hpcdl.escape import printable
 from hpcdl.records.loader import Unreadable, read_object
 
 T = TypeVar("T")
@@ -262,5 +263,9 @@ def to_toml(data: Mapping[str, Any], comments: bool = True) -> str:
 
 
 def _toml_line(key: str, value: Any, text: str | None, comments: bool) -> str:
-    line = f"{key} = {json.dumps(value, ensure_ascii=False)}"  # a JSON string or number is a TOML one too
+    # a JSON string or number is a TOML one too; a string from a record (a device's name) is
+    # printable first: TOML has no escape for a byte that is not UTF-8, and a control character
+    # is best seen in a file a person edits
+    shown = printable(value) if isinstance(value, str) else value
+    line = f"{key} = {json.dumps(shown, ensure_ascii=False)}"
     return f"{line}  # {text}" if comments and text else line

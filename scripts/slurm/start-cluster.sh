@@ -60,6 +60,8 @@ PROLOG=$ETC/hpcdl-task-prolog.sh
 DB_NAME=hpcdl_slurm_acct_db
 NETWORK="${HPCDL_SLURM_NETWORK:-loopback}"
 CLUSTER_SH="$(dirname "$(readlink -f "$0")")/../cluster/cluster.sh"
+# every daemon below starts through inherit_nothing: it keeps no descriptor this script inherited
+. "$(dirname "$(readlink -f "$0")")/inherit-nothing.sh"
 
 T0=$(date +%s%N)
 log() { local ms=$(( ($(date +%s%N) - T0) / 1000000 )); printf '[start-cluster %3d.%03ds] %s\n' $((ms / 1000)) $((ms % 1000)) "$*"; }
@@ -159,7 +161,7 @@ else
   rm -f "$RUN/munged.pid"
   install -d -o munge -g munge -m 0755 /run/munge
   install -d -o munge -g munge -m 0700 /var/log/munge /var/lib/munge
-  runuser -u munge -- /usr/sbin/munged </dev/null >/dev/null 2>&1
+  inherit_nothing runuser -u munge -- /usr/sbin/munged </dev/null >/dev/null 2>&1
   wait_for 10 sh -c 'munge -n | unmunge' || die "munged did not start (see /var/log/munge/munged.log)"
   cp /run/munge/munged.pid "$RUN/munged.pid"   # marks it as ours, for stop-cluster.sh
   log "munged started (pid $(cat "$RUN/munged.pid"))"
@@ -245,7 +247,7 @@ else
   install -d -o mysql -g mysql /run/mysqld "$LOG/mysql"
   rm -f /run/mysqld/hpcdl-mariadbd.pid
   # Unix socket only (/run/mysqld/mysqld.sock); root connects through unix_socket auth.
-  setsid /usr/sbin/mariadbd --user=mysql --skip-networking --innodb-lock-wait-timeout=900 \
+  inherit_nothing setsid /usr/sbin/mariadbd --user=mysql --skip-networking --innodb-lock-wait-timeout=900 \
     --pid-file=/run/mysqld/hpcdl-mariadbd.pid --log-error="$LOG/mysql/mariadbd.log" \
     </dev/null >/dev/null 2>&1 &
   wait_for 60 mariadb -e 'select 1' || die "MariaDB did not start (see $LOG/mysql/mariadbd.log)"
@@ -274,7 +276,7 @@ if [ "$NEWDBD" != "$(cat "$DBDCONF" 2>/dev/null)" ]; then
 fi
 chmod 600 "$DBDCONF"
 if ! alive "$RUN/slurmdbd.pid" /usr/sbin/slurmdbd; then
-  on_head slurmdbd </dev/null >/dev/null 2>&1
+  inherit_nothing on_head slurmdbd </dev/null >/dev/null 2>&1
   log "slurmdbd started (pid $(cat "$RUN/slurmdbd.pid" 2>/dev/null))"
 fi
 wait_for 60 on_head sacctmgr -n list cluster || die "slurmdbd not answering (see $LOG/slurmdbd.log)"
@@ -295,7 +297,7 @@ done
 [ ${#stop[@]} = 0 ] || { stop_pidfiles "${stop[@]}"; log "stopped $(( ${#stop[@]} / 2 )) slurm daemon(s) to apply the new config"; }
 
 if ! alive "$RUN/slurmctld.pid" "$CTLD_EXE"; then
-  on_head slurmctld </dev/null >/dev/null 2>&1
+  inherit_nothing on_head slurmctld </dev/null >/dev/null 2>&1
   log "slurmctld started (pid $(cat "$RUN/slurmctld.pid" 2>/dev/null))"
 fi
 wait_for 30 on_head scontrol ping || die "slurmctld not answering (see $LOG/slurmctld.log)"
@@ -325,13 +327,13 @@ for i in $(seq 1 "$NODES"); do
     # host hI's network, a UTS namespace named nI, and the host's resolv.conf (no DNS server on the
     # emulated network: lookups fail at once) in a mount namespace of its own; /etc/hosts stays
     # the machine's, where the block above names the nodes
-    nsenter --net="/run/netns/hpcdl-h$i" unshare --uts --mount sh -c \
+    inherit_nothing nsenter --net="/run/netns/hpcdl-h$i" unshare --uts --mount sh -c \
       "mount --bind /etc/netns/hpcdl-h$i/resolv.conf /etc/resolv.conf && hostname $n && exec slurmd -N $n" \
       </dev/null >/dev/null 2>&1
   elif [ $UTS = 1 ]; then   # own hostname per node; the network (loopback) is shared
-    unshare --uts sh -c "hostname $n && exec slurmd -N $n" </dev/null >/dev/null 2>&1
+    inherit_nothing unshare --uts sh -c "hostname $n && exec slurmd -N $n" </dev/null >/dev/null 2>&1
   else
-    slurmd -N "$n" </dev/null >/dev/null 2>&1
+    inherit_nothing slurmd -N "$n" </dev/null >/dev/null 2>&1
   fi
 done
 [ $UTS = 1 ] || log "WARNING: unshare --uts not permitted: every node reports this host's name"

@@ -8,11 +8,11 @@ Every string taken from the diagnosis is escaped: it is data, possibly from anot
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hpcdl.escape import html_text, shell_word
 from hpcdl.measure.environment import hpcdl_version
 from hpcdl.results.diagnosis import FIGURES, SHOWN, key
 from hpcdl.results.output import output_dir
@@ -38,7 +38,7 @@ SOFTWARE = ["torch", "cuda", "nccl", "mpi", "driver", "ofed"]
 
 
 def esc(value: Any) -> str:
-    return html.escape("n/a" if value is None else str(value))
+    return html_text("n/a" if value is None else value)
 
 
 def table(head: Sequence[str], rows: Sequence[tuple[Sequence[str], Sequence[bool], bool]]) -> str:
@@ -129,7 +129,9 @@ def diagnosis_page(doc: dict[str, Any]) -> str:
     )  # fmt: skip
     against = f"the baseline {esc(doc['baseline'])}" if doc.get("baseline") else "the allocation's median"
     exclude = (
-        f"<pre>sbatch --exclude={esc(','.join(doc['exclude']))}</pre>" if doc["exclude"] else "<p>none</p>"
+        f"<pre>sbatch --exclude={esc(shell_word(','.join(doc['exclude'])))}</pre>"
+        if doc["exclude"]
+        else "<p>none</p>"
     )
     notes = "".join(f"<li>{esc(n)}</li>" for n in doc.get("notes", []))
     return (

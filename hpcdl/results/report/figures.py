@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullLocator, PercentFormatter
 
+from hpcdl.escape import plot_text
 from hpcdl.results.text import si
 from hpcdl.scaling.model import relative_error
 from hpcdl.scaling.table import scaling_table
@@ -64,12 +65,6 @@ class MemoryPoint(NamedTuple):
     estimate_bytes: float
     measured_bytes: float
     kind: str  # metrics.peak_memory_kind: CUDA allocator peak or the host's peak RSS
-
-
-def plain(text: str) -> str:
-    """``text`` safe for matplotlib: a pair of ``$`` would start math mode (and a bad formula
-    fails at draw time), so record names are drawn literally."""
-    return text.replace("$", r"\$")
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -163,7 +158,7 @@ def scaling(
         _log2_ranks(ax, every_n)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(plain(f"{title}: {mode} scaling"))
+    fig.suptitle(plot_text(f"{title}: {mode} scaling"))
     return _save(fig, path)
 
 
@@ -173,7 +168,7 @@ def phases(
     """Median seconds of each step phase (or other ``parts`` of a step) per record (``rows``:
     label, part -> seconds), stacked horizontal bars: in milliseconds (left) and as a share of
     the bar (right), since step times of different workloads differ by orders of magnitude."""
-    labels = [plain(label) for label, _ in rows]
+    labels = [plot_text(label) for label, _ in rows]
     ms = np.array([[max(0.0, ph.get(p, 0.0)) * 1e3 for p in parts] for _, ph in rows]).reshape(-1, len(parts))
     totals = ms.sum(axis=1, keepdims=True)
     shares = np.divide(ms, totals, out=np.zeros_like(ms), where=totals > 0)
@@ -209,7 +204,7 @@ def per_rank(path: Path, groups: Sequence[RankFigures]) -> Path:
     labels = []
     for g in groups:
         rates = g.samples_per_s
-        line = f"{plain(g.label)}\nmedian {si(_median(rates))} samples/s, spread {_spread(rates):.2%}"
+        line = f"{plot_text(g.label)}\nmedian {si(_median(rates))} samples/s, spread {_spread(rates):.2%}"
         if g.compute_s:
             line += f"\ncompute {_median(g.compute_s) * 1e3:.3g} ms, spread {_spread(g.compute_s):.2%}"
         labels.append(line)
@@ -274,7 +269,7 @@ def power(path: Path, traces: Sequence[PowerTrace]) -> Path:
     ax = fig.subplots()
     for t in traces:
         start = t.time_s[0]
-        ax.plot([s - start for s in t.time_s], t.power_w, lw=1.2, label=plain(t.label))
+        ax.plot([s - start for s in t.time_s], t.power_w, lw=1.2, label=plot_text(t.label))
     ax.set_xlabel("time since the first sample (s)")
     ax.set_ylabel("GPU power, rank 0 (W)")
     ax.set_ylim(bottom=0)
@@ -317,7 +312,10 @@ def memory(path: Path, points: Sequence[MemoryPoint], labelled: int = 8) -> Path
     ax.set_xlabel("input size of one step per rank (elements): batch per rank × elements per sample")
     ax.set_ylabel("peak memory per rank (bytes)")
     ax.grid(True, which="major", alpha=0.3)
-    handles = [Line2D([], [], ls="", marker="s", color=f"C{i % 10}", label=f) for i, f in enumerate(families)]
+    handles = [
+        Line2D([], [], ls="", marker="s", color=f"C{i % 10}", label=plot_text(family))
+        for i, family in enumerate(families)
+    ]
     handles += [
         Line2D([], [], ls="", marker=_marker(k), color="0.4", label=_kind_label(k))
         for k in sorted({p.kind for p in points})
@@ -362,7 +360,7 @@ def _clusters(points: Sequence[MemoryPoint], decades: float = 0.05) -> dict[tupl
         near = [
             c for c in found if all(abs(math.log10(a / b)) < decades for a, b in zip(c, here, strict=True))
         ]
-        found.setdefault(near[0] if near else here, []).append(plain(p.label))
+        found.setdefault(near[0] if near else here, []).append(plot_text(p.label))
     return found
 
 
@@ -377,7 +375,7 @@ def _kind_label(kind: str) -> str:
         return "host peak RSS of the run (includes the interpreter)"
     if kind == "host_max_rss":
         return "host peak RSS since the process started"
-    return kind or "unknown kind"
+    return plot_text(kind) or "unknown kind"
 
 
 def caps(path: Path, title: str, kind: str, unit: str, points: Mapping[float, CapPoint]) -> Path:
@@ -412,5 +410,5 @@ def caps(path: Path, title: str, kind: str, unit: str, points: Mapping[float, Ca
         ax.set_xlabel(f"{kind} cap ({unit})")
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
-    fig.suptitle(plain(f"{title}: {kind} caps"))
+    fig.suptitle(plot_text(f"{title}: {kind} caps"))
     return _save(fig, path)

@@ -6,13 +6,13 @@ Every string taken from a record is escaped: a record is data written by whoever
 
 from __future__ import annotations
 
-import html
 import os
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from hpcdl.escape import html_text
 from hpcdl.measure.environment import hpcdl_version
 from hpcdl.records.audit import Audit
 from hpcdl.records.loader import Unread
@@ -33,7 +33,7 @@ Section = tuple[str, list[Plot], str]
 
 
 def esc(value: Any) -> str:
-    return html.escape(str(value))
+    return html_text(value)
 
 
 def _join(values: Iterable[Any]) -> str:
