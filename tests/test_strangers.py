@@ -234,7 +234,9 @@ def every_output(folder: Path) -> list[str]:
 FAST = ("formula =", "script element", "terminal title and clear", "shell command", "byte that is not UTF-8")
 """the rows of the default tier: one of each kind of output's danger"""
 ROWS = [
-    pytest.param(n, marks=() if n in FAST else pytest.mark.slow)  # about 5 s a row, 18 rows
+    pytest.param(
+        n, marks=() if n in FAST else pytest.mark.slow(reason="about 5 s a row; the fast tier keeps a few")
+    )
     for n in HOSTILE
 ]
 
@@ -312,7 +314,7 @@ def test_every_field_planted_reaches_the_outputs(tmp_path: Path) -> None:
 # --- a real spreadsheet --------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # starts LibreOffice (about 2 s), once per formula
+@pytest.mark.slow(reason="starts LibreOffice (about 2 s), once per formula")
 @pytest.mark.parametrize("name", [n for n in HOSTILE if n.startswith("formula")])
 def test_a_list_s_csv_opens_in_a_spreadsheet_as_text(tmp_path: Path, name: str) -> None:
     """The site's CSV, written from a description whose vendor is a formula, opened by
