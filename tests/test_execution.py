@@ -204,21 +204,22 @@ def test_waiting_for_a_cpu_beyond_the_runs_own_share_fails_the_run() -> None:
     assert validity.quiet_machine([waited(0.05)]).passed
     hog = validity.quiet_machine([waited(0.0), waited(0.63)])
     assert not hog.passed and "waited for a CPU 6.3 s of its 10.0 s window (63%" in hog.detail
-    # four ranks of one thread on two cores wait half the time by themselves
-    assert validity.quiet_machine([waited(0.55, own=0.5)]).passed
-    assert not validity.quiet_machine([waited(0.75, own=0.5)]).passed
+    # four ranks of one thread on two cores wait for each other: not judged, and said so
+    own = validity.quiet_machine([waited(0.75, own=0.5)])
+    assert own.passed and "not judged: the run's own threads wait 50%" in own.detail
     assert validity.quiet_machine([waited(0.9, window=0.5)]).passed  # too short to judge
     assert "not judged" in validity.quiet_machine([]).detail
 
 
 def test_steps_that_wander_fail_the_run() -> None:
-    steady = [0.1 + 0.001 * (i % 5) for i in range(20)]
+    steady = [0.1 + 0.001 * (i % 5) for i in range(40)]
     assert validity.steady_steps(steady).passed
-    wander = [0.14 if i % 2 else 1.1 for i in range(20)]
+    wander = [0.14 if i % 2 else 1.1 for i in range(40)]
     check = validity.steady_steps(wander)
-    assert not check.passed and "p90/p10 of 20 steps" in check.detail
-    assert validity.steady_steps([0.001 if i % 3 else 0.004 for i in range(20)]).passed  # ms: jitter
-    assert validity.steady_steps(wander[:5]).passed  # too few to judge
+    assert not check.passed and "p90/p10 of 40 steps" in check.detail
+    assert validity.steady_steps([0.001 if i % 3 else 0.004 for i in range(40)]).passed  # ms: jitter
+    assert validity.steady_steps(wander[:20]).passed  # too few to judge
+    assert validity.steady_steps(wander, own_share=0.5).passed  # its own threads make it wander
 
 
 HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass\n"
@@ -285,3 +286,14 @@ def test_ranks_compiled_step_like_one_process(backend: str, tmp_path: Path, on_c
     checks = {c["name"]: c["passed"] for c in rec["validity"]["checks"]}
     assert checks["one_step_equivalence"] and checks["parameters_identical"] and rec["validity"]["passed"]
     assert rec["settings"]["execution"]["mode"] == "compile" and rec["metrics"]["compiled"]["graphs"] >= 1
+
+
+def test_the_mode_options_set_the_execution_mode_and_nothing_else() -> None:
+    from hpcdl.cli import build_parser
+
+    p = build_parser()
+    for command in (["run"], ["sweep", "--np", "1,2"], ["capacity", "--instances", "2"]):
+        assert p.parse_args([*command, "--compile"]).execution_mode == "compile"
+        assert p.parse_args([*command, "--eager"]).execution_mode == "eager"
+        assert p.parse_args(command).execution_mode is None  # the class's, else eager
+    assert p.parse_args(["sweep", "--np", "1,2", "--eager"]).mode == "weak"  # the sweep's own --mode

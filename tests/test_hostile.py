@@ -130,6 +130,12 @@ def _diagnosis(path: Path) -> object:
     return load_diagnosis(path)
 
 
+def _spec_file(path: Path) -> object:
+    from hpcdl.workloads.specfile import spec_file
+
+    return spec_file(path, "spec")  # hpcdl run --spec FILE, and a job file's spec = "FILE"
+
+
 def _in(folder: str, name: str) -> Callable[[Path], Path]:
     def place(root: Path) -> Path:
         (root / folder).mkdir(mode=0o700)
@@ -216,6 +222,14 @@ READERS = [
         _in("dg", "diag.json"),
         _diagnosis,
         wrong_field=json.dumps({"schema": "hpcdl.diagnosis", "threshold": 0.9, "links": [{"hosts": "ab"}]}),
+    ),
+    Reader(
+        "spec file",
+        "hpcdl.workloads.specfile",
+        _in("sp", "proxy.toml"),
+        _spec_file,
+        toml=True,
+        wrong_field='family = "mlp"\nwidth = "wide"\n',
     ),
     # its fields: one line per problem, tests/test_submission.py
     Reader(
@@ -323,6 +337,7 @@ ELSEWHERE = {
     "hpcdl.submission.manifest": "a submission's manifest: tests/test_submission.py",
     "hpcdl.submission.package": "results packaged: tests/test_submission.py",
     "hpcdl.schedulers.logs": "a job's logs, read from their end: test_a_job_log_is_read_from_its_end_only",
+    "hpcdl.measure.peakstore": "its own store, a damaged one as none: test_a_hostile_peak_store_...",
 }
 """modules that read through hpcdl/reader.py but have no row above, and where they are tested"""
 READS = {"document", "read_json", "read_bytes", "parse_json", "parse_toml", "open_regular", "read_object"}
@@ -362,6 +377,18 @@ def test_every_module_that_reads_documents_has_a_row() -> None:
     assert sorted(covered - reading_modules() - {"hpcdl.reader"}) == [], (
         "a row of a module that reads nothing"
     )
+
+
+@pytest.mark.parametrize("document", [d for d in DOCUMENTS if d != "a field of the wrong type"])
+def test_a_hostile_peak_store_is_read_as_none_at_once(document: str, tmp_path: Path, deadline: None) -> None:
+    """The peak store is this machine's own file, not a submitter's: a damaged one is as none
+    (the next run probes and stores anew), never a hang or a traceback."""
+    from hpcdl.measure import peakstore
+
+    path = tmp_path / "store" / "peaks.json"
+    path.parent.mkdir(mode=0o700)
+    DOCUMENTS[document](path, READERS[0])
+    assert peakstore.stored("a CPU", "fp32", path) is None
 
 
 def test_every_reader_has_a_wrong_field_row_or_says_where_it_is_tested() -> None:

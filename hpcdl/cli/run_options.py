@@ -126,7 +126,7 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
     )
     how.add_argument(
         "--eager",
-        dest="mode",
+        dest="execution_mode",
         action="store_const",
         const="eager",
         help="eager PyTorch, also for a class that compiles",

@@ -37,8 +37,7 @@ def min_duration(seconds: float, minimum: float) -> Check:
 
 
 QUIET_MARGIN = 0.10
-"""the share of its timed window a rank's main thread may wait for a CPU beyond what its own
-run explains (more threads of the run's ranks on a node than its CPUs) before the run counts
+"""the share of its timed window a rank's main thread may wait for a CPU before the run counts
 as disturbed: quiet runs here waited at most a few percent, runs beside a CPU hog half their
 window or more (docs/validation/2026-12-02-disturbed-runs.md)"""
 QUIET_MIN_WINDOW_S = 1.0
@@ -49,8 +48,9 @@ SPREAD_LIMIT = 3.0
 SPREAD_MIN_STEP_S = 0.005
 """the spread is judged where the median step takes this long or longer: below it the clock and
 the operating system's jitter make the spread, and waiting for a CPU is judged directly"""
-SPREAD_MIN_STEPS = 10
-"""the spread is judged over this many timed steps or more"""
+SPREAD_MIN_STEPS = 30
+"""the spread is judged over this many timed steps or more (p10 and p90 of fewer are the
+fastest and slowest few steps)"""
 
 
 @dataclass(frozen=True)
@@ -67,23 +67,26 @@ class Waited:
 
 
 def quiet_machine(ranks: Sequence[Waited]) -> Check:
-    """No rank waited for a CPU more than ``QUIET_MARGIN`` of its window beyond its own run's
-    share: a rank kept from running by other work on its node (a CPU hog, another job, a
-    throttled cgroup) does not measure the system. Passes, saying so, where the kernel keeps no
-    scheduler statistics."""
+    """No rank waited for a CPU more than ``QUIET_MARGIN`` of its window: a rank kept from
+    running by other work on its machine (a CPU hog, another job, a throttled cgroup) does not
+    measure the system. Passes, saying so, where the kernel keeps no scheduler statistics, and
+    where the run's own threads outnumber its CPUs (they wait for each other, by how much
+    depends on how they wait: not a disturbance this check can tell apart)."""
     if not ranks:
         return Check("quiet_machine", True, "not judged: no scheduler statistics (schedstat) here")
+    own = max(r.own_share for r in ranks)
+    if own > 0:
+        return Check("quiet_machine", True, f"not judged: the run's own threads wait {own:.0%} for a CPU")
     shortest = min(r.window_s for r in ranks)
     if shortest < QUIET_MIN_WINDOW_S:
         return Check("quiet_machine", True, f"not judged: window {shortest:.2g} s < {QUIET_MIN_WINDOW_S:g} s")
     share = [r.waited_s / r.window_s if r.window_s > 0 else 0.0 for r in ranks]
-    worst = max(range(len(ranks)), key=lambda i: share[i] - ranks[i].own_share)
+    worst = max(range(len(ranks)), key=lambda i: share[i])
     w = ranks[worst]
-    passed = share[worst] <= w.own_share + QUIET_MARGIN
+    passed = share[worst] <= QUIET_MARGIN
     detail = (
         f"rank {w.rank} on {w.host} waited for a CPU {w.waited_s:.1f} s of its {w.window_s:.1f} s "
-        f"window ({share[worst]:.0%}; the run's own threads explain {w.own_share:.0%}, "
-        f"allowed {QUIET_MARGIN:.0%} more)"
+        f"window ({share[worst]:.0%}, allowed {QUIET_MARGIN:.0%})"
     )
     return Check("quiet_machine", passed, detail)
 
