@@ -205,16 +205,24 @@ def launchers_gone() -> list[int]:
     return gone
 
 
-def end_with_launchers(poll_s: float = 0.25) -> None:
+LINGER_S = 5.0
+"""how long a process whose launcher is gone may take to end on SIGTERM before SIGKILL: a rank
+blocked inside a collective (gloo waits in C++, where Python's handler cannot run) would wait
+for its peers for the collective's whole timeout"""
+
+
+def end_with_launchers(poll_s: float = 0.25, linger_s: float = LINGER_S) -> None:
     """SIGTERM to this process as soon as one of its launchers is gone (checked every
-    ``poll_s`` by a daemon thread): for a process whose parent is not its launcher (a point
-    that submitit's local controller started for ``hpcdl submit``), which no parent-death
-    signal reaches."""
+    ``poll_s`` by a daemon thread), SIGKILL ``linger_s`` later if it is still there: for a
+    process whose parent is not its launcher (a point that submitit's local controller started
+    for ``hpcdl submit``, a rank whose mpirun was stopped), which no parent-death signal reaches."""
 
     def watch() -> None:
         while not launchers_gone():
             time.sleep(poll_s)
         os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(linger_s)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     if os.environ.get(LAUNCHERS_ENV):
         threading.Thread(target=watch, name="hpcdl-launchers", daemon=True).start()
