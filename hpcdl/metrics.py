@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -210,6 +210,13 @@ def aggregate_throughput(samples_per_rank: Sequence[int], windows_s: Sequence[fl
     """Samples/s of a data-parallel run: every rank's samples over the slowest rank's window
     (never one rank's rate times the number of ranks)."""
     return throughput(sum(samples_per_rank), max(windows_s))
+
+
+def shares(parts: Mapping[str, float]) -> dict[str, float]:
+    """Each part over the sum of the parts, so that the shares add up to 1 (all 0 where nothing
+    was measured): a step's phases, a phase's operator classes."""
+    whole = sum(parts.values())
+    return {name: (value / whole if whole > 0 else 0.0) for name, value in parts.items()}
 
 
 def olympic_mean(values: Sequence[float]) -> float:
