@@ -384,3 +384,21 @@ def pingpong(nbytes: int, round_trip_s: float) -> tuple[float, float]:
     osu_bw-style counting; ``hpcdl diagnose``)."""
     one_way = round_trip_s / 2
     return one_way, (nbytes / one_way if one_way > 0 else 0.0)
+
+
+def time_to_train_s(samples: float, samples_per_s: float) -> float:
+    """Seconds to train on ``samples`` (a data set's samples × epochs) at ``samples_per_s``."""
+    return samples / samples_per_s
+
+
+def energy_to_train_j(samples: float, joules_per_sample: float, efficiency: float) -> float:
+    """Energy to train on ``samples`` from one rank's measured joules per sample: every rank draws
+    what one did, for ``1 / efficiency`` of the time one alone would take per sample,
+    ``S · e₁ / E(p)``."""
+    return samples * joules_per_sample / efficiency
+
+
+def node_energy_j(nodes: int, node_power_w: float, seconds: float) -> float:
+    """An estimate of the energy of ``nodes`` nodes drawing ``node_power_w`` each for
+    ``seconds``: ``n · P_node · t`` (with a datasheet's maximum, an upper bound)."""
+    return nodes * node_power_w * seconds
