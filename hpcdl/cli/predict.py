@@ -234,11 +234,35 @@ def build(
     kw: dict[str, Any] = {"backend": backend, "mode": args.mode, "overlap": args.overlap}
     if args.layout:
         kw["layout"] = parse_layout(args.layout)
+    kw["sync_calls"] = _count("predict.sync", args.sync)
     if cal.base is not None:
-        return fitting.model_from_records(cal.base, comm, accumulation_steps=accum, **kw)
-    if isinstance(comm, CommSweep):
-        comm = fitting.fitted(comm)
-    return model_mod.model_for(cal.spec, cal.batch, cal.gamma, comm, accumulation_steps=accum, **kw)
+        model = fitting.model_from_records(cal.base, comm, accumulation_steps=accum, **kw)
+    else:
+        if isinstance(comm, CommSweep):
+            comm = fitting.fitted(comm)
+        model = model_mod.model_for(cal.spec, cal.batch, cal.gamma, comm, accumulation_steps=accum, **kw)
+    # what the options say, over what a record measured
+    if args.step_cv is not None:
+        model = replace(model, step_cv=_fraction("predict.step_cv", args.step_cv))
+    if args.data_rate is not None:
+        model = replace(model, data_rate=_positive("predict.data_rate", args.data_rate))
+    return model
+
+
+def _count(field: str, value: int | None) -> int:
+    if value is None:
+        return 0
+    if not 0 <= value <= 1 << 20:
+        raise InputError(field, value, "an integer in 0..1048576")
+    return value
+
+
+def _fraction(field: str, value: float) -> float:
+    if not 0 <= value < 1:
+        raise InputError(
+            field, value, "a fraction in [0, 1): the step time's standard deviation over its mean"
+        )
+    return value
 
 
 def given_comms(args: argparse.Namespace) -> dict[str, model_mod.Cost]:
@@ -442,8 +466,8 @@ def rate(x: float) -> str:
 
 
 def render(points: list[dict[str, Any]], several: bool) -> str:
-    head = ["nodes", "ranks", "step ms", "+-", "compute ms", "comm ms", "hidden", "algorithm", "samples/s"]
-    head += ["AI-ops/s", "efficiency"]
+    head = ["nodes", "ranks", "step ms", "+-", "compute ms", "comm ms", "hidden", "algorithm"]
+    head += ["straggler ms", "sync ms", "data ms", "samples/s", "AI-ops/s", "efficiency"]
     compared = any("error" in p for p in points)  # the measured columns only where something was
     if compared:
         head += ["measured samples/s", "meas. hidden", "error"]
@@ -463,6 +487,9 @@ def render(points: list[dict[str, Any]], several: bool) -> str:
             f"{p['comm_s'] * 1e3:.2f}",
             hidden,
             str(p["algorithm"]),
+            f"{p['straggler_s'] * 1e3:.2f}",
+            f"{p['sync_s'] * 1e3:.2f}",
+            f"{p['data_s'] * 1e3:.2f}",
             rate(p["samples_per_s"]),
             si(p["ai_ops_per_s"], "FLOP/s"),
             f"{p['efficiency']:.1%}",
@@ -552,6 +579,29 @@ def add_parsers(sub: Any) -> None:
         help="tokens in the data set, for a workload of sequences (N / seq_len samples): hours and kWh",
     )
     pr.add_argument("--epochs", metavar="E", help="passes over the data set, > 0 (default 1)")
+    pr.add_argument(
+        "--step-cv",
+        dest="step_cv",
+        type=float,
+        metavar="CV",
+        help="one rank's step-time spread sigma/mean: each step waits for the slowest of the ranks "
+        "(default: --base's record's, else 0)",
+    )
+    pr.add_argument(
+        "--sync",
+        type=int,
+        metavar="N",
+        help="latency-bound allreduces per step beside the gradients' (the ranks agreeing on each step; "
+        "default 0)",
+    )
+    pr.add_argument(
+        "--data-rate",
+        dest="data_rate",
+        type=float,
+        metavar="SAMPLES/s",
+        help="samples/s one node's input pipeline delivers, shared by its ranks (default: --base's "
+        "record's HDF5 read rate, else none)",
+    )
     pr.add_argument("--compare", help="directory of measured records: show their samples/s and the error")
     pr.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pr.add_argument("-o", "--output", help="also write the prediction as JSON (schema hpcdl.prediction)")
