@@ -150,7 +150,7 @@ def knob_table(summary: dict[str, Any]) -> str:
         mfu = "n/a" if p["mfu"] is None else f"{p['mfu']:.1%}"
         rows.append(
             [
-                knob_value(p["value"]),
+                knob_value(p["value"]) + ("" if p["valid"] else " (invalid)"),
                 str(p["batch_per_rank"]),
                 f"{p['samples_per_s']:.1f}",
                 si(p["ai_ops_per_s"], "FLOP/s"),

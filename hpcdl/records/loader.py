@@ -62,10 +62,12 @@ class SweepSummary:
 
 @dataclass(frozen=True)
 class KnobPoint:
-    """One value of a knob sweep; ``record`` is None where the value has no standing record."""
+    """One value of a knob sweep; ``record`` is None where the value has no intact record."""
 
     value: float
     record: str | None = None
+    valid: bool = False
+    """the record passed its checks (one that did not, as on a disturbed machine, is kept)"""
     samples_per_s: float | None = None
     ai_ops_per_s: float | None = None
     mfu: float | None = None

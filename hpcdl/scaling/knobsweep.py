@@ -88,9 +88,9 @@ def summary_name(prefix: str, knob: str, np: int) -> str:
     return f"{prefix}-{knob}-np{np}-summary.json"
 
 
-def standing(path: Path, spec: Spec, np: int, fitted: bool) -> Record | None:
-    """The record at ``path`` if it stands for the point: same spec (any batch where ``--fit``
-    chose it), rank count, valid and intact (``audit``); else None."""
+def measured(path: Path, spec: Spec, np: int, fitted: bool) -> Record | None:
+    """The record at ``path`` if it measured the point: same spec (any batch where ``--fit``
+    chose it) and rank count, intact (``audit``), valid or not; else None."""
     try:
         record = read_record(path)
     except Unreadable:
@@ -101,9 +101,16 @@ def standing(path: Path, spec: Spec, np: int, fitted: bool) -> Record | None:
         return {k: v for k, v in d.items() if not (fitted and k == "batch_size")}
 
     same = mine(canonical(r.spec) or {}) == mine(spec.to_dict())
-    if not same or r.world_size != np or not r.validity.passed or audit(record).problems:
+    if not same or r.world_size != np or audit(record).problems:
         return None
     return record
+
+
+def standing(path: Path, spec: Spec, np: int, fitted: bool) -> Record | None:
+    """The record at ``path`` if it stands for the point (``measured``, and valid): a rerun
+    skips it; else None."""
+    record = measured(path, spec, np, fitted)
+    return record if record is not None and record.result.validity.passed else None
 
 
 def unfit(spec: Spec, cfg: RunConfig, world: World, budget: float | None = None) -> str | None:
@@ -193,7 +200,7 @@ def knob_sweep(
             say(f"{name}={value_text(value)}: failed with exit code {code}")
     summary = summarize(out, sweep, np, prefix, fitted, left_out)
     if stopped is not None:
-        missing = ", ".join(value_text(p["value"]) for p in summary["points"] if not p["record"])
+        missing = ", ".join(value_text(p["value"]) for p in summary["points"] if not p.get("valid"))
         say(f"stopped (exit code {stopped}); finished points kept, missing: {name}={missing}")
     write_record(summary, out / summary_name(prefix, name, np))
     return summary, stopped
@@ -207,11 +214,12 @@ def summarize(
     fitted: bool,
     left_out: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """Each value's figures where it has a standing record (docs/metrics.md, "Summaries")."""
+    """Each value's figures where it has a record (``measured``; ``valid`` says whether it
+    passed its checks: docs/metrics.md, "Summaries")."""
     points: list[dict[str, Any]] = []
     for value, spec in sweep.specs.items():
         stem = point_name(prefix, sweep.knob, value, np)
-        record = standing(out / f"{stem}.json", spec, np, fitted)
+        record = measured(out / f"{stem}.json", spec, np, fitted)
         points.append({"value": value, "record": None} if record is None else point_figures(value, record))
     base = next(iter(sweep.specs.values()))
     return {
@@ -233,6 +241,7 @@ def point_figures(value: float, record: Record) -> dict[str, Any]:
     return {
         "value": value,
         "record": record.path.name,
+        "valid": r.validity.passed,
         "samples_per_s": m.samples_per_s,
         "ai_ops_per_s": m.ai_ops_per_s,
         "mfu": m.mfu if math.isfinite(m.mfu) else None,

@@ -101,12 +101,17 @@ def draw(path: Path, title: str, knob: str, found: Sequence[Curve]) -> Path:
     for i, c in enumerate(found):
         xs = sorted(c.points)
         colour, name = f"C{i % 10}", plain(c.system or "this system")
-        ax_x.plot(xs, [c.points[x]["samples_per_s"] for x in xs], "o-", color=colour, label=name)
+        ax_x.plot(xs, [c.points[x]["samples_per_s"] for x in xs], "-", color=colour, label=name)
         mfu = [(x, c.points[x]["mfu"]) for x in xs if c.points[x]["mfu"] is not None]
-        ax_m.plot([x for x, _ in mfu], [m for _, m in mfu], "o-", color=colour, label=name)
+        ax_m.plot([x for x, _ in mfu], [m for _, m in mfu], "-", color=colour, label=name)
         ax_b.plot(
-            xs, [c.points[x]["peak_memory_bytes"] for x in xs], "o-", color=colour, label=f"{name} measured"
+            xs, [c.points[x]["peak_memory_bytes"] for x in xs], "-", color=colour, label=f"{name} measured"
         )
+        for x in xs:  # filled where the run passed its checks, hollow where it did not
+            face = colour if c.points[x]["valid"] else "none"
+            for ax, key in ((ax_x, "samples_per_s"), (ax_m, "mfu"), (ax_b, "peak_memory_bytes")):
+                if c.points[x][key] is not None:
+                    ax.plot([x], [c.points[x][key]], "o", color=colour, mfc=face)
         est = [
             (x, c.points[x]["estimated_memory_bytes"]) for x in xs if c.points[x]["estimated_memory_bytes"]
         ]
