@@ -501,7 +501,8 @@ def render(points: list[dict[str, Any]], several: bool) -> str:
                 f"{p['error']:+.1%}" if "error" in p else "",
             ]
         if costs:
-            row += [f"{p['train_hours']:,.3g}", kwh(p["train_energy_kwh"], p["energy_estimated"])]
+            hours = "n/a" if p["train_hours"] is None else f"{p['train_hours']:,.3g}"
+            row += [hours, kwh(p["train_energy_kwh"], p["energy_estimated"])]
         rows.append(([p["system"]] if several else []) + row)
     return table((["system"] if several else []) + head, rows)
 

@@ -106,7 +106,10 @@ def energy_source(record: Result | None, system: System | None) -> EnergySource:
 def cost(point: dict[str, Any], work: Work, source: EnergySource) -> dict[str, Any]:
     """Hours and kWh to train ``work`` at a prediction's point (``nodes``, ``samples_per_s``,
     ``efficiency``), and whether the energy is estimated (None: no energy)."""
-    seconds = metrics.time_to_train_s(work.total, point["samples_per_s"])
+    rate, efficiency = point["samples_per_s"], point["efficiency"]
+    if not (0 < rate < math.inf and 0 < efficiency < math.inf):  # a step the figures make endless
+        return {"train_hours": None, "train_energy_kwh": None, "energy_estimated": None}
+    seconds = metrics.time_to_train_s(work.total, rate)
     energy, estimated = None, None
     if source.joules_per_sample is not None:
         energy, estimated = (

@@ -123,6 +123,10 @@ class Model:
             raise InputError(
                 "predict.accumulation_steps", self.accumulation_steps, "an integer in 1..1048576"
             )
+        if not math.isfinite(self.step_s(1)):  # a denormal γ passes the check above
+            raise InputError(
+                "predict.gamma_flops_per_s", self.gamma_flops_per_s, "large enough for a finite step time"
+            )
         if not 0 <= self.optimizer_s < self.step_s(1):
             raise InputError(
                 "predict.optimizer_s", self.optimizer_s, "must be >= 0 and below the 1-rank step"
