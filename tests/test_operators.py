@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import Cluster  # beside this file, on pytest's path
 from hpcdl_cli import hpcdl, one_line
 
@@ -136,3 +137,38 @@ def test_two_ranks_give_their_collectives_the_communication_class(cluster: Clust
     assert ops["phases"]["backward"]["time_share"]["communication"] > 0
     assert ops["phases"]["allreduce"]["time_share"]["communication"] > 0.5
     assert any(t["op_class"] == "communication" for t in ops["top"]) or ops["time_share"]["communication"] > 0
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_shares_are_the_kernels_device_time_and_nvml_samples_memory_utilisation() -> None:
+    spec = api.spec_from_dict({"family": "cnn", **TINY["cnn"], "batch_size": 32})
+    cfg = RunConfig(
+        steps=20, warmup_steps=3, min_duration_s=0.0, data="random", profile_steps=PROFILED, device="cuda"
+    )
+    result = api.run(spec, cfg, output_dir=None).result
+    ops = result.metrics.operators
+    assert ops is not None and ops.basis == "device time (CUPTI)"
+    for name, phase in ops.phases.items():
+        assert sum(phase.time_share.values()) == pytest.approx(1.0), name
+    assert ops.phases["forward"].time_share["convolution"] > 0  # cuDNN's kernels, timed on the device
+    gpu = result.metrics.energy.per_rank[0]["gpu"]
+    if gpu["available"]:  # NVML's memory utilisation beside the GPU's, over the timed window
+        assert 0 <= gpu["avg_mem_util_pct"] <= 100 and 0 <= gpu["avg_util_pct"] <= 100
+
+
+def test_a_gpu_kernel_is_counted_once_with_its_launcher() -> None:
+    """The profiler lists each CUDA kernel as an event of its own besides adding its time to the
+    operator that launched it: the classifier counts it there only."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(name: str, device: DeviceType, own: float) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=device, cpu_parent=None, cpu_children=[],
+                               self_device_time_total=own, self_cpu_time_total=0.0)  # fmt: skip
+
+    launcher = event("aten::mm", DeviceType.CPU, 900.0)  # its kernel's 900 us
+    kernel = event("ampere_sgemm_128x64_nn", DeviceType.CUDA, 900.0)
+    found = kernels.classify([launcher, kernel], torch.device("cuda"))
+    assert [(c.cls, c.seconds) for c in found] == [("gemm", 900e-6)]
+    assert kernels.time_shares([launcher, kernel], torch.device("cuda"))["gemm"] == 1.0

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd import DeviceType
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -117,7 +118,8 @@ def classify(events: Iterable[Any], device: torch.device) -> list[Classed]:
             visit(child, cls, root)
 
     for event in events:
-        if event.cpu_parent is None:
+        # a GPU kernel is an event of its own as well as its launcher's device time: once
+        if event.cpu_parent is None and event.device_type == DeviceType.CPU:
             visit(event, None, event)
     return out
 
