@@ -44,8 +44,14 @@ PROFILED = 2
 def profiled(family: str, **changes: object) -> tuple[api.Spec, Operators]:
     spec = api.spec_from_dict({"family": family, **TINY[family], **changes})
     cfg = RunConfig(steps=4, warmup_steps=1, min_duration_s=0.0, data="random", profile_steps=PROFILED)
-    operators = api.run(spec, cfg, output_dir=None).result.metrics.operators
+    metrics = api.run(spec, cfg, output_dir=None).result.metrics
+    operators = metrics.operators
     assert operators is not None
+    # the step's shares: each phase's class shares weighed by its median in the timed window
+    medians = {p: metrics.phases_s[p].median for p in operators.phases}
+    for cls, share in operators.time_share.items():
+        weighed = sum(medians[p] * ph.time_share[cls] for p, ph in operators.phases.items())
+        assert share == pytest.approx(weighed / sum(medians.values()), abs=1e-9), cls
     return spec, operators
 
 
@@ -88,6 +94,7 @@ def test_the_top_operators_are_the_profilers_with_their_class_and_phase() -> Non
     assert times == sorted(times, reverse=True)
     assert all(t.op_class in kernels.CLASSES and t.phase in PHASES for t in ops.top)
     assert all(t.calls > 0 and 0 < t.share <= 1 for t in ops.top)
+    assert sum(t.share for t in ops.top) <= 1 + 1e-9  # shares of the same whole
     top = {(t.name, t.phase): t.op_class for t in ops.top}
     assert top.get(("aten::convolution_backward", "backward")) == "convolution", top
 

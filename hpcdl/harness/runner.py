@@ -295,7 +295,10 @@ def measure_rank(
     graphs = compiled_graphs() if execution.mode == "compile" else {}
     mem_bytes, mem_kind = peak_memory(device)  # before the collectives below allocate theirs
     # after the window and its memory peak: extra steps, never timed ones (hpcdl run --profile)
-    operators = profile_steps(trainer, cfg.profile_steps, device) if cfg.profile_steps else None
+    operators = None
+    if cfg.profile_steps:
+        medians = {p: metrics.summarize(v)["median"] for p, v in log.phases_s.items()}
+        operators = profile_steps(trainer, cfg.profile_steps, device, medians)
     several = world.size > 1
     return RankMeasurement(
         rank=world.rank,

@@ -114,8 +114,12 @@ class Counts:
         self.last, self.phase = now, phase
 
 
-def profile_steps(trainer: Trainer, steps: int, device: torch.device) -> dict[str, Any]:
-    """The record's ``operators`` block from ``steps`` profiled steps and one counted step."""
+def profile_steps(
+    trainer: Trainer, steps: int, device: torch.device, phase_s: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """The record's ``operators`` block from ``steps`` profiled steps and one counted step;
+    ``phase_s``: each phase's median seconds in the timed window, which weigh the phases' class
+    shares into the step's (many steps: a few profiled ones on a disturbed machine are not)."""
     flops = counted(trainer)
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":  # the kernels' device time, through CUPTI
@@ -128,7 +132,7 @@ def profile_steps(trainer: Trainer, steps: int, device: torch.device) -> dict[st
             ranges(None)
         synchronize(device)
     basis = "device time (CUPTI)" if device.type == "cuda" else "CPU self time"
-    return block(kernels.classify(prof.events(), device), flops, steps, basis, trainer.model)
+    return block(kernels.classify(prof.events(), device), flops, steps, basis, trainer.model, phase_s)
 
 
 def counted(trainer: Trainer) -> dict[str, dict[str, dict[Any, int]]]:
@@ -147,8 +151,11 @@ def block(
     steps: int,
     basis: str,
     model: torch.nn.Module,
+    phase_s: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Time and FLOP shares per phase and for the step, and the top operators by time."""
+    """Time and FLOP shares per phase and for the step, and the top operators by time. The
+    step's time shares are the phases' weighted by ``phase_s`` where given (each phase's
+    median in the timed window), else by their profiled time."""
     labels = sorted(
         (c.event.time_range.start, c.event.time_range.end, c.event.name.removeprefix(LABEL))
         for c in classed
@@ -182,8 +189,12 @@ def block(
         if p in times
     }
     step_time = {cls: sum(t[cls] for t in times.values()) for cls in kernels.CLASSES}
+    total = sum(step_time.values())  # the profiled operators' time, what a top operator's share is of
+    if phase_s and all(p in phase_s for p in phases):
+        step_time = {
+            cls: sum(phase_s[p] * f["time_share"][cls] for p, f in phases.items()) for cls in kernels.CLASSES
+        }
     step_flops = {cls: sum(f.get(cls, 0.0) for f in flop_phases.values()) for cls in kernels.CLASSES}
-    total = sum(step_time.values())
     top = sorted(ops.items(), key=lambda kv: -kv[1][0])[:TOP]
     return {
         "steps": steps,

@@ -312,7 +312,8 @@ class Operators:
     """what time was measured: CPU self time, or the kernels' device time (CUPTI)"""
     phases: dict[str, OperatorPhase]
     time_share: dict[str, float]
-    """the whole step's operator time by class, summing to 1"""
+    """the whole step's time by class, summing to 1: each phase's shares weighed by its median
+    in the timed window"""
     flop_share: dict[str, float]
     """the whole step's counted FLOPs by class, summing to 1"""
     top: list[TopOperator]

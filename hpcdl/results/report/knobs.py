@@ -1,9 +1,10 @@
 """The report's knob-sweep figures (``hpcdl sweep --knob``): how samples/s, MFU, peak memory
 (measured and estimated) and the step's phase shares grow with one knob, one curve per system.
 
-A sweep's curve is drawn from the records its summary names, and only from those that verify
-and passed validity (the summary's own figures are not trusted: a report reads records). Sweeps
-of one workload along one knob on several systems share a figure."""
+A sweep's curve is drawn from the records its summary names that verify (the summary's own
+figures are not trusted: a report reads records); a point whose run failed its validity checks
+(a disturbed machine) is drawn hollow. Sweeps of one workload along one knob on several systems
+share a figure."""
 
 from __future__ import annotations
 
@@ -48,11 +49,9 @@ class KnobFigure:
 
 def groups(records: Sequence[Audit], summaries: Sequence[Document[KnobSweepSummary]]) -> list[KnobFigure]:
     """A figure per workload (its spec but the swept knob, and the batch where ``--fit`` chose
-    it) and knob, a curve per summary with two or more verified points whose samples/s a log
-    axis can place."""
-    verified = {
-        Path(os.path.realpath(a.path)): a for a in records if not a.problems and a.result.validity.passed
-    }
+    it) and knob, a curve per summary with two or more points whose records verify and whose
+    samples/s a log axis can place (a point whose run failed its checks is drawn hollow)."""
+    verified = {Path(os.path.realpath(a.path)): a for a in records if not a.problems}
     found_by: dict[str, KnobFigure] = {}
     for doc in summaries:
         s = doc.view
@@ -84,7 +83,7 @@ def knob_plots(records: Sequence[Audit], summaries: Sequence[Document[KnobSweepS
         caption = (
             f"{f.title} on {systems}: samples/s, MFU, peak memory per rank (measured, solid; estimated, "
             f"dashed) and the share of each step phase against {f.knob}, one curve per system; from the "
-            "sweep's verified records"
+            "sweep's records that verify, hollow where a run failed its validity checks"
         )
         draw_it = partial(draw, title=f.title, knob=f.knob, found=f.curves)
         out.append(Plot(f"knob-{i}-{slug(f.title)}.png", caption, draw_it))

@@ -6,6 +6,7 @@ systems side by side, from records that verify."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -37,8 +38,10 @@ class Mix(NamedTuple):
 
 
 def mix_of(a: Audit, ops: Operators) -> Mix:
-    """The phases' shares of the profiled operator time and their classes' shares in each."""
-    times = {p: ph.time_s for p, ph in ops.phases.items()}
+    """The phases' shares of the step (their medians in the timed window, many steps) and the
+    classes' shares in each (the profiled steps)."""
+    timed = a.result.metrics.phases_s
+    times = {p: timed[p].median if p in timed else ph.time_s for p, ph in ops.phases.items()}
     whole = sum(times.values())
     phases = {
         p: (times[p] / whole if whole > 0 else 0.0, dict(ops.phases[p].time_share))
@@ -58,7 +61,13 @@ def mixes(records: Sequence[Audit]) -> list[Mix]:
             continue
         key = json.dumps([a.result.spec, a.result.world_size], sort_keys=True)
         found.setdefault(key, []).append(mix_of(a, ops))
-    return [m for group in found.values() for m in sorted(group, key=lambda m: m.system)]
+    mixes = [m for group in found.values() for m in sorted(group, key=lambda m: m.system)]
+    return sorted(mixes, key=lambda m: natural(m.workload))  # seq_len64 before seq_len128
+
+
+def natural(text: str) -> list[tuple[int, str]]:
+    """A sort key that orders the numbers inside a name by value."""
+    return [(int(part), "") if part.isdigit() else (0, part) for part in re.split(r"(\d+)", text)]
 
 
 def operator_plots(records: Sequence[Audit]) -> list[Plot]:
@@ -66,9 +75,9 @@ def operator_plots(records: Sequence[Audit]) -> list[Plot]:
     if not found:
         return []
     caption = (
-        "Where each profiled workload's step goes, its systems side by side (hpcdl run --profile, steps "
-        "profiled after the timed window): the upper bar splits the step's operator time into phases, "
-        "the lower bar each phase into operator classes (time on the CPU, or the kernels' device time)"
+        "Where each profiled workload's step goes, its systems side by side (hpcdl run --profile): the "
+        "upper bar splits the step into phases (their medians in the timed window), the lower bar each "
+        "phase into operator classes (steps profiled after the window: CPU time, or the kernels' device time)"
     )
     return [Plot("operators.png", caption, partial(draw, found=found))]
 
