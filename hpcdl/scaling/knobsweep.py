@@ -200,7 +200,7 @@ def knob_sweep(
             say(f"{name}={value_text(value)}: failed with exit code {code}")
     summary = summarize(out, sweep, np, prefix, fitted, left_out)
     if stopped is not None:
-        missing = ", ".join(value_text(p["value"]) for p in summary["points"] if not p.get("valid"))
+        missing = ", ".join(value_text(p["value"]) for p in summary["points"] if not p["record"])
         say(f"stopped (exit code {stopped}); finished points kept, missing: {name}={missing}")
     write_record(summary, out / summary_name(prefix, name, np))
     return summary, stopped
