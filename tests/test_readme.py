@@ -105,7 +105,7 @@ def test_the_readme_commands_that_measure_nothing_run_as_written(tmp_path: Path)
         run(command, cwd)
 
 
-@pytest.mark.slow(reason="class S twice (1 and 2 ranks), two single runs, rank and report: about 7 minutes")
+@pytest.mark.slow(reason="class S at 1 and 2 ranks, three runs, two knob sweeps, rank and report: ~12 min")
 def test_the_readme_commands_that_measure_run_as_written(tmp_path: Path) -> None:
     cwd = scratch(tmp_path)
     for command in [c for c in commands() if HOW[c] == SLOW]:
