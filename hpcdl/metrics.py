@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -212,6 +213,13 @@ def aggregate_throughput(samples_per_rank: Sequence[int], windows_s: Sequence[fl
     return throughput(sum(samples_per_rank), max(windows_s))
 
 
+def shares(parts: Mapping[str, float]) -> dict[str, float]:
+    """Each part over the sum of the parts, so that the shares add up to 1 (all 0 where nothing
+    was measured): a step's phases, a phase's operator classes."""
+    whole = sum(parts.values())
+    return {name: (value / whole if whole > 0 else 0.0) for name, value in parts.items()}
+
+
 def olympic_mean(values: Sequence[float]) -> float:
     """Mean without the fastest and the slowest value (with three or more; MLPerf's olympic
     mean of repeated runs): one disturbed run moves it less than the mean."""
@@ -377,3 +385,46 @@ def pingpong(nbytes: int, round_trip_s: float) -> tuple[float, float]:
     osu_bw-style counting; ``hpcdl diagnose``)."""
     one_way = round_trip_s / 2
     return one_way, (nbytes / one_way if one_way > 0 else 0.0)
+
+
+def time_to_train_s(samples: float, samples_per_s: float) -> float:
+    """Seconds to train on ``samples`` (a data set's samples × epochs) at ``samples_per_s``."""
+    return samples / samples_per_s
+
+
+def energy_to_train_j(samples: float, joules_per_sample: float, efficiency: float) -> float:
+    """Energy to train on ``samples`` from one rank's measured joules per sample: every rank draws
+    what one did, for ``1 / efficiency`` of the time one alone would take per sample,
+    ``S · e₁ / E(p)``."""
+    return samples * joules_per_sample / efficiency
+
+
+def node_energy_j(nodes: int, node_power_w: float, seconds: float) -> float:
+    """An estimate of the energy of ``nodes`` nodes drawing ``node_power_w`` each for
+    ``seconds``: ``n · P_node · t`` (with a datasheet's maximum, an upper bound)."""
+    return nodes * node_power_w * seconds
+
+
+NORMAL_P10_P90 = 2.5631
+"""the width of a normal distribution's 10th to 90th percentile, in standard deviations"""
+
+
+def step_cv(p10: float, p90: float, median: float) -> float:
+    """One rank's relative step-time spread, ``σ/μ``, from its percentiles as if normal:
+    ``(p90 − p10) / (2.563 · median)`` (robust to the odd outlier a mean and σ are not)."""
+    if not (median > 0 and math.isfinite(p10) and math.isfinite(p90)):
+        return 0.0
+    return max(0.0, p90 - p10) / (NORMAL_P10_P90 * median)
+
+
+@functools.cache
+def expected_max_normal(n: int) -> float:
+    """The expected largest of ``n`` independent standard normal draws, ``∫ x · n φ(x) Φ(x)ⁿ⁻¹
+    dx`` (numerically; 0 for one draw, 0.564 for 2, 1.42 for 8, 3.04 for 512): how many standard
+    deviations the slowest of ``n`` ranks' steps lies above the mean."""
+    if n <= 1:
+        return 0.0
+    x = np.linspace(-12.0, 12.0, 12001)
+    phi = np.exp(-(x**2) / 2) / math.sqrt(2 * math.pi)
+    big_phi = 0.5 * (1 + np.array([math.erf(v / math.sqrt(2)) for v in x]))
+    return float(np.trapezoid(x * n * phi * big_phi ** (n - 1), x))

@@ -36,6 +36,7 @@ RUN_OPTIONS = [
     "stall",
     "timeout",
     "np",
+    "profile",
 ]
 # a workload preflight refuses for memory after every option is checked: nothing ever runs
 TOO_BIG = ["--workload", "mlp", "layers=100", "width=100000", "batch_size=1000000"]
@@ -63,9 +64,37 @@ def test_run_and_sweep_options(option: str, value: str, command: str, tmp_path: 
 
 
 @FAST
-@given(field=st.sampled_from(["gamma", "alpha", "beta", "nodes", "ranks-per-node"]), value=NUMBERS)
+@given(knob=st.sampled_from(["batch_size", "width", "accumulation_steps"]), value=NUMBERS)
+def test_knob_sweep_values(knob: str, value: str, tmp_path: Path) -> None:
+    """Each value of ``--knob`` is a number in the knob's range or one line naming it; a sweep
+    whose first value does not fit (TOO_BIG) runs nothing either."""
+    out = tmp_path / "never"
+    line = one_line(hpcdl("sweep", *TOO_BIG, "--knob", f"{knob}={value},1", "-o", str(out)))
+    assert "knob=" in line or f"mlp.{knob}=" in line, line
+    assert not out.exists()
+
+
+@FAST
+@given(
+    field=st.sampled_from(
+        [
+            "gamma",
+            "alpha",
+            "beta",
+            "nodes",
+            "ranks-per-node",
+            "samples",
+            "epochs",
+            "step-cv",
+            "sync",
+            "data-rate",
+        ]
+    ),
+    value=NUMBERS,
+)
 def test_predict_options(field: str, value: str) -> None:
     base = {"gamma": "1e12", "alpha": "1e-6", "beta": "1e9", "nodes": "1,2", "ranks-per-node": "1"}
+    base |= {"samples": "1e6", "epochs": "2", "step-cv": "0.01", "sync": "1", "data-rate": "1e4"}
     argv = ["predict", "--workload", "mlp", *(f"--{k}={value if k == field else v}" for k, v in base.items())]
     p = hpcdl(*argv)
     code, err = p.returncode, p.stderr
@@ -119,7 +148,10 @@ OTHERS = {
     "capacity": (TOO_BIG, ["instances", "ranks-per-instance", "per-device", "target-loss-fraction"]),
     "generate": (["mlp", "layers=0"], ["sample"]),
     "comm": (["--reps", "0"], ["np", "timeout"]),  # its --np that fits runs: --np < 1 alone, here
-    "predict": (["--workload", "mlp", "--gamma", "1e12", "--alpha", "1e-6", "--beta", "x"], ["throughput"]),
+    "predict": (
+        ["--workload", "mlp", "--gamma", "1e12", "--alpha", "1e-6", "--beta", "x"],
+        ["throughput", "data-rate", "step-cv", "sync"],
+    ),
     "profile": (["no_such_package.models:make"], ["steps"]),
     "fit": (["/nonexistent/profile.json"], ["budget", "seed", "finalists", "tolerance", "rounds"]),
     "diagnose": (["--record", "/nonexistent/record.json"], ["np", "seconds", "threshold", "timeout"]),

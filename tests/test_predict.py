@@ -508,8 +508,8 @@ def test_a_throughput_given_per_system_is_used_as_given() -> None:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (
-            ["--preset", "resnet50", "--system", "dgx-a100"],
+        (  # a preset without a published rate (generators/rates.toml)
+            ["--preset", "gpt2_small", "--system", "dgx-a100"],
             "give --base RECORD (a 1-rank record), --throughput",
         ),
         (["--preset", "resnet50", "--beta", "1e9"], "or --gamma FLOP/s"),

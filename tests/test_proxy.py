@@ -16,7 +16,8 @@ from torch import nn
 
 import hpcdl
 from hpcdl.errors import InputError
-from hpcdl.proxy import kernels, layout, structure
+from hpcdl.measure import kernels
+from hpcdl.proxy import layout, structure
 from hpcdl.proxy.document import Profile
 from hpcdl.proxy.measure import flops, saved_bytes
 from hpcdl.proxy.objective import Weights, objective

@@ -34,6 +34,9 @@ HOW = {
     "hpcdl run --preset resnet50 batch_size=16 --steps 30": SLOW,
     "hpcdl generate gpt2_small": FAST,
     "hpcdl list": FAST,
+    "hpcdl sweep --workload attention --knob seq_len=64,128,256,512": SLOW,
+    "hpcdl sweep --workload cnn --knob batch_size=16,32,64,128 --fit 0.01": SLOW,
+    "hpcdl run --workload cnn --profile": SLOW,
     "PYTHONPATH=. python3 -m hpcdl run --class M precision=bf16 --fit --duration 6": GPU,
     "bash scripts/setup.sh --mpi": SETUP,
     "hpcdl run --workload attention --np 4 --backend horovod": MPI,
@@ -50,6 +53,7 @@ HOW = {
     "hpcdl rank mysys=results/mysys --baseline reference_results/cpu-epyc-2core-2026-11-23 -o ranking": SLOW,
     "hpcdl predict --preset resnet50 batch_size=64 --throughput 400 --system dgx-a100 --system dgx-h100 "
     "--nodes 1,8,64,512": FAST,
+    "hpcdl predict --preset vgg16 --system dgx1-v100 --samples 100000000 --epochs 10 --nodes 1": FAST,
     "hpcdl profile mypkg.models:make_model -o model.json": USER_MODEL,
     "hpcdl fit model.json -o proxy.toml --verify --model mypkg.models:make_model": USER_MODEL,
     "hpcdl run --spec proxy.toml": USER_MODEL,
@@ -101,7 +105,7 @@ def test_the_readme_commands_that_measure_nothing_run_as_written(tmp_path: Path)
         run(command, cwd)
 
 
-@pytest.mark.slow(reason="class S twice (1 and 2 ranks), two single runs, rank and report: about 7 minutes")
+@pytest.mark.slow(reason="class S at 1 and 2 ranks, three runs, two knob sweeps, rank and report: ~12 min")
 def test_the_readme_commands_that_measure_run_as_written(tmp_path: Path) -> None:
     cwd = scratch(tmp_path)
     for command in [c for c in commands() if HOW[c] == SLOW]:

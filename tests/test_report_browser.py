@@ -30,7 +30,8 @@ frame.addEventListener("load", () => {
   const settled = images.map(i => i.complete ? null : new Promise(r => { i.onload = r; i.onerror = r; }));
   Promise.all(settled).then(() => {
     const broken = images.filter(i => i.naturalWidth === 0).map(i => i.getAttribute("src"));
-    document.getElementById("verdict").textContent = JSON.stringify({images: images.length, broken});
+    const sources = images.map(i => i.getAttribute("src"));
+    document.getElementById("verdict").textContent = JSON.stringify({images: images.length, broken, sources});
   });
 });
 </script></body></html>
@@ -62,6 +63,18 @@ def test_every_figure_loads_and_the_console_stays_quiet(report: Path) -> None:
     result, console = verdict(report)
     assert result["images"] == len(list(report.glob("*.png"))) >= 5
     assert result["broken"] == [] and console == [], (result, console)
+
+
+def test_the_knob_curves_and_operator_mixes_render(report: Path) -> None:
+    """The reference's knob sweeps (hpcdl sweep --knob: seq_len, and batch_size with --fit) draw a
+    figure each, and its profiled runs (--profile) the operator mix; the browser loads them."""
+    result, _ = verdict(report)
+    knobs = [src for src in result["sources"] if src.startswith("knob-")]
+    assert any("along-seq-len" in src for src in knobs) and any("along-batch-size" in src for src in knobs)
+    assert "operators.png" in result["sources"]
+    assert not set(knobs + ["operators.png"]) & set(result["broken"])
+    page = (report / "index.html").read_text()
+    assert "Along a knob" in page and "Operator classes" in page
 
 
 def test_a_missing_figure_is_caught(report: Path, tmp_path: Path) -> None:

@@ -290,6 +290,7 @@ def test_integrated_power_without_energy_counter(monkeypatch: pytest.MonkeyPatch
     assert gpu["energy_j"] == pytest.approx(50.0, rel=0.1)
     assert gpu["avg_power_w"] == pytest.approx(100.0, rel=0.02) and gpu["max_power_w"] == 100.0
     assert gpu["avg_util_pct"] == 75 and gpu["avg_sm_clock_mhz"] == 1410
+    assert gpu["avg_mem_util_pct"] == 20  # NVML's memory utilisation, beside the GPU's
     assert gpu["max_mem_used_bytes"] == 2**30
     assert gpu["device_uuid"] == "GPU-of-gpu0"  # what the record counts each GPU's energy once by
     assert gpu["samples"] >= 5  # 0.5 s at 0.05 s on a busy machine, plus both ends

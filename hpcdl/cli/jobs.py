@@ -94,7 +94,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(f"# ---- {point.name}: {layout}, not submitted (--dry-run, {scheduler.name})")
             if point.workloads:
                 suite = ", ".join(point.workloads)
-                print(f"# class {job.size_class}: {suite}, one after another, a record each")
+                what = f"class {job.size_class}" if job.size_class else "sweep"
+                print(f"# {what}: {suite}, one after another, a record each")
             print(scheduler.script(job, point))
         return 0
     try:
@@ -103,6 +104,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         err(f"hpcdl: {e}")
         return e.code
     stems = f"{job.name}-n<nodes>-<workload>" if job.size_class else f"{job.name}-n<nodes>"
+    if job.sweep:
+        stems = f"{job.name}-n<nodes>-{job.knob_sweep().knob}<value>"
     print(f"records: {out}/{stems}.json; state: {state_path(out)}")
     names = [d.point.name for d in done]
     if scheduler.here:

@@ -25,11 +25,13 @@ from hpcdl.records.store import write_record
 from hpcdl.records.views import Result, Settings
 from hpcdl.results.best import best_per_rank_count
 from hpcdl.results.text import si, table, wrapped
+from hpcdl.scaling.cost import cost, energy_source, work_of
 from hpcdl.scaling.system import System, load_system
 from hpcdl.scaling.transfer import Measured, carry
 
 if TYPE_CHECKING:  # the model and its fits import the backends (torch): the handler imports them
     from hpcdl.scaling import model as model_mod
+    from hpcdl.workloads.spec import Spec
 
 T = TypeVar("T")
 ACCUMULATION = "accumulation_steps"
@@ -89,6 +91,8 @@ class Calibration:
     """the option γ came from where no record did (``--throughput 400``, ``--gamma 1e12``)"""
     per_system: dict[str, float] = field(default_factory=dict)
     """``--throughput NAME=X``: γ given for that system, by name"""
+    rate_device: str = ""
+    """the device a published rate (``generators/rates.toml``) was measured on, where γ is one"""
 
     @property
     def precision(self) -> str:
@@ -97,7 +101,8 @@ class Calibration:
 
 MISSING_GAMMA = (
     "predict: a rank's speed is needed: give --base RECORD (a 1-rank record), --throughput SAMPLES/s "
-    "(one device's; NAME=SAMPLES/s for one --system) or --gamma FLOP/s"
+    "(one device's; NAME=SAMPLES/s for one --system) or --gamma FLOP/s (a preset of "
+    "generators/rates.toml, as published, starts from its published rate)"
 )
 
 
@@ -148,7 +153,7 @@ def calibration(args: argparse.Namespace) -> Calibration:
     if args.gamma is not None and plain is not None:
         raise InputError("predict.gamma", args.gamma, "either --gamma FLOP/s or --throughput SAMPLES/s")
     if args.gamma is None and plain is None and not named:
-        raise HpcdlError(MISSING_GAMMA)
+        return published(args, spec)
     per_system = _gammas(spec.to_dict(), named)
     if plain is not None:  # one device's samples/s: γ = F · X
         gamma, given = float(spec.count().train_flops) * plain, f"--throughput {plain:g} samples/s"
@@ -157,6 +162,22 @@ def calibration(args: argparse.Namespace) -> Calibration:
     else:  # only figures for named systems: each system must have one
         gamma, given = next(iter(per_system.values())), ""
     return Calibration(spec.to_dict(), spec.batch_size, gamma, given=given, per_system=per_system)
+
+
+def published(args: argparse.Namespace, spec: Spec) -> Calibration:
+    """γ from a published rate of the preset (``generators/rates.toml``), where the workload is
+    that preset as published (a batch or seed of its own aside) and a --system names the
+    device to carry it to; else the one line that says which option to give."""
+    from hpcdl.workloads import recipes
+
+    rate = recipes.rates().get(args.preset or "")
+    own = {w.partition("=")[0] for w in args.knobs} - {"batch_size", "seed"}
+    if rate is None or own or spec.precision != rate["precision"] or not args.system:
+        raise HpcdlError(MISSING_GAMMA)
+    x = float(rate["samples_per_s"])
+    given = f"published: {x:g} samples/s at batch {rate['batch']} ({rate['source']})"
+    gamma = float(spec.count().train_flops) * x
+    return Calibration(spec.to_dict(), spec.batch_size, gamma, given=given, rate_device=str(rate["device"]))
 
 
 def _gammas(spec: dict[str, Any], named: dict[str, float]) -> dict[str, float]:
@@ -174,6 +195,12 @@ def measured_on(cal: Calibration, model: model_mod.Model, first: System) -> Meas
         per_device = b.metrics.peak_flops / max(b.world_size, 1)
         return Measured(model.gamma_flops_per_s, b.settings.precision, b.environment.device_name, per_device,
                         f"record {b.name}")  # fmt: skip
+    if cal.rate_device:
+        from hpcdl.measure.datasheets import datasheet_entry
+
+        found = datasheet_entry(cal.rate_device)
+        peak = found[0].get(cal.precision) if found else None
+        return Measured(cal.gamma, cal.precision, cal.rate_device, peak, cal.given)
     device = first.device
     peak = device.peak_flops.get(cal.precision) if device else None
     name = device.name if device else ""
@@ -207,11 +234,35 @@ def build(
     kw: dict[str, Any] = {"backend": backend, "mode": args.mode, "overlap": args.overlap}
     if args.layout:
         kw["layout"] = parse_layout(args.layout)
+    kw["sync_calls"] = _count("predict.sync", args.sync)
     if cal.base is not None:
-        return fitting.model_from_records(cal.base, comm, accumulation_steps=accum, **kw)
-    if isinstance(comm, CommSweep):
-        comm = fitting.fitted(comm)
-    return model_mod.model_for(cal.spec, cal.batch, cal.gamma, comm, accumulation_steps=accum, **kw)
+        model = fitting.model_from_records(cal.base, comm, accumulation_steps=accum, **kw)
+    else:
+        if isinstance(comm, CommSweep):
+            comm = fitting.fitted(comm)
+        model = model_mod.model_for(cal.spec, cal.batch, cal.gamma, comm, accumulation_steps=accum, **kw)
+    # what the options say, over what a record measured
+    if args.step_cv is not None:
+        model = replace(model, step_cv=_fraction("predict.step_cv", args.step_cv))
+    if args.data_rate is not None:
+        model = replace(model, data_rate=_positive("predict.data_rate", args.data_rate))
+    return model
+
+
+def _count(field: str, value: int | None) -> int:
+    if value is None:
+        return 0
+    if not 0 <= value <= 1 << 20:
+        raise InputError(field, value, "an integer in 0..1048576")
+    return value
+
+
+def _fraction(field: str, value: float) -> float:
+    if not 0 <= value < 1:
+        raise InputError(
+            field, value, "a fraction in [0, 1): the step time's standard deviation over its mean"
+        )
+    return value
 
 
 def given_comms(args: argparse.Namespace) -> dict[str, model_mod.Cost]:
@@ -330,6 +381,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.ranks_per_node is not None and not 1 <= args.ranks_per_node <= 4096:
         raise InputError("predict.ranks_per_node", args.ranks_per_node, "an integer in 1..4096")
     models, cal, backend = models_from_args(args)
+    work = work_of(args.samples, args.epochs, args.tokens, cal.spec)
+    systems = {s.name: s for s in map(load_system, args.system or [])}
+    sources = {label: energy_source(cal.base, systems.get(label)) for label, _, _, _ in models}
     accumulation = models[0][1].accumulation_steps
     measured = {}
     if args.compare:
@@ -343,6 +397,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 skipped.setdefault(label, []).append(p)
                 continue
             pt = {"system": label, "nodes": n, **model.point(p)}
+            if work is not None:
+                pt.update(cost(pt, work, sources[label]))
             if p in measured and len(models) == 1:
                 pt["measured_samples_per_s"], pt["measured_overlap"] = measured[p]
                 pt["error"] = model_mod.relative_error(pt["samples_per_s"], pt["measured_samples_per_s"])
@@ -357,6 +413,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         "spec": cal.spec,
         "points": points,
     }
+    if work is not None:
+        doc["work"] = {"samples": work.samples, "epochs": work.epochs, "total_samples": work.total}
+        doc["energy"] = {label: source.rule for label, source in sources.items()}
     if args.output:
         err(f"wrote {write_record(doc, args.output)}")
     if args.json:
@@ -364,6 +423,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         return 0
     for label, model, rpn, rule in models:
         describe(label, model, rpn, backend, skipped.get(label, []), rule)
+        if work is not None:
+            print(wrapped(f"energy: {sources[label].rule}", indent="  "))
+    if work is not None:
+        print(f"to train: {work.how}")
     print(render(points, several=len(models) > 1))
     print(
         wrapped(
@@ -403,11 +466,14 @@ def rate(x: float) -> str:
 
 
 def render(points: list[dict[str, Any]], several: bool) -> str:
-    head = ["nodes", "ranks", "step ms", "+-", "compute ms", "comm ms", "hidden", "algorithm", "samples/s"]
-    head += ["AI-ops/s", "efficiency"]
+    head = ["nodes", "ranks", "step ms", "+-", "compute ms", "comm ms", "hidden", "algorithm"]
+    head += ["straggler ms", "sync ms", "data ms", "samples/s", "AI-ops/s", "efficiency"]
     compared = any("error" in p for p in points)  # the measured columns only where something was
     if compared:
         head += ["measured samples/s", "meas. hidden", "error"]
+    costs = any("train_hours" in p for p in points)
+    if costs:
+        head += ["hours", "energy kWh"]
     rows = []
     for p in points:
         hidden = "" if p["overlap"] is None else f"{p['overlap']:.0%}"
@@ -421,6 +487,9 @@ def render(points: list[dict[str, Any]], several: bool) -> str:
             f"{p['comm_s'] * 1e3:.2f}",
             hidden,
             str(p["algorithm"]),
+            f"{p['straggler_s'] * 1e3:.2f}",
+            f"{p['sync_s'] * 1e3:.2f}",
+            f"{p['data_s'] * 1e3:.2f}",
             rate(p["samples_per_s"]),
             si(p["ai_ops_per_s"], "FLOP/s"),
             f"{p['efficiency']:.1%}",
@@ -431,8 +500,18 @@ def render(points: list[dict[str, Any]], several: bool) -> str:
                 f"{measured_hidden:.0%}" if measured_hidden is not None else "",
                 f"{p['error']:+.1%}" if "error" in p else "",
             ]
+        if costs:
+            hours = "n/a" if p["train_hours"] is None else f"{p['train_hours']:,.3g}"
+            row += [hours, kwh(p["train_energy_kwh"], p["energy_estimated"])]
         rows.append(([p["system"]] if several else []) + row)
     return table((["system"] if several else []) + head, rows)
+
+
+def kwh(value: float | None, estimated: bool | None) -> str:
+    """Energy as a person reads it, an estimate marked as one."""
+    if value is None:
+        return "n/a"
+    return f"{value:,.4g}" + (" (est.)" if estimated else "")
 
 
 def add_parsers(sub: Any) -> None:
@@ -489,6 +568,40 @@ def add_parsers(sub: Any) -> None:
         "--layout",
         help="dp=N,tp=N,pp=N[,microbatches=M,schedule=1f1b|gpipe,sp=1]: tensor and pipeline "
         "parallelism on top of data parallelism (dp omitted: the rest of the ranks)",
+    )
+    pr.add_argument(
+        "--samples",
+        metavar="N",
+        help="samples in the data set: also print the hours and the energy (kWh) to train on it",
+    )
+    pr.add_argument(
+        "--tokens",
+        metavar="N",
+        help="tokens in the data set, for a workload of sequences (N / seq_len samples): hours and kWh",
+    )
+    pr.add_argument("--epochs", metavar="E", help="passes over the data set, > 0 (default 1)")
+    pr.add_argument(
+        "--step-cv",
+        dest="step_cv",
+        type=float,
+        metavar="CV",
+        help="one rank's step-time spread sigma/mean: each step waits for the slowest of the ranks "
+        "(default: --base's record's, else 0)",
+    )
+    pr.add_argument(
+        "--sync",
+        type=int,
+        metavar="N",
+        help="latency-bound allreduces per step beside the gradients' (the ranks agreeing on each step; "
+        "default 0)",
+    )
+    pr.add_argument(
+        "--data-rate",
+        dest="data_rate",
+        type=float,
+        metavar="SAMPLES/s",
+        help="samples/s one node's input pipeline delivers, shared by its ranks (default: --base's "
+        "record's HDF5 read rate, else none)",
     )
     pr.add_argument("--compare", help="directory of measured records: show their samples/s and the error")
     pr.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -12,8 +12,8 @@ from typing import Any
 from hpcdl.cli.common import err
 from hpcdl.errors import InputError
 from hpcdl.escape import printable, shell_word
+from hpcdl.measure.kernels import CLASSES
 from hpcdl.proxy import as_profile, document
-from hpcdl.proxy.kernels import CLASSES
 from hpcdl.proxy.measure import STEPS, measure
 from hpcdl.proxy.objective import PROFILE_FIGURE, Weights, describe_errors
 from hpcdl.proxy.reference import RealModel, load_model, resolve_syntax, user_code

@@ -32,6 +32,7 @@ RUN_FLAGS = {
     "graphs": "graphs",
     "fused_optimizer": "fused_optimizer",
     "memory_format": "memory_format",
+    "profile": "profile_steps",
 }
 
 
@@ -148,6 +149,14 @@ def add_run_options(r: argparse.ArgumentParser) -> None:
         dest="memory_format",
         metavar="auto|contiguous|channels_last",
         help="convolutions' memory format for cnn and speech (default auto: channels_last on CUDA)",
+    )
+    r.add_argument(
+        "--profile",
+        nargs="?",
+        const="3",
+        metavar="STEPS",
+        help="after the timed window, profile STEPS more steps (default 3) and record the share of time "
+        "and FLOPs by operator class in each phase (metrics.operators); the timed figures are untouched",
     )
     r.add_argument(
         "--target-loss-fraction",

@@ -1,10 +1,11 @@
-"""``hpcdl sweep``: one workload over rank counts (weak or strong scaling), or over power or
-clock caps, a record per point."""
+"""``hpcdl sweep``: one workload over rank counts (weak or strong scaling), over power or clock
+caps, or over the values of one of its knobs (``--knob``), a record per point."""
 
 from __future__ import annotations
 
 import argparse
 import math
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise InputError(
             "sweep", "default suite", "a sweep takes one workload: --workload FAMILY or --preset NAME"
         )
+    if args.knob is not None:
+        return cmd_knob_sweep(args, next(iter(specs.values())))
+    if args.np is None:
+        raise InputError(
+            "np", None, "rank counts like --np 1,2,4 (or --knob NAME=V1,V2,... at one rank count)"
+        )
+    args.mode = args.mode or "weak"
     try:
         nps = [int(x) for x in args.np.split(",") if x]
     except ValueError:
@@ -73,6 +81,92 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if stopped is not None:
         return stopped
     return 0 if all(p["record"] for p in summary["points"]) else 1
+
+
+def cmd_knob_sweep(args: argparse.Namespace, spec: Spec) -> int:
+    """``hpcdl sweep --knob NAME=V1,V2,...``: the workload at each value, at one rank count
+    (``scaling.knobsweep``)."""
+    from hpcdl.scaling import knobsweep
+
+    if args.power_limit is not None or args.clock_limit is not None:
+        raise InputError("knob", args.knob, "one sweep per command: --knob, or a cap sweep (--power-limit)")
+    if args.mode is not None:
+        raise InputError("mode", args.mode, "weak or strong scaling is a rank sweep's: not with --knob")
+    np = knob_ranks(args.np)
+    sweep = knobsweep.parse(spec, args.knob)
+    cfg = run_config(args)
+    budget = cfg.fit_fraction if sweep.knob == "batch_size" and cfg.fit_fraction > 0 else None
+    if budget is not None:  # the knob sets the batch: --fit is the memory each point must fit in
+        args.fit, cfg = None, cfg.replace(fit_fraction=0.0)
+    summary, stopped = knobsweep.knob_sweep(
+        sweep,
+        np,
+        Path(args.output),
+        run_argv(args),
+        partial(knobsweep.unfit, cfg=cfg, world=World(size=np), budget=budget),
+        fitted=cfg.fit_fraction > 0,
+        prefix=args.prefix,
+        redo=args.redo,
+        timeout_s=args.timeout,
+        say=err,
+    )
+    print(knob_table(summary))
+    if stopped is not None:
+        return stopped
+    ran = [
+        p
+        for p in summary["points"]
+        if summary["left_out"] is None or p["value"] < summary["left_out"]["value"]
+    ]
+    return 0 if all(p["record"] for p in ran) else 1
+
+
+def knob_ranks(text: str | None) -> int:
+    """The one rank count of a knob sweep (``--np``, default 1)."""
+    if text is None:
+        return 1
+    if not text.strip().isdigit() or int(text) < 1:
+        raise InputError(
+            "np",
+            text,
+            "one rank count >= 1 with --knob (a knob sweep and a rank sweep are separate commands)",
+        )
+    return int(text)
+
+
+def knob_table(summary: dict[str, Any]) -> str:
+    """The summary of a knob sweep as a table: throughput, MFU and memory at each value."""
+
+    def mem(value: float | None) -> str:
+        return "n/a" if value is None else si(value, "B")
+
+    rows = []
+    for p in summary["points"]:
+        left = summary["left_out"]
+        if not p["record"]:
+            why = "does not fit" if left is not None and p["value"] >= left["value"] else "no record"
+            rows.append([knob_value(p["value"]), why, "", "", "", "", ""])
+            continue
+        mfu = "n/a" if p["mfu"] is None else f"{p['mfu']:.1%}"
+        rows.append(
+            [
+                knob_value(p["value"]) + ("" if p["valid"] else " (invalid)"),
+                str(p["batch_per_rank"]),
+                f"{p['samples_per_s']:.1f}",
+                si(p["ai_ops_per_s"], "FLOP/s"),
+                mfu,
+                mem(p["peak_memory_bytes"]),
+                mem(p["estimated_memory_bytes"]),
+            ]
+        )
+    head = [summary["knob"], "batch/rank", "samples/s", "AI-ops/s", "MFU", "peak memory", "estimated"]
+    return table(head, rows)
+
+
+def knob_value(value: float) -> str:
+    from hpcdl.scaling.knobsweep import value_text
+
+    return value_text(value)
 
 
 def cap_values(args: argparse.Namespace, nps: list[int]) -> tuple[str, list[float]] | None:
@@ -176,9 +270,16 @@ def add_parsers(sub: Any) -> None:
     sw = sub.add_parser("sweep", help="weak or strong scaling over rank counts, one record per point")
     add_workload_options(sw)
     add_run_options(sw)
-    sw.add_argument("--np", required=True, help="rank counts, e.g. 1,2,4")
+    sw.add_argument("--np", help="rank counts, e.g. 1,2,4 (a knob sweep: one count, default 1)")
     sw.add_argument(
-        "--mode", default="weak", help="weak (batch per rank fixed) | strong (global batch fixed)"
+        "--mode", help="rank sweep: weak (default: batch per rank fixed) | strong (global batch fixed)"
+    )
+    sw.add_argument(
+        "--knob",
+        metavar="NAME=V1,V2,...",
+        help="one record per value of a numeric knob of the workload (batch_size, seq_len, width, ...), "
+        "at one rank count; stops at the first value that does not fit the device (with --fit and "
+        "batch_size: in that fraction of its memory)",
     )
     sw.add_argument("--prefix", default="sweep", help="record name prefix, a plain name (default: sweep)")
     sw.add_argument("--redo", action="store_true", help="rerun points that already have a valid record")

@@ -37,6 +37,7 @@ from hpcdl.measure.fit import Fit, estimated_batch, fit_batch, rank_memory
 from hpcdl.measure.loop import BatchSource, Trainer
 from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import theoretical_peak
+from hpcdl.measure.profiled import profile_steps
 from hpcdl.measure.schedstat import Descheduled, kernel_id, together
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.trial import Shard, warm_base
@@ -290,6 +291,11 @@ def measure_rank(
         )
     graphs = compiled_graphs() if execution.mode == "compile" else {}
     mem_bytes, mem_kind = peak_memory(device)  # before the collectives below allocate theirs
+    # after the window and its memory peak: extra steps, never timed ones (hpcdl run --profile)
+    operators = None
+    if cfg.profile_steps:
+        medians = {p: metrics.summarize(v)["median"] for p, v in log.phases_s.items()}
+        operators = profile_steps(trainer, cfg.profile_steps, device, medians)
     several = world.size > 1
     return RankMeasurement(
         rank=world.rank,
@@ -321,6 +327,7 @@ def measure_rank(
         collective_s=collective_seconds(world, backend, device, traffic, layered),
         execution=execution.to_dict(),
         compiled=graphs,
+        operators=operators,
     )
 
 

@@ -87,6 +87,14 @@ class RunConfig(Knobs):
         " duration_s stay the limit)",
     )
 
+    profile_steps: int = knob(
+        0,
+        lo=0,
+        hi=100,
+        doc="steps profiled after the timed window, for the record's time and FLOPs by operator class"
+        " and phase (metrics.operators; 0 = none); the timed figures are those of an unprofiled run",
+    )
+
     layout: str = knob(
         "",
         doc="parallel layout, e.g. dp=2,tp=2,pp=2 or tp=2,pp=2,schedule=gpipe,microbatches=8: ranks"
@@ -95,7 +103,9 @@ class RunConfig(Knobs):
     )
 
     def check(self) -> None:
-        parse_layout(self.layout)  # its syntax; sizes against the world and workload at the run
+        layout = parse_layout(self.layout)  # its syntax; sizes against the world and workload at the run
+        if self.profile_steps and layout.pp > 1:
+            raise SpecError("run.profile_steps", self.profile_steps, "not with pipeline parallelism (pp > 1)")
         if self.target_loss_fraction and not self.target_loss_fraction < 1:
             raise SpecError("run.target_loss_fraction", self.target_loss_fraction, "a fraction in (0, 1)")
         if self.target_loss_fraction and self.data == "random":

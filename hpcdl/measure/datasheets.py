@@ -66,6 +66,8 @@ DATASHEET_PEAKS: list[tuple[str, dict[str, float], str]] = [
     ("L40", {"tf32": 90.5e12, "fp32": 90.5e12, "bf16": 181.05e12, "fp16": 181.05e12}, "NVIDIA L40 datasheet"),
     ("L4", {"tf32": 60e12, "fp32": 30.3e12, "bf16": 121e12, "fp16": 121e12}, "NVIDIA L4 datasheet"),
     ("V100", {"fp32": 15.7e12, "fp16": 125e12}, "NVIDIA V100 datasheet, SXM2"),
+    ("P100-SXM2", {"fp32": 10.6e12, "fp16": 21.2e12}, "NVIDIA Tesla P100 datasheet, SXM2 (NVLink)"),
+    ("P100", {"fp32": 9.3e12, "fp16": 18.7e12}, "NVIDIA Tesla P100 datasheet, PCIe"),
     (
         "MI300X",
         {"tf32": 653.7e12, "fp32": 163.4e12, "bf16": 1307.4e12, "fp16": 1307.4e12},

@@ -92,6 +92,9 @@ class RankMeasurement:
     """how its steps executed (``measure.execution.Execution.to_dict``; empty: eager)"""
     compiled: dict[str, int] = field(default_factory=dict)
     """what torch.compile made of its model (``measure.execution.compiled_graphs``; compiled runs)"""
+    operators: dict[str, Any] | None = None
+    """time and FLOPs by operator class of steps profiled after the window (``--profile``;
+    ``measure.profiled``)"""
 
     def forward_backward_s(self) -> list[float]:
         """Forward plus backward time of each timed step: the rank's computation, and whatever

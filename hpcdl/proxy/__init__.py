@@ -4,7 +4,7 @@ hpcdl workload that costs the same (a *fit*), and verify the two side by side.
 * :mod:`~hpcdl.proxy.document` -- the profile document and its validation
 * :mod:`~hpcdl.proxy.reference` -- a real model named by an import reference
 * :mod:`~hpcdl.proxy.training` -- one training step of a real model or of a spec, the same way
-* :mod:`~hpcdl.proxy.kernels` -- kernel classes and the time and FLOP mix
+* :mod:`~hpcdl.measure.kernels` (shared with runs) -- operator classes and the time and FLOP mix
 * :mod:`~hpcdl.proxy.measure` -- measuring a profile
 * :mod:`~hpcdl.proxy.structure` -- the network's layers from one hooked forward pass
 * :mod:`~hpcdl.proxy.layout` -- a structure mapped onto a family's knobs

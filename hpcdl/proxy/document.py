@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcdl.errors import InputError
-from hpcdl.proxy.kernels import CLASSES
+from hpcdl.measure.kernels import CLASSES
 from hpcdl.proxy.structure import validate as validate_structure
 from hpcdl.records.loader import Unreadable, read_object
 from hpcdl.records.schema import PROFILE, PROFILE_VERSION
@@ -71,7 +71,7 @@ class Profile:
     figures: dict[str, float]
     precision: str = "fp32"
     time_mix: dict[str, float] = field(default_factory=dict)
-    """share of the step's time in each kernel class (``hpcdl.proxy.kernels``); may be empty"""
+    """share of the step's time in each operator class (``hpcdl.measure.kernels``); may be empty"""
     flop_mix: dict[str, float] = field(default_factory=dict)
     """share of the step's FLOPs in each kernel class; may be empty"""
     hints: dict[str, Any] = field(default_factory=dict)

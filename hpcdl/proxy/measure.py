@@ -4,10 +4,7 @@ training step of a real model (or of an hpcdl workload, measured the same way)."
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,14 +16,13 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
-from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
 
 from hpcdl.device import synchronize
 from hpcdl.errors import InputError
+from hpcdl.measure import kernels
 from hpcdl.measure.environment import environment
-from hpcdl.proxy import kernels, structure
+from hpcdl.proxy import structure
 from hpcdl.proxy.document import Profile
 from hpcdl.proxy.training import Batch, LossFn, Trainee, call, first_tensor, logits_of
 from hpcdl.workloads.crosscheck import decomposed
@@ -139,57 +135,12 @@ def hints(model: nn.Module, ops: set[str], attention: _Attention) -> dict[str, A
     return found
 
 
-def _conv_backward_flops(
-    grad_out_shape: Any,
-    x_shape: Any,
-    w_shape: Any,
-    bias: Any,
-    stride: Any,
-    padding: Any,
-    dilation: Any,
-    transposed: Any,
-    output_padding: Any,
-    groups: int,
-    output_mask: list[bool],
-    out_shape: Any,
-    **kwargs: Any,
-) -> int:
-    """The counter's own formula, but a grouped convolution's weight gradient costs one
-    ``groups``-th of what it counts: torch 2.13 counts it as if the convolution were ungrouped
-    (tests/test_cnn.py; fixed upstream in pytorch/pytorch#183405)."""
-    args = (
-        grad_out_shape,
-        x_shape,
-        w_shape,
-        bias,
-        stride,
-        padding,
-        dilation,
-        transposed,
-        output_padding,
-        groups,
-    )
-    # the registered formula is wrapped to take shapes and the output as ``out_val``
-    formula: Callable[..., int] = flop_counter.conv_backward_flop
-    grad_input = formula(*args, [output_mask[0], False], out_val=out_shape)
-    grad_weight = formula(*args, [False, output_mask[1]], out_val=out_shape)
-    return int(grad_input + grad_weight // groups)
-
-
-def counter() -> FlopCounterMode:
-    """``FlopCounterMode`` with its grouped-convolution gap closed; use it inside
-    ``hpcdl.workloads.crosscheck.decomposed()``, which closes the fused-kernel gaps."""
-    return FlopCounterMode(
-        display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward_flops}
-    )
-
-
 def flops(trainee: Trainee) -> tuple[int, int, dict[str, float]]:
     """(forward, forward + backward) FLOPs of the batch and the FLOP mix, counted with
     ``FlopCounterMode``; fused kernels it cannot see (oneDNN's RNN, the CPU attention kernel)
     are switched off while counting, as in ``hpcdl.workloads.crosscheck``, and its grouped
     convolutions' weight gradients are counted right."""
-    with decomposed(), counter() as count:
+    with decomposed(), kernels.counter() as count:
         loss = trainee.loss()
         forward = count.get_total_flops()
         loss.backward()
@@ -221,35 +172,9 @@ def time_mix(trainee: Trainee, steps: int = PROFILED_STEPS) -> dict[str, float]:
     activities = [ProfilerActivity.CPU]
     if trainee.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    with _without_profiler_lines(), torch_profile(activities=activities) as prof:
+    with kernels.quiet_profiler(), torch_profile(activities=activities) as prof:
         trainee.steps(steps)
     return kernels.time_shares(prof.events(), trainee.device)
-
-
-PROFILER_LINES = (b"USDT:", b"STAGE:")
-"""what the profiler's C++ library (Kineto) writes to stderr at each start and stop, whatever
-its log level (``KINETO_LOG_LEVEL`` leaves them): noise in hpcdl's output"""
-
-
-@contextlib.contextmanager
-def _without_profiler_lines() -> Iterator[None]:
-    """While inside: file descriptor 2 held in a temporary file; then every line of it but the
-    profiler's own given back to stderr (a warning written meanwhile is kept, only later)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            kept = [
-                line for line in held.read().splitlines(keepends=True) if not line.startswith(PROFILER_LINES)
-            ]
-            os.write(2, b"".join(kept))
 
 
 @contextlib.contextmanager

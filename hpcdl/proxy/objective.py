@@ -20,8 +20,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from hpcdl.errors import InputError
+from hpcdl.measure.kernels import mix_distance
 from hpcdl.proxy.document import Profile
-from hpcdl.proxy.kernels import mix_distance
 
 CHEAP = ("params", "flops")
 """figures known for every candidate from its analytic count (the others are measured)"""

@@ -38,11 +38,11 @@ import torch
 from hpcdl import metrics
 from hpcdl.device import memory_capacity
 from hpcdl.errors import HpcdlError
-from hpcdl.proxy import kernels
+from hpcdl.measure import kernels
 from hpcdl.proxy import objective as obj
 from hpcdl.proxy import space as spaces
 from hpcdl.proxy.document import Profile
-from hpcdl.proxy.measure import counter, measure, saved_bytes
+from hpcdl.proxy.measure import measure, saved_bytes
 from hpcdl.proxy.result import TOLERANCE, Candidate, FamilySearch, FitResult, Point
 from hpcdl.proxy.training import spec_trainee
 from hpcdl.workloads.crosscheck import decomposed
@@ -182,7 +182,7 @@ def flop_mix(spec: Spec) -> dict[str, float]:
         model = spec.build_module().train()
     # two samples: batch norm refuses one when a map has shrunk to one pixel
     inputs = spec.sample_inputs(2, torch.Generator(), torch.device("cpu")).to("meta")
-    with decomposed(), counter() as count:
+    with decomposed(), kernels.counter() as count:
         model(inputs).float().sum().backward()
     return kernels.flop_shares(count.get_flop_counts(), model)
 

@@ -26,7 +26,7 @@ from hpcdl.parallel.layout import fit_layout, parse_layout, tp_crosses_nodes
 from hpcdl.records import schema, validity
 from hpcdl.records.parallel import communication, pipeline_of, rank_counts
 from hpcdl.records.peak import implausible, job_ceiling, job_peak, unknown_peak_reason
-from hpcdl.records.typed import to_json
+from hpcdl.records.typed import parse, to_json
 from hpcdl.records.views import (
     EAGER,
     Check,
@@ -35,6 +35,7 @@ from hpcdl.records.views import (
     Energy,
     ExecutionSettings,
     Metrics,
+    Operators,
     RankRow,
     Settings,
     Stats,
@@ -302,6 +303,7 @@ def build_record(
         pipeline=pipeline_of(spec, ranks, layout),
         time_to_first_step_s=max(g.warmup_s[0] for g in logs) if all(g.warmup_s for g in logs) else None,
         compiled=Compiled(**ranks[0].compiled) if ranks[0].compiled else None,
+        operators=parse(Operators, ranks[0].operators, "operators") if ranks[0].operators else None,
     )
     return {
         "schema": schema.RESULT,

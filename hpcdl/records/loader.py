@@ -61,6 +61,38 @@ class SweepSummary:
 
 
 @dataclass(frozen=True)
+class KnobPoint:
+    """One value of a knob sweep; ``record`` is None where the value has no intact record."""
+
+    value: float
+    record: str | None = None
+    valid: bool = False
+    """the record passed its checks (one that did not, as on a disturbed machine, is kept)"""
+    samples_per_s: float | None = None
+    ai_ops_per_s: float | None = None
+    mfu: float | None = None
+    batch_per_rank: int | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_kind: str | None = None
+    estimated_memory_bytes: int | None = None
+    phase_shares: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KnobSweepSummary:
+    """A knob sweep's summary (``schema: hpcdl.knob-sweep``, written by ``hpcdl sweep --knob``)."""
+
+    schema: str
+    knob: str
+    np: int
+    spec: dict[str, Any]
+    points: list[KnobPoint]
+    fitted: bool = False
+    left_out: dict[str, Any] | None = None
+    """the first value that did not fit and why (it and the values above it did not run)"""
+
+
+@dataclass(frozen=True)
 class CommRow:
     """One buffer size of a collective's sweep: the backend's and raw MPI's median seconds."""
 
@@ -127,6 +159,7 @@ class Tree:
 
     records: list[Record] = field(default_factory=list)
     sweeps: list[Document[SweepSummary]] = field(default_factory=list)
+    knob_sweeps: list[Document[KnobSweepSummary]] = field(default_factory=list)
     comms: list[Document[CommSweep]] = field(default_factory=list)
     predictions: list[Document[dict[str, Any]]] = field(default_factory=list)
     """extrapolations (``hpcdl predict -o``): never measurements"""
@@ -137,7 +170,8 @@ class Tree:
     @property
     def files(self) -> int:
         """How many files were looked at."""
-        found = len(self.records) + len(self.sweeps) + len(self.comms) + len(self.predictions)
+        found = len(self.records) + len(self.sweeps) + len(self.knob_sweeps) + len(self.comms)
+        found += len(self.predictions)
         return found + len(self.others) + len(self.unreadable)
 
 
@@ -216,6 +250,8 @@ def _add(tree: Tree, path: Path) -> None:
         tree.records.append(_record(path, doc))
     elif kind == schema.SWEEP:
         tree.sweeps.append(Document(path, kind, view(SweepSummary, doc, "sweep")))
+    elif kind == schema.KNOB_SWEEP:
+        tree.knob_sweeps.append(Document(path, kind, view(KnobSweepSummary, doc, "knob sweep")))
     elif kind == schema.COMM:
         tree.comms.append(Document(path, kind, view(CommSweep, doc, "comm")))
     elif kind == schema.PREDICTION:

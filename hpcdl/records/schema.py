@@ -13,6 +13,8 @@ SUITE = "hpcdl.suite"
 """the index of the records of one suite run"""
 SWEEP = "hpcdl.sweep"
 """the summary of a scaling sweep over rank counts"""
+KNOB_SWEEP = "hpcdl.knob-sweep"
+"""the summary of a sweep over one workload knob (``hpcdl sweep --knob``)"""
 COMM = "hpcdl.comm"
 """a collective-communication sweep (``hpcdl comm -o``)"""
 RANKING = "hpcdl.ranking"
@@ -37,7 +39,21 @@ MANIFEST = "hpcdl.manifest"
 LIST = "hpcdl.list"
 """one list of a list site: a class version's systems and scores (``hpcdl list-site``)"""
 
-NOT_RECORDS = (SUITE, SWEEP, COMM, RANKING, JOBS, POINT, COLLECTED, CAPS, REPEATS, CAPACITY, MANIFEST, LIST)
+NOT_RECORDS = (
+    SUITE,
+    SWEEP,
+    KNOB_SWEEP,
+    COMM,
+    RANKING,
+    JOBS,
+    POINT,
+    COLLECTED,
+    CAPS,
+    REPEATS,
+    CAPACITY,
+    MANIFEST,
+    LIST,
+)
 """documents that sit among records but are not records to rank or report one by one"""
 PROFILE = "hpcdl.profile"
 """what one training step of a model costs (``hpcdl profile``; docs/metrics.md, "Profiles and fits")"""

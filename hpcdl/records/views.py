@@ -272,6 +272,54 @@ class PipelineFigures:
 
 
 @dataclass(frozen=True)
+class OperatorPhase:
+    """One phase of the profiled steps (``metrics.operators.phases[PHASE]``), per step."""
+
+    time_s: float
+    """seconds its operators took (self time by class; device time on GPUs)"""
+    outside_ops_s: float
+    """seconds of the phase outside any operator that no class holds (the interpreter between
+    operators); a data or allreduce phase's own are its class's"""
+    time_share: dict[str, float]
+    """by operator class, summing to 1"""
+    flops: float
+    """FLOPs counted in the phase (``FlopCounterMode``)"""
+    flop_share: dict[str, float]
+    """by operator class, summing to 1; empty where the phase counts none"""
+
+
+@dataclass(frozen=True)
+class TopOperator:
+    """One of the operators that took the most time (``metrics.operators.top[]``), per step."""
+
+    name: str
+    op_class: str
+    phase: str
+    self_s: float
+    share: float
+    """of the operators' time over the whole step"""
+    calls: float
+
+
+@dataclass(frozen=True)
+class Operators:
+    """Where the step goes by operator class, from steps profiled after the timed window
+    (``hpcdl run --profile``; rank 0's; ``measure.profiled``)."""
+
+    steps: int
+    """steps profiled (after the window: never timed ones)"""
+    basis: str
+    """what time was measured: CPU self time, or the kernels' device time (CUPTI)"""
+    phases: dict[str, OperatorPhase]
+    time_share: dict[str, float]
+    """the whole step's time by class, summing to 1: each phase's shares weighed by its median
+    in the timed window"""
+    flop_share: dict[str, float]
+    """the whole step's counted FLOPs by class, summing to 1"""
+    top: list[TopOperator]
+
+
+@dataclass(frozen=True)
 class Metrics:
     samples_per_s: float
     ai_ops_per_s: float
@@ -324,6 +372,9 @@ class Metrics:
     runs (a compiled run's compilation is in it); not in the timed window"""
     compiled: Compiled | None = None
     """what torch.compile made of the model (compiled runs only)"""
+    operators: Operators | None = None
+    """time and FLOPs by operator class per phase, from steps profiled after the window
+    (``hpcdl run --profile`` only)"""
 
 
 @dataclass(frozen=True)

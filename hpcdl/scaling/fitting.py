@@ -161,6 +161,7 @@ def model_from_records(
     accumulation_steps: int | None = None,
     layout: Layout | None = None,
     gamma_from: str = "throughput",
+    sync_calls: int = 0,
 ) -> Model:
     """The model of ``base``'s workload on ``base``'s system: γ from its AI-ops/s (``gamma_from
     "throughput"``) or from the medians of its phases (``"phases"``: ``F · b`` over data +
@@ -187,6 +188,7 @@ def model_from_records(
     if tp > 1 and gamma_from != "phases":
         raise InputError("predict.gamma_from", gamma_from, "phases, with a tensor-parallel base record")
     gamma = base.metrics.ai_ops_per_s if gamma_from == "throughput" else phase_gamma(base, tp)
+    steps = base.metrics.step_time_s
     batch = base.settings.batch_per_rank
     phases = base.metrics.phases_s
     optimizer = phases.get("optimizer")
@@ -208,7 +210,17 @@ def model_from_records(
         backward_fraction=fraction if math.isfinite(fraction) else BACKWARD_FRACTION,
         gamma_rse=median_rse(base.metrics.step_time_s),
         layout=layout,
+        step_cv=metrics.step_cv(steps.p10, steps.p90, steps.median),
+        sync_calls=sync_calls,
+        data_rate=read_rate(base),
     )
+
+
+def read_rate(base: Result) -> float:
+    """Samples/s the record's rank read from its HDF5 shards through its DataLoader (a node's
+    input pipeline as one rank measured it), or 0 where it read none (data in memory)."""
+    rate = (base.metrics.io.get("read") or {}).get("samples_per_s")
+    return float(rate) if isinstance(rate, int | float) and math.isfinite(rate) and rate > 0 else 0.0
 
 
 GAMMA_FROM = ("throughput", "phases")

@@ -51,6 +51,8 @@ BACKWARD_FRACTION = 2 / 3
 products for each of forward's one (docs/metrics.md, "Counting": training FLOPs = 3 x forward)"""
 CostsOf = Callable[[Sequence[Traffic]], Mapping[str, Cost]]
 """the cost of each collective of a step, given what the step moves (a sweep's fit)"""
+SYNC_BYTES = 8
+"""what a step's agreement moves: a flag or a counter"""
 HOROVOD_CYCLE_S = 1e-3
 """Horovod's ``HOROVOD_CYCLE_TIME`` default in the release hpcdl installs (0.28.1:
 ``SetCycleTimeMs(1)`` in horovod/common/operations.cc; the 2017 releases had 5 ms): a bucket
@@ -93,6 +95,17 @@ class Model:
     """a layout's tensor- and pipeline-parallel terms (``hpcdl.scaling.modelparallel``); with
     one, ``batch`` (weak scaling) is a data-parallel replica's, and ``traffic`` a replica's
     whole model's (each rank reduces its ``1/(tp·pp)``)"""
+    step_cv: float = 0.0
+    """one rank's relative step-time spread σ/μ (a record's, ``metrics.step_cv``): a synchronous
+    step waits for the slowest of p ranks (``straggler_s``); 0: none"""
+    sync_calls: int = 0
+    """latency-bound allreduces of a few bytes per step beside the gradients' (the ranks agree on
+    each step: Horovod's negotiation, a loop's stop vote; ``sync_s``); 0: none"""
+    data_rate: float = 0.0
+    """samples/s one node's input pipeline delivers (a record's measured read rate), shared by
+    its ranks (``data_s``); 0: not measured"""
+    ranks_per_node: int = 1
+    """ranks that share a node's input pipeline"""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -110,6 +123,10 @@ class Model:
             raise InputError(
                 "predict.accumulation_steps", self.accumulation_steps, "an integer in 1..1048576"
             )
+        if not math.isfinite(self.step_s(1)):  # a denormal γ passes the check above
+            raise InputError(
+                "predict.gamma_flops_per_s", self.gamma_flops_per_s, "large enough for a finite step time"
+            )
         if not 0 <= self.optimizer_s < self.step_s(1):
             raise InputError(
                 "predict.optimizer_s", self.optimizer_s, "must be >= 0 and below the 1-rank step"
@@ -118,9 +135,15 @@ class Model:
             raise InputError("predict.sharded_fraction", self.sharded_fraction, "must be in [0, 1]")
         if not 0 <= self.backward_fraction <= 1:
             raise InputError("predict.backward_fraction", self.backward_fraction, "must be in [0, 1]")
-        for name in ("cycle_s", "gamma_rse"):
+        for name in ("cycle_s", "gamma_rse", "step_cv", "data_rate"):
             if not 0 <= getattr(self, name) < math.inf:
                 raise InputError(f"predict.{name}", getattr(self, name), "must be >= 0 and finite")
+        if not 0 <= self.sync_calls <= 1 << 20 or not 1 <= self.ranks_per_node <= 1 << 20:
+            raise InputError("predict.sync_calls", self.sync_calls, "an integer in 0..1048576")
+        if self.sync_calls and "allreduce" not in self.comms:
+            raise InputError(
+                "predict.comm", "allreduce", "the step's synchronisation is an allreduce: fit it"
+            )
         for t in self.traffic:
             cost = self.comms.get(t.collective)
             if cost is None:
@@ -195,7 +218,14 @@ class Model:
         )
 
     def parts(self, p: int) -> tuple[float, float, float]:
-        """(compute, communication, step) seconds of one optimizer step at ``p`` ranks."""
+        """(compute, communication, step) seconds of one optimizer step at ``p`` ranks, the
+        losses besides communication (``losses``) included in the step."""
+        compute, comm, step = self.collective_parts(p)
+        return compute, comm, step + sum(self.losses(p, step))
+
+    def collective_parts(self, p: int) -> tuple[float, float, float]:
+        """(compute, communication, step) seconds of one optimizer step at ``p`` ranks from the
+        computation and the collectives alone."""
         if self.parallel is not None:
             compute, comm, step, _ = self.layered(p)
             return compute, comm, step
@@ -206,6 +236,27 @@ class Model:
         if self.overlap == "full":
             return compute, comm, max(compute, comm)
         return compute, comm, compute + (self.exposed_s(p) if p > 1 else 0.0)
+
+    def losses(self, p: int, step: float) -> tuple[float, float, float]:
+        """(straggler, synchronisation, data loading) seconds a step of ``step`` seconds at ``p``
+        ranks loses besides its collectives (docs/metrics.md, "Prediction"):
+
+        - the slowest of p ranks' steps, ``z(p) · cv · t_compute(p)``, z the expected largest of
+          p standard normal draws (``metrics.expected_max_normal``);
+        - ``sync_calls`` allreduces of ``SYNC_BYTES``, latency-bound, at p > 1;
+        - the input pipeline of a node, shared by its ``r`` ranks: what loading ``r·b·N``
+          samples at ``data_rate`` takes beyond both the step and one rank's own loading (which
+          the 1-rank γ already holds)."""
+        if p <= 1:
+            return 0.0, 0.0, 0.0
+        straggler = metrics.expected_max_normal(p) * self.step_cv * self.compute_s(p)
+        sync = self.sync_calls * self.comms["allreduce"].time(SYNC_BYTES, p, 1) if self.sync_calls else 0.0
+        data = 0.0
+        if self.data_rate > 0:
+            per_rank = self.batch_per_rank(p) * self.accumulation_steps / self.data_rate
+            node = min(p, self.ranks_per_node) * per_rank
+            data = max(0.0, node - max(step + straggler + sync, per_rank))
+        return straggler, sync, data
 
     def layered(self, p: int) -> tuple[float, float, float, float]:
         """(compute, communication, step, bubble) seconds of one optimizer step at ``p`` ranks
@@ -286,7 +337,10 @@ class Model:
         samples = self.samples_per_step(p) / step
         one = replace(self, parallel=None)  # the base: one rank holding the whole model
         (row,) = scaling_table([(p, samples)], base=(1, one.samples_per_s(1)))
-        exposed = step - compute if self.overlap != "full" else max(0.0, comm - compute)
+        straggler, sync, data = self.losses(p, self.collective_parts(p)[2])
+        exposed = step - compute - straggler - sync - data
+        if self.overlap == "full":
+            exposed = max(0.0, comm - compute)
         extra = {}
         if self.parallel is not None:
             extra = {"layout": str(self.parallel.layout), "bubble_s": self.layered(p)[3]}
@@ -304,6 +358,9 @@ class Model:
             "speedup": row.speedup,
             "efficiency": row.efficiency,
             "step_rse": self.step_rse(p),
+            "straggler_s": straggler,
+            "sync_s": sync,
+            "data_s": data,
             **extra,
         }
 
@@ -342,13 +399,18 @@ def model_for(
     backward_fraction: float = BACKWARD_FRACTION,
     gamma_rse: float = 0.0,
     layout: Layout | None = None,
+    step_cv: float = 0.0,
+    sync_calls: int = 0,
+    data_rate: float = 0.0,
 ) -> Model:
     """The model of a workload (a spec dict, counted analytically) on a system (γ; the cost of
     each collective: one ``Comm`` is an allreduce's, a mapping by collective, or a function of
     the step's traffic, as ``hpcdl.scaling.fitting`` fits a sweep around the step's message
     sizes; the optimizer's seconds per step at one rank, when known).
     ``accumulation_steps`` None: the spec's own (1 where it has none). ``layout``: tensor and
-    pipeline parallelism on top (``hpcdl.scaling.modelparallel``), on the costs' two levels."""
+    pipeline parallelism on top (``hpcdl.scaling.modelparallel``), on the costs' two levels.
+    ``step_cv``, ``sync_calls``, ``data_rate``: the losses besides communication
+    (``Model.losses``)."""
     reducing = [n for n in BACKENDS.names() if n != SINGLE]
     if backend not in reducing:
         raise InputError("predict.backend", backend, f"allowed: {', '.join(reducing)}")
@@ -385,6 +447,10 @@ def model_for(
         cycle_s=HOROVOD_CYCLE_S if backend == "horovod" else 0.0,
         gamma_rse=gamma_rse,
         parallel=parallel,
+        step_cv=step_cv,
+        sync_calls=sync_calls,
+        data_rate=data_rate,
+        ranks_per_node=levels(comms)[2] if comms else 1,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from hpcdl.parallel.backends import Traffic
 from hpcdl.scaling.collectives import Comm, Hierarchy
@@ -43,6 +44,8 @@ class Case:
     cycle_s: float = 0.0
     explained: str = ""
     """why the error is what it is"""
+    per_device_base: bool = False
+    """efficiency against one device (Horovod's chart, TensorFlow's tables), not ``base_nodes``"""
 
 
 # Horovod's 512-GPU benchmark (Sergeev & Del Balso, arXiv:1802.05799; horovod docs/benchmarks):
@@ -92,6 +95,7 @@ def horovod_512(
         algorithms=("ring",),
         cycle_s=HOROVOD_2017_CYCLE_S,
         explained=explained,
+        per_device_base=True,
     )
 
 
@@ -120,8 +124,8 @@ CASES = (
         0.68,
         138.4e6,
         154.0,
-        "assumed: 154 img/s, " + TF_P100 + " (batch 32 there), as recalled: no stored copy of the "
-        "table was found to confirm it",
+        "154 img/s, " + TF_P100 + ", batch 64 (read from tensorflow/tensorflow's "
+        "docs_src/performance/benchmarks.md; batch 32: 144)",
         "communication-bound: 553 MB of gradients, 0.4 s of ring at 25 Gbit/s against 0.28 s of "
         "backward; VGG's gradients come mostly from its fully connected layers, which backward "
         "reaches first, so the buckets start earlier than the model's even spread",
@@ -147,8 +151,87 @@ CASES = (
 )
 
 
-def model_of(case: Case, overlap: str = "bucketed") -> tuple[Model, int]:
-    """The case's model (γ as samples/s: one FLOP per sample) and its ranks per node."""
+# TensorFlow's own scaling tables (tensorflow.org/performance/benchmarks, May 2017, read from
+# tensorflow/tensorflow's docs_src/performance/benchmarks.md; tf_cnn_benchmarks, synthetic data,
+# fp32, 10 warm-up and 100 timed steps, 5 runs averaged): one DGX-1 (8 P100) and eight EC2
+# p2.8xlarge (8 K80 GPUs each, 10 Gbit/s). The same rules for every case: each variable's
+# reduction starts once its gradient exists (TensorFlow's dataflow), taken as 25 MiB buckets
+# behind backward; a parameter server on the CPU, or across servers, costs what a ring
+# allreduce over the same links would (an assumption: the model has no parameter server).
+TF_TABLE = "tensorflow.org/performance/benchmarks (May 2017), tf_cnn_benchmarks, synthetic data"
+ETH_10 = Comm(alpha_s=10e-6, beta_bytes_per_s=10e9 / 8 * 0.9)
+"""EC2 p2.8xlarge's 10 Gbit/s (AWS's instance table) at an assumed 90 %; 10 us per step
+assumed (TCP through the VPC)"""
+
+
+def tf_case(
+    name: str,
+    published: float,
+    params: float,
+    rate: float,
+    batch: int,
+    nodes: int,
+    devices: int,
+    **links: Any,
+) -> Case:
+    """One row of TensorFlow's tables: ``published`` = rate at ``nodes × devices`` GPUs over
+    that many times the one-GPU ``rate``."""
+    return Case(
+        name=name,
+        source=TF_TABLE,
+        published=published,
+        params=params,
+        images_per_s=rate,
+        rate_source=f"{TF_TABLE}, 1 GPU, batch {batch}",
+        batch=batch,
+        devices_per_node=devices,
+        nodes=nodes,
+        base_nodes=1,
+        bucket_bytes=25 * 2**20,
+        algorithms=("ring", "hierarchical"),
+        per_device_base=True,
+        **links,
+    )
+
+
+DGX1_P100 = {"intra": PCIE, "inter": PCIE}
+"""one DGX-1: inter is never used; its GPUs reduce through the CPU (parameter_server, cpu) or
+NCCL on NVLink (replicated: VGG16)"""
+EC2_K80 = {"intra": PCIE, "inter": ETH_10}
+TABLES = (
+    tf_case("TF DGX-1 Inception V3, 8 P100", 1131 / (8 * 142), 23.8e6, 142.0, 64, 1, 8, **DGX1_P100),
+    tf_case("TF DGX-1 ResNet-50, 8 P100", 1734 / (8 * 219), 25.6e6, 219.0, 64, 1, 8, **DGX1_P100),
+    tf_case("TF DGX-1 ResNet-152, 8 P100", 716 / (8 * 91.8), 60.2e6, 91.8, 64, 1, 8, **DGX1_P100),
+    tf_case(
+        "TF DGX-1 VGG16, 8 P100",
+        1081 / (8 * 154),
+        138.4e6,
+        154.0,
+        64,
+        1,
+        8,
+        intra=NVLINK_P100,
+        inter=NVLINK_P100,
+    ),  # fmt: skip
+    tf_case("TF EC2 Inception V3, 8 x 8 K80", 1783 / (64 * 29.7), 23.8e6, 29.7, 64, 8, 8, **EC2_K80),
+    tf_case("TF EC2 ResNet-50, 8 x 8 K80", 2744 / (64 * 52.4), 25.6e6, 52.4, 64, 8, 8, **EC2_K80),
+    tf_case("TF EC2 ResNet-152, 8 x 8 K80", 981 / (64 * 19.4), 60.2e6, 19.4, 32, 8, 8, **EC2_K80),
+)
+"""TensorFlow's single-node and multi-node tables, held against with the losses and without"""
+
+GPU_STEP_CV = 0.0028
+"""one GPU's step-time spread σ/μ where no published run gives one: the median of
+``metrics.step_cv`` over hpcdl's class M records on one H200 (reference_results/
+h200-2026-11-27/suite-M-bf16; tests/test_published.py recomputes it), steps of 0.4-1.1 s as
+the published runs' are"""
+SYNC_CALLS = 1
+"""the ranks' agreement on each step: one latency-bound allreduce (the same for every case)"""
+
+
+def model_of(case: Case, overlap: str = "bucketed", losses: bool = False) -> tuple[Model, int]:
+    """The case's model (γ as samples/s: one FLOP per sample) and its ranks per node; with
+    ``losses``, a straggler of ``GPU_STEP_CV`` and ``SYNC_CALLS`` synchronisations a step (data
+    loading: none, as the synthetic data of the sources)."""
     grad_bytes = 4 * case.params
     buckets = max(1, math.ceil(grad_bytes / case.bucket_bytes))
     cost = Hierarchy(
@@ -165,16 +248,20 @@ def model_of(case: Case, overlap: str = "bucketed") -> tuple[Model, int]:
         traffic=(Traffic("allreduce", int(grad_bytes), buckets),),
         cycle_s=case.cycle_s,
         overlap=overlap,
+        step_cv=GPU_STEP_CV if losses else 0.0,
+        sync_calls=SYNC_CALLS if losses else 0,
+        ranks_per_node=case.devices_per_node,
     )
     return model, case.devices_per_node
 
 
-def predicted_efficiency(case: Case, overlap: str = "bucketed") -> float:
+def predicted_efficiency(case: Case, overlap: str = "bucketed", losses: bool = False) -> float:
     """Samples/s at ``nodes`` against ``nodes / base_nodes`` times those at ``base_nodes``
-    (Horovod: against one GPU)."""
-    model, rpn = model_of(case, overlap)
+    (Horovod, TensorFlow: against one GPU); ``losses``: the model's terms besides
+    communication, by the rule of ``model_of``."""
+    model, rpn = model_of(case, overlap, losses)
     p = case.nodes * rpn
-    if case.source == HOROVOD:
+    if case.per_device_base:
         return model.samples_per_s(p) / (p * model.samples_per_s(1))
     base = case.base_nodes * rpn
     return model.samples_per_s(p) / (p / base * model.samples_per_s(base))

@@ -29,9 +29,14 @@ A system file is TOML (the catalogue: ``hpcdl/recipes/systems/*.toml``)::
     # peak_TFLOPs = {fp32 = 19.5, bf16 = 312.0}   # dense; by default hpcdl's datasheet table's
                                                   # entry for the name (measure/datasheets.py)
 
+    [node]                        # one whole node (optional): what hpcdl predict --samples
+    power_W = 6500.0              # estimates a training's energy from, where no record measured it
+    source = "..."
+
 Every figure must be there, finite and in range; the reader names the first one that is not.
 A file without ``[device]`` still predicts what its links do, but no figure can be carried to
-its device from a record measured on another (``hpcdl predict`` says which option to give).
+its device from a record measured on another (``hpcdl predict`` says which option to give); one
+without ``[node]`` gives no energy estimate.
 """
 
 from __future__ import annotations
@@ -90,6 +95,10 @@ class System:
     inter: Link
     nics: int
     device: Device | None = None
+    node_power_w: float | None = None
+    """one node's power, all of it (devices, CPUs, memory, NICs, fans): what an energy estimate
+    multiplies the hours by; None where the file names none"""
+    node_power_source: str = ""
 
     def cost(self, collective: str, ranks_per_node: int) -> Hierarchy:
         """The two-level cost of ``collective`` with ``ranks_per_node`` ranks on each node."""
@@ -200,7 +209,18 @@ def parse_system(doc: dict[str, Any], where: str = "") -> System:
         ),
         nics=nics,
         device=parse_device(doc["device"]) if "device" in doc else None,
+        **parse_node(doc["node"]) if "node" in doc else {},
     )
+
+
+def parse_node(doc: Any) -> dict[str, Any]:
+    """The ``[node]`` table: one node's power and where the figure comes from."""
+    if not isinstance(doc, dict):
+        raise InputError("system.node", _shown(doc), "a [node] table")
+    return {
+        "node_power_w": _number(doc, "power_W", "node.", 1.0, 1e7),
+        "node_power_source": _text(doc, "source", "node."),
+    }
 
 
 def parse_device(doc: Any) -> Device:

@@ -130,9 +130,10 @@ def run_workloads(point: Point, world: World, say: Say) -> bool:
     from hpcdl.device import resolve_device
     from hpcdl.harness import classes
     from hpcdl.harness.runner import run  # the whole measurement stack: only inside a job
+    from hpcdl.scaling.knobsweep import unfit
 
     cfg, wanted = point.config(), point.named_specs()
-    named, note = classes.on_device(wanted, resolve_device(cfg.device)) if point.workloads else (wanted, "")
+    named, note = classes.on_device(wanted, resolve_device(cfg.device)) if cfg.suite_class else (wanted, "")
     if note:  # a class's bf16 workloads on a device without bf16: fp32, as hpcdl run --class
         say(f"{point.name}: {note}")
     passed = True
@@ -145,6 +146,16 @@ def run_workloads(point: Point, world: World, say: Say) -> bool:
             continue
         given = {"lr_given": "lr" in point.run, "mode_given": "mode" in point.run}  # the job's [run]
         settings = classes.workload_settings(cfg, workload, world, **given)
+        reason = (
+            None
+            if cfg.suite_class
+            else world.bcast(unfit(spec, settings, world) if world.rank == 0 else None)
+        )
+        if reason is not None:  # a knob sweep's value that does not fit: the values before it are kept
+            if workload == next(iter(named)):
+                raise HpcdlError(f"{records[0][0].stem}: does not fit ({reason}); nothing ran")
+            say(f"{records[0][0].stem}: does not fit ({reason}); the point's sweep stops here")
+            return passed
         views = []
         for path, _, _ in records:
             result = run(

@@ -36,7 +36,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from hpcdl.errors import SpecError
 from hpcdl.measure.config import RunConfig
@@ -47,6 +47,9 @@ from hpcdl.workloads.knobs import Knobs, knob
 from hpcdl.workloads.precision import PRECISIONS
 from hpcdl.workloads.recipes import size_classes
 from hpcdl.workloads.spec import Spec
+
+if TYPE_CHECKING:
+    from hpcdl.scaling.knobsweep import KnobSweep
 
 LAUNCHERS = ("srun", "mpirun")
 SET_BY_WORKLOAD = ("size_class", "class_knobs")
@@ -85,6 +88,12 @@ class Job(Knobs):
         (), doc="set by the knobs of a class's [workload] table: tunable knobs as NAME=value"
     )
     nodes: tuple[int, ...] = knob((1,), lo=1, hi=100_000, doc="node counts to sweep: one job each")
+    sweep: str = knob(
+        "",
+        doc="a knob sweep at each node count, as hpcdl sweep --knob: NAME=V1,V2,... of a numeric knob of "
+        "the workload, one record per value (NAME-nN-KNOBV), in increasing order; the first value that "
+        "does not fit ends the point ('' = the workload as it is)",
+    )
     tasks_per_node: int = knob(1, lo=1, hi=4096, doc="MPI ranks per node (one per GPU on GPU nodes)")
     gpus_per_node: int = knob(0, lo=0, hi=64, doc="GPUs to allocate per node (0: a CPU job)")
     cpus_per_task: int = knob(
@@ -129,6 +138,10 @@ class Job(Knobs):
             )
         if self.size_class and self.instances > 1:
             raise SpecError("job.instances", self.instances, "1 for a class job (capacity runs one workload)")
+        if self.sweep:
+            self.knob_sweep()  # the knob and its values, checked against the workload
+            if self.size_class or self.instances > 1:
+                raise SpecError("job.sweep", self.sweep, "one workload's knob: not with a class or instances")
         if len(set(self.nodes)) != len(self.nodes):
             raise SpecError("job.nodes", list(self.nodes), "each node count once")
         if self.gpus_per_node > 0 and self.tasks_per_node > self.gpus_per_node:
@@ -174,6 +187,12 @@ class Job(Knobs):
         if self.precision:
             knobs["precision"] = self.precision
         return class_specs(self.size_class, knobs, "job.workload")
+
+    def knob_sweep(self) -> KnobSweep:
+        """The job's knob sweep (``sweep``): its knob and the spec of each value."""
+        from hpcdl.scaling.knobsweep import parse
+
+        return parse(self.spec(), self.sweep, "job.sweep")
 
     def config(self) -> RunConfig:
         """The run settings with the job's backend applied, and a class job's class and version

@@ -49,8 +49,9 @@ class Point:
     """concurrent instances in the allocation (capacity: ``NAME-iI`` and ``NAME-alone``)"""
     per_device: int = 1
     workloads: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """a class job's suite: each workload's spec by name, run one after another in the
-    allocation, a record each; empty where the point runs the one workload ``spec``"""
+    """a class job's suite, or a knob sweep's values: each workload's spec by name, run one
+    after another in the allocation, a record each; empty where the point runs the one
+    workload ``spec``"""
 
     @property
     def ranks(self) -> int:
@@ -115,7 +116,7 @@ class Point:
             return False
         r = record.result
         fitted = self.config().fit_fraction > 0
-        wanted = [spec, fp32_fallback(spec)] if self.workloads else [spec]
+        wanted = [spec, fp32_fallback(spec)] if self.config().suite_class else [spec]
         mine = canonical(r.spec) or {}
         same = any(_but_batch(mine, fitted) == _but_batch(s.to_dict(), fitted) for s in wanted)
         return same and r.world_size == ranks and r.validity.passed and not audit(record).problems
@@ -184,6 +185,11 @@ def points(job: Job, cluster: str, output: Path) -> list[Point]:
     """The points of a job, in increasing node count."""
     named, run = job.specs(), job.config().to_dict()
     workloads = {name: s.to_dict() for name, s in named.items()} if job.size_class else {}
+    if job.sweep:  # a knob sweep: each value is a workload of the point, run in increasing order
+        from hpcdl.scaling.knobsweep import value_text
+
+        sweep = job.knob_sweep()
+        workloads = {f"{sweep.knob}{value_text(v)}": s.to_dict() for v, s in sweep.specs.items()}
     return [
         Point(
             job=job.name,

@@ -73,6 +73,11 @@ class Knobs:
         return {f.name: f for f in dataclasses.fields(cls)}
 
     @classmethod
+    def numeric(cls) -> list[str]:
+        """The knobs that hold one number, an integer or not (what ``hpcdl sweep --knob`` varies)."""
+        return [name for name in cls.knobs() if _kind(cls, name)[0] in (int, float)]
+
+    @classmethod
     def parse_knob(cls, name: str, text: str) -> Any:
         """Convert a command-line string (``"3,4,6,3"``, ``"true"``, ``"256"``) to the knob's type."""
         if name not in cls.knobs():

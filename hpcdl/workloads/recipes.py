@@ -2,6 +2,7 @@
 (installed with the package as its data, ``hpcdl/recipes``, a link to that folder).
 
 * ``generators/presets.toml``: presets that mimic known models (ResNet-50, BERT-base, ...);
+* ``generators/rates.toml``: published training rates of some presets on one device;
 * ``generators/suites/<CLASS>.toml``: the standard suite of each size class, a fixed and
   versioned list of workloads (``S`` is the default of ``hpcdl run``).
 """
@@ -46,6 +47,14 @@ def anchors() -> dict[str, dict[str, Any]]:
     """Class M workload name -> what the best open implementation of its model reaches per GPU
     (``samples_per_s`` or ``mfu``, with ``device``, ``source`` and ``note``): ``anchors.toml``."""
     return _read(_folder() / "anchors.toml")
+
+
+@functools.cache
+def rates() -> dict[str, dict[str, Any]]:
+    """Preset name -> a published training rate of one device (``samples_per_s``, ``device``,
+    ``precision``, ``batch``, ``source``): where ``hpcdl predict`` starts when given no rate
+    (``rates.toml``)."""
+    return _read(_folder() / "rates.toml")
 
 
 def preset(name: str, **overrides: Any) -> Spec:

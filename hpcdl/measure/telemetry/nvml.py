@@ -1,5 +1,5 @@
-"""One NVIDIA GPU through NVML: power, utilisation, memory and SM clock samples, and its
-energy counter."""
+"""One NVIDIA GPU through NVML: power, GPU and memory utilisation, memory used and SM clock
+samples, and its energy counter."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from hpcdl import metrics
 from hpcdl.device import cuda_uuid
 
-TRACE_KEYS = ("time_s", "power_w", "util_pct", "mem_used_bytes", "sm_clock_mhz")
+TRACE_KEYS = ("time_s", "power_w", "util_pct", "mem_util_pct", "mem_used_bytes", "sm_clock_mhz")
 MIG_NOTE = "MIG instance: power, energy and utilisation are those of the whole parent GPU"
 
 
@@ -77,6 +77,16 @@ def _reading(get: Callable[[], float]) -> float:
         return float(get())
     except Exception:
         return math.nan
+
+
+def _utilization(nvml: Any, handle: Any) -> tuple[float, float]:
+    """(GPU, memory) utilisation in percent (``nvmlDeviceGetUtilizationRates``); NaN where the
+    query fails."""
+    try:
+        rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+        return float(rates.gpu), float(rates.memory)
+    except Exception:
+        return math.nan, math.nan
 
 
 class NvmlGpu:
@@ -143,7 +153,11 @@ class NvmlGpu:
         nv, h = self._nvml, self._handle
         self._trace["time_s"].append(t)
         self._trace["power_w"].append(_reading(lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000))
-        self._trace["util_pct"].append(_reading(lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu))
+        # one query: NVML's share of the last sample period with a kernel running (gpu) and with
+        # device memory being read or written (memory)
+        rates = _utilization(nv, h)
+        self._trace["util_pct"].append(rates[0])
+        self._trace["mem_util_pct"].append(rates[1])
         self._trace["mem_used_bytes"].append(_reading(lambda: nv.nvmlDeviceGetMemoryInfo(h).used))
         self._trace["sm_clock_mhz"].append(_reading(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
 
@@ -187,6 +201,7 @@ class NvmlGpu:
             "avg_power_w": metrics.average_power(energy, window_s),
             "max_power_w": _max(tr["power_w"]),
             "avg_util_pct": _mean(tr["util_pct"]),
+            "avg_mem_util_pct": _mean(tr["mem_util_pct"]),
             "max_mem_used_bytes": _max(tr["mem_used_bytes"]),
             "avg_sm_clock_mhz": _mean(tr["sm_clock_mhz"]),
             "samples": len(tr["time_s"]),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hpcdl.errors import HpcdlError
 from hpcdl.records.audit import Audit, audit, out_of_range
-from hpcdl.records.loader import Document, SweepSummary, Tree, Unread, load_tree
+from hpcdl.records.loader import Document, KnobSweepSummary, SweepSummary, Tree, Unread, load_tree
 from hpcdl.scaling.fitting import comm_from_record
 from hpcdl.scaling.model import Comm
 
@@ -24,6 +24,7 @@ class ReportData:
     records: list[Audit]
     """every result record, with why it does not verify (empty when it does)"""
     summaries: list[Document[SweepSummary]]
+    knob_sweeps: list[Document[KnobSweepSummary]]
     fits: dict[str, Comm]
     """the allreduce latency and bandwidth of each backend, from its allreduce sweep"""
     skipped: list[Unread]
@@ -37,7 +38,7 @@ def load(sources: Sequence[tuple[str, Path]], say: Callable[[str], None]) -> Rep
     for name, path in sources:
         found = load_tree([path])
         found.records = [replace(r, system=name) for r in found.records]
-        for kind in ("records", "sweeps", "comms", "predictions", "others", "unreadable"):
+        for kind in ("records", "sweeps", "knob_sweeps", "comms", "predictions", "others", "unreadable"):
             getattr(tree, kind).extend(getattr(found, kind))
     skipped = list(tree.unreadable)
     fits: dict[str, Comm] = {}
@@ -56,7 +57,7 @@ def load(sources: Sequence[tuple[str, Path]], say: Callable[[str], None]) -> Rep
     for s in skipped:
         say(f"report: skipped {s.path}: {s.reason}")
     records.sort(key=lambda a: (a.result.family, system_of(a), label(a), a.result.world_size))
-    return ReportData(records, tree.sweeps, fits, skipped)
+    return ReportData(records, tree.sweeps, tree.knob_sweeps, fits, skipped)
 
 
 def label(a: Audit) -> str:

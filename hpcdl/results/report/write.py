@@ -8,7 +8,9 @@ from pathlib import Path
 from hpcdl.errors import HpcdlError
 from hpcdl.results.output import output_dir
 from hpcdl.results.report.data import load
+from hpcdl.results.report.knobs import knob_plots
 from hpcdl.results.report.memory import memory_plots
+from hpcdl.results.report.operators import operator_plots
 from hpcdl.results.report.page import Section, page
 from hpcdl.results.report.plots import (
     Predictor,
@@ -52,7 +54,17 @@ def write_report(
             scaling_plots(found, predicted or sweep_predictor(data.fits)),
             "no sweep: no workload measured at several rank counts",
         ),
+        (
+            "Along a knob",
+            knob_plots(data.records, data.knob_sweeps),
+            "no knob sweep (hpcdl sweep --knob NAME=V1,V2,...)",
+        ),
         ("Step phases", phase_plots(data.records), "no record with phase times"),
+        (
+            "Operator classes",
+            operator_plots(data.records),
+            "no profiled record (hpcdl run --profile)",
+        ),
         ("Per-rank throughput", per_rank_plots(data.records), "no multi-rank record"),
         ("Parallel layouts", layout_plots(data.records), "no record with a layout (--layout tp=N or pp=N)"),
         ("Power", power_plots(data.records), NO_POWER),
