@@ -75,6 +75,24 @@ COMMANDS = {
         lambda out, _: ["capacity", "--workload", *TINY, *RUN, "--instances", "2", "-o", str(out)], 2
     ),
     "submit": Command(_submit, None),
+    "run --compile": Command(
+        lambda out, _: ["run", "--workload", *TINY, *RUN, "--np", "2", "--compile", "-o", str(out)], None
+    ),
+    "sweep --knob": Command(
+        lambda out, _: [
+            "sweep",
+            "--workload",
+            *TINY,
+            *RUN,
+            "--knob",
+            "batch_size=4,8",
+            "--prefix",
+            "k",
+            "-o",
+            str(out),
+        ],  # fmt: skip
+        None,
+    ),
     "run --fit": Command(
         lambda out, _: ["run", "--workload", *TINY, *RUN, "--fit", "0.01", "-o", str(out)],
         None,
