@@ -151,7 +151,7 @@ def variants(specs: dict[str, Spec], device: torch.device, rounds: int, steps: i
         run = {}
         for label, choice in tried.items():
             fused, fmt = choice.get("fused", "auto"), choice.get("memory_format", "contiguous")
-            e = resolve("eager", False, fused, fmt, spec.family, device)
+            e = resolve("eager", False, fused, fmt, spec, device)
             run[label] = trainer_of(spec, e, device, weights)
             for _ in range(2):
                 run[label].step()

@@ -53,10 +53,9 @@ def check_pipeline(spec: Spec, cfg: RunConfig, layout: Layout) -> None:
     """What a pipeline cannot take: the model and batch (``pipeline.check``), and the run's
     settings that assume every rank holds the whole model or its own data."""
     pipeline.check(spec, layout.pp, layout.schedule, layout.chunks)
-    if layout.tp > 1 and spec.family != "attention":
-        raise SpecError(
-            f"{FIELD}.tp", layout.tp, f"1 with pp > 1 for {spec.family}: tp x pp is built for attention"
-        )
+    if layout.tp > 1 and not spec.tp_in_stages:
+        why = f"1 with pp > 1 for {spec.family}: its tensor-parallel pairs span pipeline blocks"
+        raise SpecError(f"{FIELD}.tp", layout.tp, why)
     if cfg.backend not in ("auto", "torch", PipelineBackend.name):
         raise SpecError(
             "run.backend",

@@ -51,10 +51,6 @@ BACKWARD_FRACTION = 2 / 3
 products for each of forward's one (docs/metrics.md, "Counting": training FLOPs = 3 x forward)"""
 CostsOf = Callable[[Sequence[Traffic]], Mapping[str, Cost]]
 """the cost of each collective of a step, given what the step moves (a sweep's fit)"""
-HOROVOD_CYCLE_S = 1e-3
-"""Horovod's ``HOROVOD_CYCLE_TIME`` default in the release hpcdl installs (0.28.1:
-``SetCycleTimeMs(1)`` in horovod/common/operations.cc; the 2017 releases had 5 ms): a bucket
-ready waits half of it on average"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +82,8 @@ class Model:
     backward_fraction: float = BACKWARD_FRACTION
     """backward's share of a micro-batch's compute (the base record's phases, when measured)"""
     cycle_s: float = 0.0
-    """the backend's polling period (Horovod's cycle time): a ready bucket waits half of it"""
+    """the backend's polling period (``Backend.cycle_s``, Horovod's cycle time): a ready
+    bucket waits half of it"""
     gamma_rse: float = 0.0
     """relative standard error of γ (0: given, not measured)"""
     parallel: ModelParallel | None = None
@@ -382,7 +379,7 @@ def model_for(
         sharded_fraction=sharded_fraction(workload, backend, sharded_at),
         accumulation_steps=accumulation_steps,
         backward_fraction=backward_fraction,
-        cycle_s=HOROVOD_CYCLE_S if backend == "horovod" else 0.0,
+        cycle_s=BACKENDS.get(backend).cycle_s,
         gamma_rse=gamma_rse,
         parallel=parallel,
     )

@@ -2,6 +2,8 @@
 turns into a network and its analytic count. A family subclasses :class:`Spec`, declares its
 knobs with :func:`knob`, and implements ``build_module``, ``count``, ``sample_inputs`` and
 ``target_shape`` in the same module, so that the network and its count stay side by side.
+A family that tensor or pipeline parallelism can split also implements the optional hooks
+``tp_*`` and ``pp_*`` there (``hpcdl.workloads.parallelism`` holds their types).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hpcdl import metrics
 from hpcdl.device import MMAP_THRESHOLD_BYTES
 from hpcdl.workloads.counting import Count
 from hpcdl.workloads.knobs import Knobs, knob
+from hpcdl.workloads.parallelism import Allreduces, Parts, Split
 from hpcdl.workloads.precision import PRECISIONS, precision
 
 __all__ = ["Knobs", "Ranges", "Spec", "knob"]
@@ -34,6 +37,11 @@ class Spec(Knobs):
     sampling: ClassVar[Ranges] = {}
     """knob -> the values ``hpcdl generate FAMILY --sample SEED`` draws from, uniformly; a
     family may also name derived quantities here and turn them into knobs in ``from_drawn``"""
+    channels_last: ClassVar[bool] = False
+    """its convolutions can run channels-last (``run.memory_format``, ``measure.execution``)"""
+    tp_in_stages: ClassVar[bool] = False
+    """its tensor-parallel pairs of layers lie inside its pipeline blocks, so that a stage
+    boundary never separates a column-parallel layer from its row-parallel partner (tp x pp)"""
 
     batch_size: int = knob(
         32, lo=1, hi=1 << 20, doc="samples per rank per micro-batch (x accumulation_steps per step)"
@@ -74,6 +82,45 @@ class Spec(Knobs):
     def num_classes(self) -> int:
         """Size of the last dimension of the logits."""
         raise TypeError(f"{type(self).__name__} does not define num_classes")
+
+    # --- optional: tensor and pipeline parallelism (``hpcdl.parallel``, ``hpcdl.scaling``) ---
+    def tp_sizes(self) -> dict[str, int] | None:
+        """The sizes tensor parallelism splits, by knob (or derived size) name: the group's size
+        must divide each. None (the default): the family has no tensor-parallel plan."""
+        return None
+
+    def tp_splits(self, model: nn.Module) -> dict[nn.Module, Split]:
+        """The layers of ``model`` (built from this spec) that tensor parallelism splits, and
+        how: column-parallel, then row-parallel, pair by pair; the others stay whole on every
+        rank. Keyed by module, so that a pipeline stage holding some of them splits its own."""
+        raise TypeError(f"{type(self).__name__} has no tensor-parallel plan")
+
+    def tp_allreduces(self, blocks: int | None = None) -> Allreduces:
+        """The allreduces one micro-batch of ``batch_size`` runs on a rank of the tensor-parallel
+        group, forward and backward, through ``blocks`` of the model's pipeline blocks (a
+        stage's, under tp x pp: ``tp_in_stages``) or the whole model (None); the same at any
+        group size above 1."""
+        raise TypeError(f"{type(self).__name__} has no tensor-parallel plan")
+
+    def tp_count(self, tp: int) -> Count:
+        """One rank's parameters and work per sample under tensor parallelism over ``tp`` ranks
+        (its shards and the layers that stay whole)."""
+        raise TypeError(f"{type(self).__name__} has no tensor-parallel plan")
+
+    def pp_blocks(self) -> int:
+        """The blocks a pipeline deals out to its stages (``pp_parts``); 0 (the default): the
+        model does not split into stages."""
+        return 0
+
+    def pp_parts(self, model: nn.Module) -> Parts:
+        """``model`` (built from this spec) as a pipeline: what runs before its ``pp_blocks``
+        blocks, the blocks, what runs after them, and parameters both ends use."""
+        raise TypeError(f"{type(self).__name__} does not split into pipeline stages")
+
+    def pp_boundary_bytes(self) -> int:
+        """Bytes of one sample's activations where one stage hands them to the next (and of
+        their gradient, sent back)."""
+        raise TypeError(f"{type(self).__name__} does not split into pipeline stages")
 
     @classmethod
     def from_drawn(cls, drawn: dict[str, Any], ranges: Ranges, rng: random.Random) -> dict[str, Any]:

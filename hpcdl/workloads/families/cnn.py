@@ -73,6 +73,7 @@ class CNNSpec(Spec):
     """
 
     family: ClassVar[str] = "cnn"
+    channels_last: ClassVar[bool] = True
     sampling: ClassVar[Ranges] = {
         "stages": [1, 2, 3, 4],
         "blocks_per_stage": [1, 2, 3],  # drawn once per stage into "blocks" (from_drawn)
