@@ -197,3 +197,105 @@ def test_every_kind_of_import_counts(tmp_path: Path) -> None:
         "hpcdl.measure.fit",
         "hpcdl.measure.peaks",
     ]
+
+
+# --- what a family does differently is the family's own: hooks on its Spec -------------------
+
+
+def family_branches(source: str, where: str = "<source>") -> list[str]:
+    """The places in ``source`` that branch on a family by name: a family (``x.family``, or a
+    variable ``family``) compared (``==``, ``!=``, ``in``, ``not in``) with a name in quotes, a
+    literal collection of such names, or a module-level constant holding one (a tuple, list or
+    set of names, or a dict keyed by them), or such a dict looked up by a family. A test against
+    the registry (``family in FAMILIES``) is no branch: every family is in it."""
+    tree = ast.parse(source, where)
+    tables = {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        and node.value is not None
+        and _names_family(node.value)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name)
+    }
+
+    def named(n: ast.expr) -> bool:
+        return _names_family(n) or (isinstance(n, ast.Name) and n.id in tables)
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(_is_family(o) for o in operands) and any(named(o) for o in operands if not _is_family(o)):
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Subscript) and _is_family(node.slice) and named(node.value):
+            found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def _is_family(node: ast.expr) -> bool:
+    """``x.family``, or a variable ``family`` that holds one."""
+    return (isinstance(node, ast.Attribute) and node.attr == "family") or (
+        isinstance(node, ast.Name) and node.id == "family"
+    )
+
+
+def _names_family(node: ast.expr) -> bool:
+    """A string, or a literal tuple, list, set or dict of strings (a dict: its keys)."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return bool(node.elts) and all(
+            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
+        )
+    if isinstance(node, ast.Dict):
+        return bool(node.keys) and all(
+            isinstance(k, ast.Constant) and isinstance(k.value, str) for k in node.keys
+        )
+    return False
+
+
+def test_no_module_outside_the_families_branches_on_a_family() -> None:
+    """Tensor and pipeline parallelism, the scaling model and the run's execution ask a spec's
+    hooks (``Spec.tp_*``, ``Spec.pp_*``, ``Spec.channels_last``), which each family implements in
+    its own file: no module outside ``hpcdl/workloads/families/`` branches on a family by name
+    (``family_branches``), so that a new family, a plugin among them, is still one file."""
+    families = ROOT / PACKAGE / "workloads" / "families"
+    found = [
+        hit
+        for path in sorted((ROOT / PACKAGE).rglob("*.py"))
+        if families not in path.parents and path not in PER_FAMILY_BY_DESIGN
+        for hit in family_branches(path.read_text(), str(path.relative_to(ROOT)))
+    ]
+    assert found == []
+
+
+PER_FAMILY_BY_DESIGN = {ROOT / PACKAGE / "proxy" / "space.py"}
+"""the proxy's fit spaces: which knobs a fit searches for each family it can fit, a table of
+its own (docs/guide: a family without a space is not fitted); not a spec's behaviour"""
+
+
+def test_the_family_check_finds_what_it_looks_for() -> None:
+    """On made-up code: each way the package once branched on a family is found; a registry
+    lookup, a CPU's family number and a family's name in a message are not."""
+    branching = (
+        'TP_FAMILIES = ("attention", "mlp")\n'
+        'SPLITS = {"attention": 1, "mlp": 2}\n'
+        'if spec.family == "attention": pass\n'
+        "if spec.family not in TP_FAMILIES: pass\n"
+        'if spec.family in ("attention", "mlp"): pass\n'
+        "parts = SPLITS[spec.family]\n"
+        "family = spec.family\n"
+        "if family not in SPLITS: pass\n"
+    )
+    assert [hit.split(": ", 1)[1] for hit in family_branches(branching)] == [
+        "spec.family == 'attention'",
+        "spec.family not in TP_FAMILIES",
+        "spec.family in ('attention', 'mlp')",
+        "SPLITS[spec.family]",
+        "family not in SPLITS",
+    ]
+    innocent = (
+        'if args.family in FAMILIES: pass\nif info.family == 0x17: pass\nprint(f"{spec.family}.layers")\n'
+    )
+    assert family_branches(innocent) == []
