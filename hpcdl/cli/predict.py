@@ -22,7 +22,8 @@ from hpcdl.errors import InputError
 from hpcdl.records import schema
 from hpcdl.records.loader import CommSweep, Unreadable, load_tree, read_comm, read_record
 from hpcdl.records.store import write_record
-from hpcdl.records.views import Result, Settings
+from hpcdl.records.typed import to_json
+from hpcdl.records.views import PredictionPoint, Result, Settings
 from hpcdl.results.best import best_per_rank_count
 from hpcdl.results.text import si, table
 from hpcdl.scaling.system import System, load_system
@@ -197,7 +198,7 @@ def measured_points(
             r.validity.passed
             and _but_batch(canonical(r.spec) or {}) == _but_batch(canonical(spec) or spec)
             and compared_batch(r.settings, mode) == spec["batch_size"]
-            and int(r.spec.get(ACCUMULATION, 1)) == accumulation
+            and r.settings.accumulation_steps == accumulation
             and (r.settings.world_size == 1 or r.settings.backend == backend)
         )
 
@@ -236,7 +237,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     measured = {}
     if args.compare:
         measured = measured_points(Path(args.compare), cal.spec, args.mode, backend, accumulation)
-    points: list[dict[str, Any]] = []
+    points: list[PredictionPoint] = []
     skipped: dict[str, list[int]] = {}
     for label, model, rpn in models:
         for n in nodes:
@@ -244,17 +245,18 @@ def cmd_predict(args: argparse.Namespace) -> int:
             if not model.predictable(p):
                 skipped.setdefault(label, []).append(p)
                 continue
-            pt = {"system": label, "nodes": n, **model.point(p)}
+            pt = replace(model.point(p), system=label, nodes=n)
             if p in measured and len(models) == 1:
-                pt["measured_samples_per_s"], pt["measured_overlap"] = measured[p]
-                pt["error"] = model_mod.relative_error(pt["samples_per_s"], pt["measured_samples_per_s"])
+                rate, hidden = measured[p]
+                error = model_mod.relative_error(pt.samples_per_s, rate)
+                pt = replace(pt, measured_samples_per_s=rate, measured_overlap=hidden, error=error)
             points.append(pt)
     doc: dict[str, Any] = {
         "schema": schema.PREDICTION,  # extrapolated: never ranked
         "model": {**asdict(models[0][1]), "ranks_per_node": models[0][2]},
         "models": [{"system": label, "ranks_per_node": rpn, **asdict(m)} for label, m, rpn in models],
         "spec": cal.spec,
-        "points": points,
+        "points": [to_json(pt) for pt in points],
     }
     if args.output:
         err(f"wrote {write_record(doc, args.output)}")
@@ -291,30 +293,30 @@ def describe(label: str, model: model_mod.Model, rpn: int, backend: str, skipped
         print(f"  left out: {', '.join(map(str, skipped))} ranks, which the experts cannot be sharded across")
 
 
-def render(points: list[dict[str, Any]], several: bool) -> str:
+def render(points: list[PredictionPoint], several: bool) -> str:
     head = ["nodes", "ranks", "step ms", "+-", "compute ms", "comm ms", "hidden", "algorithm", "samples/s"]
     head += ["AI-ops/s", "efficiency", "measured", "meas. hidden", "error"]
     rows = []
     for p in points:
-        hidden = "" if p["overlap"] is None else f"{p['overlap']:.0%}"
-        measured_hidden = p.get("measured_overlap")
+        hidden = "" if p.overlap is None else f"{p.overlap:.0%}"
+        compared = p.error is not None and p.measured_samples_per_s is not None
         row = [
-            str(p["nodes"]),
-            str(p["np"]),
-            f"{p['step_s'] * 1e3:.2f}",
-            f"{p['step_rse']:.1%}",
-            f"{p['compute_s'] * 1e3:.2f}",
-            f"{p['comm_s'] * 1e3:.2f}",
+            str(p.nodes),
+            str(p.np),
+            f"{p.step_s * 1e3:.2f}",
+            f"{p.step_rse:.1%}",
+            f"{p.compute_s * 1e3:.2f}",
+            f"{p.comm_s * 1e3:.2f}",
             hidden,
-            str(p["algorithm"]),
-            f"{p['samples_per_s']:.4g}",
-            si(p["ai_ops_per_s"], "FLOP/s"),
-            f"{p['efficiency']:.1%}",
-            f"{p['measured_samples_per_s']:.4g}" if "error" in p else "",
-            f"{measured_hidden:.0%}" if measured_hidden is not None else "",
-            f"{p['error']:+.1%}" if "error" in p else "",
+            p.algorithm,
+            f"{p.samples_per_s:.4g}",
+            si(p.ai_ops_per_s, "FLOP/s"),
+            f"{p.efficiency:.1%}",
+            f"{p.measured_samples_per_s:.4g}" if compared else "",
+            f"{p.measured_overlap:.0%}" if p.measured_overlap is not None else "",
+            f"{p.error:+.1%}" if p.error is not None else "",
         ]
-        rows.append(([p["system"]] if several else []) + row)
+        rows.append(([p.system] if several else []) + row)
     return table((["system"] if several else []) + head, rows)
 
 

@@ -12,7 +12,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,20 +62,17 @@ straggler attribution only: a record made with it says so in ``metrics.flags``."
 
 @dataclass(frozen=True)
 class RunResult:
-    """A finished run: its record (a plain dict, as written) and where it was written."""
+    """A finished run: its record (a plain dict, as written), its typed view and where it was
+    written."""
 
     record: dict[str, Any]
     path: Path | None
     steps_path: Path | None
+    result: Result = field(init=False, compare=False, repr=False)
+    """the record's typed view, parsed once here (a run's summary reads it many times)"""
 
-    @property
-    def result(self) -> Result:
-        """The record's typed view."""
-        return read_result(self.record)
-
-    @property
-    def metrics(self) -> dict[str, Any]:
-        return dict(self.record["metrics"])
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "result", read_result(self.record))
 
     @property
     def passed(self) -> bool:
@@ -341,11 +338,12 @@ def run(
                 heartbeats.parent.rmdir()
     ranks = world.gather(mine)
     name = name or f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.family}"
-    result = RunResult({}, None, None)
+    result = None
     if ranks is not None:  # rank 0; the others wait for its result
         with others_wait(world):
             result = finish(spec, cfg, device, ranks, backend_name, name, output_dir, fit)
-    return world.bcast(result)
+    done: RunResult = world.bcast(result)
+    return done
 
 
 def heartbeat_dir(output_dir: str | Path | None, world: World) -> Path | None:
@@ -386,7 +384,7 @@ def finish(
     try:
         sealed, path, steps_path = write_pair(record, columns, output_dir, name, not_stopped)
     except OSError as e:
-        rate = record["metrics"]["samples_per_s"]
+        rate = read_result(record).metrics.samples_per_s
         raise HpcdlError(
             f"the record of {name} ({rate:.1f} samples/s) could not be written to {output_dir}: "
             f"{e.strerror or e}; nothing was written"

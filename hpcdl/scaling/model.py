@@ -29,6 +29,7 @@ from hpcdl import metrics
 from hpcdl.errors import HpcdlError, InputError
 from hpcdl.parallel.backends import BACKENDS, COLLECTIVES, SINGLE, Traffic
 from hpcdl.records.loader import SweepSummary
+from hpcdl.records.views import PredictionPoint
 from hpcdl.scaling.collectives import Comm, Cost, Hierarchy
 from hpcdl.scaling.modelparallel import Layout, ModelParallel, activations, check, levels, replicas
 from hpcdl.scaling.table import scaling_table
@@ -277,32 +278,31 @@ class Model:
         t = max(self.traffic, key=lambda t: t.bytes)
         return self.comms[t.collective].algorithm(self._bytes(t, p) / t.calls, p)
 
-    def point(self, p: int) -> dict[str, Any]:
+    def point(self, p: int) -> PredictionPoint:
         """Predicted step time, its parts, samples/s, speed-up and efficiency at ``p`` ranks."""
         compute, comm, step = self.parts(p)
         samples = self.samples_per_step(p) / step
         one = replace(self, parallel=None)  # the base: one rank holding the whole model
         (row,) = scaling_table([(p, samples)], base=(1, one.samples_per_s(1)))
         exposed = step - compute if self.overlap != "full" else max(0.0, comm - compute)
-        extra = {}
-        if self.parallel is not None:
-            extra = {"layout": str(self.parallel.layout), "bubble_s": self.layered(p)[3]}
-        return {
-            "np": p,
-            "ranks": p,
-            "step_s": step,
-            "compute_s": compute,
-            "comm_s": comm,
-            "exposed_comm_s": exposed,
-            "overlap": metrics.overlap_fraction(comm, exposed),
-            "algorithm": self.algorithm(p),
-            "samples_per_s": samples,
-            "ai_ops_per_s": metrics.ai_ops_per_s(self.train_flops_per_sample, samples),
-            "speedup": row.speedup,
-            "efficiency": row.efficiency,
-            "step_rse": self.step_rse(p),
-            **extra,
-        }
+        layered = self.parallel is not None
+        return PredictionPoint(
+            np=p,
+            ranks=p,
+            step_s=step,
+            compute_s=compute,
+            comm_s=comm,
+            exposed_comm_s=exposed,
+            overlap=metrics.overlap_fraction(comm, exposed),
+            algorithm=self.algorithm(p),
+            samples_per_s=samples,
+            ai_ops_per_s=metrics.ai_ops_per_s(self.train_flops_per_sample, samples),
+            speedup=row.speedup,
+            efficiency=row.efficiency,
+            step_rse=self.step_rse(p),
+            layout=str(self.parallel.layout) if self.parallel is not None else None,
+            bubble_s=self.layered(p)[3] if layered else None,
+        )
 
 
 def bucket_tail(

@@ -125,7 +125,7 @@ def run_rank(point: Point) -> dict[str, Any]:
                 progress=partial(prefixed, say, name),
                 world=world,
             )
-            views.append(read_result(result.record))
+            views.append(result.result)
             say(
                 f"{name}: {views[-1].metrics.samples_per_s:.1f} samples/s, valid: {views[-1].validity.passed}"
             )
