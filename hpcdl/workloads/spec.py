@@ -18,7 +18,7 @@ from torch import nn
 
 from hpcdl import metrics
 from hpcdl.device import MMAP_THRESHOLD_BYTES
-from hpcdl.workloads.counting import Count
+from hpcdl.workloads.counting import Count, Moment
 from hpcdl.workloads.knobs import Knobs, knob
 from hpcdl.workloads.parallelism import Allreduces, Parts, Split
 from hpcdl.workloads.precision import PRECISIONS, precision
@@ -141,13 +141,13 @@ class Spec(Knobs):
         """Elements of one sample's logits (one row of ``num_classes`` per label)."""
         return math.prod(self.target_shape()) * self.num_classes
 
-    def memory_per_sample(self) -> int:
+    def memory_per_sample(self, device_type: str = "cpu") -> int:
         """Bytes one sample adds to a training step where it needs the most
-        (``metrics.sample_memory``)."""
-        return _largest_sample(self._moment_bytes(self.count()))
+        (``metrics.sample_memory``), on a ``device_type`` device."""
+        return _largest_sample(self._moment_bytes(self.count(), device_type=device_type))
 
     def _moment_bytes(
-        self, c: Count, heap: bool = False, kept_grads: bool = False
+        self, c: Count, heap: bool = False, kept_grads: bool = False, device_type: str = "cpu"
     ) -> list[tuple[int, int, int, int, int]]:
         """``c.moments`` in bytes per sample (``metrics.memory_parts``'s ``moments``). The
         first, as backward begins, is two: the loss's backward, with its copies of the logits
@@ -156,22 +156,30 @@ class Spec(Knobs):
         (the previous step's were freed); the head's makes the first. ``heap``: the heap pages
         per-step layers leave resident count (``Moment.heap``). With gradient accumulation, or
         ``kept_grads`` (gradients a backend keeps allocated, ``Backend.keeps_gradients``), what a
-        step holds beside every gradient (:func:`_accumulated`)."""
+        step holds beside every gradient (:func:`_accumulated`). Dropout masks are what the
+        device keeps of them (``Tally.dropout``: an element of the dropped tensor on a CPU, a
+        byte on CUDA)."""
         size = precision(self.precision).bytes
         heap_size = size if heap else 0
         loss = metrics.sample_memory(0, self.logits_elements)
         head = metrics.sample_memory(0, self.logits_elements, copies=metrics.HEAD_BACKWARD_COPIES)
+
+        def kept(m: Moment) -> int:
+            if device_type == "cuda":  # its masks booleans, not elements of the dropped tensor
+                return (m.kept - m.masks) * size + m.mask_bytes
+            return m.kept * size
+
         first, *placed = c.moments
         moments = [
-            (first.kept * size + loss, 0, 0, first.copies, first.heap * heap_size),
+            (kept(first) + loss, 0, 0, first.copies, first.heap * heap_size),
             (
-                first.kept * size + head,
+                kept(first) + head,
                 first.workspace * size,
                 first.grads,
                 first.copies,
                 first.heap * heap_size,
             ),
-            *((p.kept * size, p.workspace * size, p.grads, p.copies, p.heap * heap_size) for p in placed),
+            *((kept(p), p.workspace * size, p.grads, p.copies, p.heap * heap_size) for p in placed),
         ]
         return _accumulated(moments, c.params) if self.accumulation_steps > 1 or kept_grads else moments
 
@@ -206,7 +214,7 @@ class Spec(Knobs):
         gradients stay allocated between steps (``Backend.keeps_gradients``: DDP's buckets)."""
         c = self.count()
         heap = self._in_heap(c, batch, device_type, malloc)
-        moments = self._moment_bytes(c, heap=heap, kept_grads=kept_grads)
+        moments = self._moment_bytes(c, heap=heap, kept_grads=kept_grads, device_type=device_type)
         return metrics.memory_parts(
             c.params,
             _largest_sample(moments),

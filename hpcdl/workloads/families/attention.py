@@ -175,7 +175,7 @@ class AttentionSpec(Spec):
         if self.norm == "post":
             _layer_norm(t, L, W, _residual(self))
         if self.dropout:
-            t.keep(_mask(L * W))  # the embedding dropout's
+            t.dropout(L * W, _residual(self))  # the embedding dropout's, over the fp32 sum
         for _ in range(self.layers):
             _block(t, self, L, W, tp)
         if self.norm == "pre":
@@ -246,11 +246,6 @@ def _residual(spec: AttentionSpec) -> int:
     return FP32_IN_16BIT if precision(spec.precision).autocast else 1
 
 
-def _mask(elements: int) -> int:
-    """A dropout mask is kept as booleans: one byte per element, counted as a quarter element."""
-    return elements // 4
-
-
 def _layer_norm(t: Tally, tokens: int, width: int, residual: int = 1) -> None:
     """A LayerNorm: scale and shift; keeps its output plus a mean and a 1/std per token. Its
     backward's gradients are the residual stream's (``residual``: elements per element)."""
@@ -281,7 +276,7 @@ def _block(t: Tally, spec: AttentionSpec, tokens: int, width: int, tp: int = 1) 
         scores = heads * tokens * tokens
         # its backward: two gradients of the scores
         t.keep(3 * scores + tokens * local - heads * tokens, gradients=2 * scores)
-        t.keep(2 * _mask(tokens * width))  # the two residual dropouts
+        t.dropout(2 * tokens * width)  # the two residual dropouts', over the branches' outputs
     t.linear(tokens, local, width)  # output projection (row-parallel; its bias whole)
     t.keep(tokens * width * (_residual(spec) - 1))  # the residual sum's rest in fp32
     _residual_sum(t, spec, tokens, width)
