@@ -20,7 +20,6 @@ from typing import Any
 
 from hpcdl.records.schema import RESULT_VERSION
 from hpcdl.records.typed import MalformedRecord
-from hpcdl.workloads.recipes import DEFAULT_CLASS
 
 OLDEST = 2
 """the oldest version a migration reads"""
@@ -55,6 +54,8 @@ def v2_to_v3(record: Json) -> Json:
     their sum), the default suite's first version, and null for a figure not measured (a rank's
     computation alone and CPU time, the window's ends, the time to the first step, a fit's
     later fields)."""
+    from hpcdl.workloads.recipes import DEFAULT_CLASS  # torch: only when a record is upgraded
+
     out = dict(record)
     _fill(out, "settings", accumulation_steps=1, execution={})
     _fill(out, "counts", memory_bytes_per_sample=None)
