@@ -3,8 +3,9 @@ the backend (``hpcdl.parallel.layout`` parses it; ``parallel.backends.choose`` p
 backend that carries it out).
 
 Where a kind of parallelism joins the run: tensor parallelism through
-``backends.tensor.TensorParallel``; pipeline parallelism through ``backends.pipeline`` (its process
-group) and ``harness.pipelined`` (a stage's part of the run).
+``backends.tensor.TensorParallel`` (and the family's plan, ``Spec.tp_splits``); pipeline
+parallelism through ``backends.pipeline`` (its process group) and ``harness.pipelined.PipelinePlan``
+(a stage's part of the one rank driver).
 """
 
 from __future__ import annotations
