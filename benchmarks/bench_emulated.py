@@ -225,7 +225,7 @@ def one_round(
         point = model.point(hosts * ppn)
         found[name] = {
             "measured": measured_parts(rec),
-            "predicted": {k: point[k] for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s")},
+            "predicted": {k: getattr(point, k) for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s")},
             "load": float((here / "load.txt").read_text()) if (here / "load.txt").exists() else math.nan,
         }
         got, want = found[name]["predicted"]["step_s"], found[name]["measured"]["step_s"]

@@ -80,7 +80,7 @@ def bare(trainer: Trainer) -> Callable[[], float]:
 
 def modes(spec: Spec, device: torch.device, **choices: str) -> dict[str, Execution]:
     fused, fmt = choices.get("fused", "auto"), choices.get("memory_format", "auto")
-    return {m: resolve(m, False, fused, fmt, spec.family, device) for m in ("eager", "compile")}
+    return {m: resolve(m, False, fused, fmt, spec, device) for m in ("eager", "compile")}
 
 
 def interleaved(steppers: dict[str, Callable[[], float]], rounds: int, steps: int) -> dict[str, float]:
@@ -151,7 +151,7 @@ def variants(specs: dict[str, Spec], device: torch.device, rounds: int, steps: i
         run = {}
         for label, choice in tried.items():
             fused, fmt = choice.get("fused", "auto"), choice.get("memory_format", "contiguous")
-            e = resolve("eager", False, fused, fmt, spec.family, device)
+            e = resolve("eager", False, fused, fmt, spec, device)
             run[label] = trainer_of(spec, e, device, weights)
             for _ in range(2):
                 run[label].step()

@@ -68,8 +68,8 @@ def one_round(out: Path, i: int, duration: str) -> dict[str, tuple[float, float,
             read_record(base).result, costs, backend="torch", layout=parse_layout(layout), gamma_from="phases"
         )
         point = model.point(HOSTS * PPN)
-        found[name] = (got, point["step_s"], point.get("bubble_s", 0.0))
-        print(f"round {i} {name}: measured {got * 1e3:.1f} ms, predicted {point['step_s'] * 1e3:.1f} ms",
+        found[name] = (got, point.step_s, point.bubble_s or 0.0)
+        print(f"round {i} {name}: measured {got * 1e3:.1f} ms, predicted {point.step_s * 1e3:.1f} ms",
               file=sys.stderr, flush=True)  # fmt: skip
     return found
 

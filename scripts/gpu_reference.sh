@@ -11,7 +11,8 @@
 #
 # Each step has its own time limit and ends within the whole budget (BUDGET seconds, default
 # 580): a step that hangs or fails is logged and the next one runs; what finished is kept.
-# For a smoke test on a CPU: DEVICE=cpu CLASS_M=S DURATION=1 bash scripts/gpu_reference.sh DIR
+# For a smoke test on a CPU: DEVICE=cpu CLASS_M=S DURATION=1 FIT= bash scripts/gpu_reference.sh DIR
+# (FIT: the class M runs' --fit fraction, 0.8; empty: no fit)
 set -uo pipefail
 DIR="${1:?usage: gpu_reference.sh DIR}"
 cd "$(dirname "$0")/.."
@@ -19,6 +20,7 @@ PY="${PYTHON:-python3}"
 DEVICE="${DEVICE:-cuda}"
 CLASS_M="${CLASS_M:-M}"
 DURATION="${DURATION:-5}"
+FIT="${FIT-0.8}"
 BUDGET="${BUDGET:-580}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 mkdir -p "$DIR"
@@ -58,9 +60,9 @@ HPCDL=("$PY" -m hpcdl)
 GRAPHS=()
 [[ $DEVICE == cuda* ]] && GRAPHS=(--graphs)  # CUDA graphs need a GPU (a CPU smoke test runs without)
 step info-probe 60 "${HPCDL[@]}" info --probe
-step suite-M 150 "${HPCDL[@]}" run --class "$CLASS_M" --eager precision=bf16 --fit --device "$DEVICE" \
+step suite-M 150 "${HPCDL[@]}" run --class "$CLASS_M" --eager precision=bf16 ${FIT:+--fit "$FIT"} --device "$DEVICE" \
   --duration "$DURATION" -o "$DIR/suite-M-bf16"
-step suite-M-compiled 200 "${HPCDL[@]}" run --class "$CLASS_M" --compile precision=bf16 --fit \
+step suite-M-compiled 200 "${HPCDL[@]}" run --class "$CLASS_M" --compile precision=bf16 ${FIT:+--fit "$FIT"} \
   --device "$DEVICE" --duration "$DURATION" -o "$DIR/suite-M-bf16-compiled"
 step anchors 20 "$PY" benchmarks/bench_anchors.py "$DIR/suite-M-bf16" "$DIR/suite-M-bf16-compiled"
 cat "$DIR/anchors.txt" >&2 2>/dev/null

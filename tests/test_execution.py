@@ -75,8 +75,8 @@ def test_every_family_has_a_tiny_spec_here() -> None:
 def test_every_family_compiled_trains_as_it_does_eagerly(family: str) -> None:
     spec = api.spec_from_dict({"family": family, **TINY[family]})
     weights = spec.build().state_dict()
-    eager, _ = trained(spec, resolve("eager", False, "auto", "auto", family, CPU), weights)
-    comp, _ = trained(spec, resolve("compile", False, "auto", "auto", family, CPU), weights)
+    eager, _ = trained(spec, resolve("eager", False, "auto", "auto", spec, CPU), weights)
+    comp, _ = trained(spec, resolve("compile", False, "auto", "auto", spec, CPU), weights)
     drift = max(abs(a - b) / abs(a) for a, b in zip(eager, comp, strict=True))
     assert drift <= FP32_AGREEMENT, (eager, comp)
     assert eager[-1] < eager[0]  # it trained: the agreement is not that of two idle runs

@@ -1,6 +1,7 @@
 """Extensions from one file outside the package, loaded through HPCDL_PLUGINS: a family seen by
-list, generate and run; a backend that trains a real 2-rank run whose correctness checks pass.
-(A scheduler from one file: tests/test_schedulers.py.)"""
+list, generate and run, and split by its own tensor-parallel plan across 2 real ranks; a backend
+that trains a real 2-rank run whose correctness checks pass. (A scheduler from one file:
+tests/test_schedulers.py.)"""
 
 from __future__ import annotations
 
@@ -48,6 +49,43 @@ def test_a_family_from_one_file(tmp_path: Path) -> None:
     # without the plugin the family is unknown: one line naming it and what is allowed
     bare = hpcdl_process("generate", "tiny", env=plugins(""))
     assert bare.returncode == 2 and "family='tiny' is invalid: allowed:" in bare.stderr
+
+
+@pytest.mark.mpi
+def test_a_family_from_one_file_runs_tensor_parallel(tmp_path: Path) -> None:
+    """The plugin family's tensor-parallel plan lives in its own file: two ranks split its hidden
+    units (``--layout tp=2``), step like one process, and record what its hooks count."""
+    plugin = str(PLUGINS / "tiny_family.py")
+    run = hpcdl_process(
+        "run",
+        "--workload",
+        "tiny",
+        "width=16",
+        "batch_size=8",
+        "--np",
+        "2",
+        "--layout",
+        "tp=2",
+        "--data",
+        "random",  # no loss to watch fall in 6 steps: the split is what is checked
+        "--steps",
+        "6",
+        "--min-duration",
+        "0",
+        "-o",
+        str(tmp_path),
+        env=plugins(plugin),
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert record["settings"]["layout"] == "dp=1,tp=2,pp=1"
+    checks = {c["name"]: c["passed"] for c in record["validity"]["checks"]}
+    assert checks["one_step_equivalence"] and checks["parameters_identical"], record["validity"]
+    # a rank's half of the 16 hidden units (8 features in, 4 classes out; the second bias whole)
+    assert record["counts"]["rank_params"] == 8 * 8 + 8 + 8 * 4 + 4 < record["counts"]["params"]
+    tp = record["metrics"]["communication"]["collectives"]["tp.allreduce"]
+    # one forward allreduce of the 8 samples' 4 fp32 logits (backward: none, the input is data)
+    assert (tp["bytes_per_step"], tp["calls_per_step"], tp["ranks"]) == (8 * 4 * 4, 1, 2)
 
 
 def test_a_kernel_that_fails_mid_run_is_one_line_and_its_traceback_a_file(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from hpcdl.device import JEMALLOC_CONF, rank_threads
 from hpcdl.errors import RunFailed
 from hpcdl.measure.fit import WINDOW, estimated_batch, search
 from hpcdl.measure.trial import Shard, Trial, cpu_trial
+from hpcdl.records.views import FitFigures
 from hpcdl.workloads.registry import spec_from_dict
 from hpcdl.workloads.sampling import sample_spec
 
@@ -263,24 +265,29 @@ def test_the_allocator_is_named_and_its_free_pages_are_given_back(preload: str) 
 
 
 def test_the_fit_line_names_jemalloc_and_how_to_give_its_pages_back_as_glibc_does() -> None:
-    fit = {"fraction": 0.5, "batch": 8, "estimated_batch": 9, "target_bytes": 100, "allocator": "jemalloc"}
-    default = fit_text({**fit, "oversize_threshold_bytes": 8 << 20})
+    fit = FitFigures(
+        fraction=0.5, capacity_bytes=200, target_bytes=100, estimated_batch=9, batch=8, estimate_bytes=90,
+        measured_peak_bytes=None, fixed_bytes=None, per_sample_bytes=None, trials=[], measured_by="trials",
+        mmap_threshold_bytes=None, allocator="jemalloc", oversize_threshold_bytes=None, kept_grads=False,
+        shard=None, run_peak_bytes=None,
+    )  # fmt: skip
+    default = fit_text(replace(fit, oversize_threshold_bytes=8 << 20))
     assert default.endswith(
         "; malloc: jemalloc, freed blocks given back from 8 MiB (MALLOC_CONF=oversize_threshold:1048576: "
         "from 1 MiB, as glibc)"
     ), default
-    assert fit_text({**fit, "oversize_threshold_bytes": 1 << 20}).endswith("given back from 1 MiB")
-    assert "malloc" not in fit_text({**fit, "allocator": "glibc"})
+    assert fit_text(replace(fit, oversize_threshold_bytes=1 << 20)).endswith("given back from 1 MiB")
+    assert "malloc" not in fit_text(replace(fit, allocator="glibc"))
     # a run past its target names what its one-process trials cannot hold: a backend's buffers
     # (two DDP ranks of a 10.4 M-parameter MLP: 143 % of a target their trials met at 98 %) and,
     # under glibc, a heap that keeps growing over a recurrent run's steps (speech seed 16 at batch
     # 257: 302 MiB after 2 steps, 393 after 30; jemalloc at 1 MiB 264/264)
-    over = {**fit, "run_peak_bytes": 120}
-    assert fit_text({**over, "allocator": "glibc"}).endswith(
+    over = replace(fit, run_peak_bytes=120)
+    assert fit_text(replace(over, allocator="glibc")).endswith(
         "= 120.0% (!: past its one-process trials: a backend's buffers, or glibc's heap over the steps "
         "(LD_PRELOAD=libjemalloc.so.2 MALLOC_CONF=oversize_threshold:1048576))"
     )
-    assert fit_text({**over, "oversize_threshold_bytes": 1 << 20}).endswith(
+    assert fit_text(replace(over, oversize_threshold_bytes=1 << 20)).endswith(
         "= 120.0% (!: past its one-process trials: a backend's buffers); malloc: jemalloc, freed blocks "
         "given back from 1 MiB"
     )

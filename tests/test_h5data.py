@@ -45,8 +45,9 @@ def test_training_from_hdf5_records_io_and_trains(tmp_path: Path) -> None:
         data="hdf5", data_dir=str(tmp_path / "d"), data_workers=1, pool_batches=4, steps=24, min_duration_s=0
     )
     res = hpcdl.run(spec, cfg, output_dir=None)
-    io = res.metrics["io"]
-    assert io["write"]["samples"] == 32 and io["read"]["samples_per_s"] > 0
+    io = res.result.metrics.io
+    assert io.write is not None and io.read is not None  # the typed view of metrics.io
+    assert io.write.samples == 32 and io.read.samples_per_s > 0
     assert res.passed, res.record["validity"]
     assert h5data.has_shards(spec, tmp_path / "d")
     with pytest.raises(InputError, match="shards of another workload"):

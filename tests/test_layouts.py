@@ -85,9 +85,9 @@ def test_bad_layouts_are_one_line_errors(text: str, ranks: int, field: str, allo
     [
         ({"heads": 6, "width": 48}, "tp=4", "must divide attention.heads=6"),
         ({"heads": 4, "width": 32, "ffn_mult": 1.0625}, "tp=4", "must divide attention.ffn_hidden=34"),
-        ({}, "pp=4", "at most attention.layers=2"),
+        ({}, "pp=4", "at most 2, the attention model's blocks"),
         ({}, "pp=2,microbatches=3", "must divide attention.batch_size=4"),
-        ({"family": "cnn"}, "tp=2", "tensor parallelism is built for attention and mlp"),
+        ({"family": "cnn"}, "tp=2", "1: the cnn family has no tensor-parallel plan"),
         ({"family": "mlp", "width": 30}, "tp=4", "must divide mlp.width=30"),
         ({"experts": 4, "expert_parallel": False}, "ep=4", "set attention.expert_parallel=true"),
     ],
@@ -166,7 +166,7 @@ def test_shards_and_collectives_are_what_the_counts_say(knobs: dict, precision: 
 
     spec = spec_from_dict({**knobs, "precision": precision})
     model = spec.build()
-    parallelize_module(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)), plan(model))
+    parallelize_module(model, init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)), plan(spec, model))
     assert sum(local_tensor(p).numel() for p in model.parameters()) == rank_count(spec, 2).params
     x = spec.sample_inputs(spec.batch_size, torch.Generator().manual_seed(0), torch.device("cpu"))
     with Allreduces() as seen, torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
@@ -178,10 +178,10 @@ def test_shards_and_collectives_are_what_the_counts_say(knobs: dict, precision: 
         assert traffic.bytes == 2 * 2 * 8 * 32 * 4 * (forward + backward)
 
 
-def rank_shard(model: nn.Module, tp: int) -> nn.Module:
+def rank_shard(spec: Spec, model: nn.Module, tp: int) -> nn.Module:
     """Rank 0's shard of ``model`` under ``plan`` as plain layers (no process group, no
     collectives): what the rank multiplies, for the FLOP counter."""
-    for name, style in plan(model).items():
+    for name, style in plan(spec, model).items():
         layer = model.get_submodule(name)
         assert isinstance(layer, nn.Linear)
         w = layer.weight.detach()
@@ -199,7 +199,7 @@ def rank_shard(model: nn.Module, tp: int) -> nn.Module:
 @pytest.mark.parametrize("tp", [2, 4])
 def test_rank_counts_match_the_flop_counter(knobs: dict, tp: int) -> None:
     spec = spec_from_dict(knobs)
-    model = rank_shard(spec.build(), tp)
+    model = rank_shard(spec, spec.build(), tp)
     x = spec.sample_inputs(2, torch.Generator().manual_seed(0), torch.device("cpu"))
     with decomposed(), FlopCounterMode(display=False) as counter:
         out = model(x)

@@ -310,3 +310,92 @@ def test_generate_prints_where_the_memory_goes() -> None:
     info = json.loads(p.stdout)
     assert sum(info["memory_parts_bytes"].values()) == info["memory_estimate_bytes"]["adamw"]
     assert info["memory_parts_bytes"] == spec_from_dict(MLP).memory_parts(4, "adamw")
+
+
+DROPPED = [
+    {"family": "attention", "layers": 2, "width": 32, "heads": 2, "seq_len": 8, "vocab": 50, "dropout": 0.1},
+    {"family": "rnn", "cell": "lstm", "hidden": 16, "layers": 1, "seq_len": 6, "vocab": 20, "embedding": 8,
+     "dropout": 0.3, "output": "step"},
+    {"family": "rnn", "cell": "gru", "hidden": 16, "layers": 1, "seq_len": 6, "input_features": 5, "vocab": 0,
+     "dropout": 0.3, "output": "step"},
+    {"family": "cnn", "image_size": 16, "base_width": 8, "head_layers": 2, "head_width": 32, "dropout": 0.5},
+]  # fmt: skip
+"""workloads whose every dropout is an ``nn.Dropout`` module (an rnn of one layer: none inside
+the stack), each family that has one"""
+UNFUSED = "no fused LSTM under autocast here: the layer computes in fp32, the count takes 16 bits"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("knobs", DROPPED, ids=["attention", "rnn-lstm", "rnn-gru", "cnn"])
+def test_a_dropout_mask_counts_what_autograd_keeps_on_a_cpu(knobs: dict[str, Any], precision: str) -> None:
+    """What the dropouts keep for backward, measured with ``saved_tensors_hooks`` inside the
+    ``nn.Dropout`` modules: on a CPU a scaled copy of the noise in the dropped tensor's dtype
+    (fp32 even under autocast where the tensor is fp32: an embedding, a residual sum), not a
+    1-byte boolean. The count's masks (``Tally.dropout``, ``Moment.masks``) in the precision's
+    elements are exactly those bytes; CUDA's booleans are their elements, one byte each."""
+    batch = 2
+    spec = spec_from_dict({**knobs, "precision": precision, "batch_size": batch})
+    if knobs.get("cell") == "lstm" and precision == "bf16" and not fused_lstm_runs(torch.bfloat16):
+        pytest.skip(UNFUSED)
+    model = spec.build().train()
+    inside, kept = [False], []
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True))
+            m.register_forward_hook(lambda *_: inside.__setitem__(0, False))
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if inside[0]:
+            kept.append((t.dtype, t.numel() * t.element_size()))
+        return t
+
+    x = spec.sample_inputs(batch, torch.Generator().manual_seed(0), torch.device("cpu"))
+    with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(x)
+    assert kept and torch.bool not in {dtype for dtype, _ in kept}
+    first = spec.count().moments[0]  # as backward begins: every mask kept
+    size = 2 if precision == "bf16" else 4
+    assert first.masks * size * batch == sum(n for _, n in kept)
+    elements = sum(n // (2 if dtype == torch.bfloat16 else 4) for dtype, n in kept)
+    assert first.mask_bytes * batch == elements  # CUDA's booleans: a byte an element
+
+
+def test_a_cuda_estimate_counts_its_masks_as_bytes() -> None:
+    """The same moments on CUDA: each mask a byte an element (``native_dropout``'s booleans)
+    where the CPU keeps one element of the dropped tensor."""
+    spec = spec_from_dict({**DROPPED[0], "batch_size": 2})
+    first = spec.count().moments[0]
+    assert first.masks > 0
+    cpu, cuda = spec.memory_per_sample("cpu"), spec.memory_per_sample("cuda")
+    assert cpu - cuda == first.masks * 4 - first.mask_bytes
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_the_masks_between_a_stacks_layers_are_of_the_layers_outputs(cell: str, precision: str) -> None:
+    """Inside ``nn.LSTM`` and ``nn.GRU`` the dropout between layers is no module: what the whole
+    model keeps with dropout, less what it keeps without, is every mask the count holds, in the
+    dtype of the layers' outputs (a GRU's fp32 under autocast: ``recurrent.output_scale``)."""
+    batch = 2
+    knobs = {**DROPPED[1], "cell": cell, "layers": 2, "precision": precision, "batch_size": batch}
+    if cell == "lstm" and precision == "bf16" and not fused_lstm_runs(torch.bfloat16):
+        pytest.skip(UNFUSED)
+
+    def kept_bytes(dropout: float) -> int:
+        spec = spec_from_dict({**knobs, "dropout": dropout})
+        model, total = spec.build().train(), [0]
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            total[0] += t.numel() * t.element_size()
+            return t
+
+        x = spec.sample_inputs(batch, torch.Generator().manual_seed(0), torch.device("cpu"))
+        with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                model(x)
+        return total[0]
+
+    masks = spec_from_dict({**knobs, "dropout": 0.3}).count().moments[0].masks
+    size = 2 if precision == "bf16" else 4
+    assert kept_bytes(0.3) - kept_bytes(0.0) == masks * size * batch

@@ -4,7 +4,7 @@ GEMM ceiling kept apart, and figures that cannot be true flagged with their caus
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -340,11 +340,13 @@ def test_a_run_whose_ceiling_beats_the_estimate_records_the_implied_clock(
     assert not any("GEMM ceiling is" in f for f in m.flags) and m.mfu <= 1
     assert m.measured_matmul_flops == pytest.approx(m.peak_flops)  # one core's best x the host's cores
     # where the memory goes: the estimate's parts at the batch that ran, and the measured peak
-    parts, pool = m.memory["estimated"], RunConfig().pool_batches  # the run keeps its pool of batches
+    parts, pool = m.memory.estimated, RunConfig().pool_batches  # the run keeps its pool of batches
+    assert parts is not None and m.memory.measured is not None
     total = spec.memory_estimate(8, "adamw", pool_batches=pool)
-    assert parts["total"] == total == sum(v for k, v in parts.items() if k != "total")
-    assert parts["inputs"] == pool * 8 * spec.input_bytes() == pool * 8 * (1024 * 4 + 8)
-    assert m.memory["measured"] == {"peak_bytes": m.peak_memory_bytes, "kind": m.peak_memory_kind}
+    assert parts.total == total == sum(v for k, v in asdict(parts).items() if k != "total")
+    assert parts.inputs == pool * 8 * spec.input_bytes() == pool * 8 * (1024 * 4 + 8)
+    measured = m.memory.measured
+    assert (measured.peak_bytes, measured.kind) == (m.peak_memory_bytes, m.peak_memory_kind)
 
 
 def test_a_note_shared_by_every_workload_is_printed_once() -> None:

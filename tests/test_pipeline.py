@@ -121,11 +121,11 @@ def test_class_l_pipelines_are_runnable() -> None:
 @pytest.mark.parametrize(
     ("layout", "says"),
     [
-        ("pp=8", "run.layout.pp=8 is invalid: at most mlp.layers=4"),
+        ("pp=8", "run.layout.pp=8 is invalid: at most 4, the mlp model's blocks"),
         ("pp=2,schedule=zigzag", "run.layout.schedule='zigzag' is invalid"),
         ("pp=2,microbatches=3", "run.layout.microbatches=3 is invalid: must divide mlp.batch_size=8"),
         ("pp=2,schedule=1f1b,microbatches=1", "run.layout.microbatches=1 is invalid: >= pp=2"),
-        ("pp=2,tp=2", "run.layout.tp=2 is invalid: 1 with pp > 1 for mlp: tp x pp is built for attention"),
+        ("pp=2,tp=2", "run.layout.tp=2 is invalid: 1 with pp > 1 for mlp: its tensor-parallel pairs span"),
         ("dp=4", "run.backend='pipeline' is invalid: only with a layout of pp > 1"),
     ],
 )

@@ -67,17 +67,17 @@ def test_ring_costs_of_each_collective() -> None:
 def test_weak_and_strong_scaling_formulas() -> None:
     m = model()
     one, four = m.point(1), m.point(4)
-    assert one["comm_s"] == 0 and one["efficiency"] == 1.0
+    assert one.comm_s == 0 and one.efficiency == 1.0
     compute = 3e9 * 32 / 1e13
     ring = 2 * 3 * 5e-6 + 2 * 3 / 4 * 100e6 / 20e9
-    assert four["compute_s"] == pytest.approx(compute) and four["comm_s"] == pytest.approx(ring)
-    assert four["samples_per_s"] == pytest.approx(4 * 32 / (compute + ring))
-    assert four["efficiency"] == pytest.approx(compute / (compute + ring))
+    assert four.compute_s == pytest.approx(compute) and four.comm_s == pytest.approx(ring)
+    assert four.samples_per_s == pytest.approx(4 * 32 / (compute + ring))
+    assert four.efficiency == pytest.approx(compute / (compute + ring))
     strong = model(mode="strong").point(4)
-    assert strong["compute_s"] == pytest.approx(compute / 4)
-    assert model(overlap="full").point(4)["step_s"] == pytest.approx(max(compute, ring))
+    assert strong.compute_s == pytest.approx(compute / 4)
+    assert model(overlap="full").point(4).step_s == pytest.approx(max(compute, ring))
     many = model(messages=3).point(4)
-    assert many["comm_s"] == pytest.approx(ring + 2 * 2 * 3 * 5e-6)
+    assert many.comm_s == pytest.approx(ring + 2 * 2 * 3 * 5e-6)
 
 
 def test_bad_model_input_names_the_field() -> None:
@@ -153,11 +153,11 @@ def test_the_optimizer_updates_what_a_rank_holds() -> None:
     """γ's step holds the optimizer's; with sharding it updates 1/p of the parameters."""
     one = 3e9 * 32 / 1e13
     plain = model(optimizer_s=0.002)
-    assert plain.point(4)["compute_s"] == pytest.approx(one)  # data parallelism: all of them
+    assert plain.point(4).compute_s == pytest.approx(one)  # data parallelism: all of them
     sharded = model(optimizer_s=0.002, sharded_fraction=1.0)
-    assert sharded.point(4)["compute_s"] == pytest.approx(one - 0.002 + 0.002 / 4)
+    assert sharded.point(4).compute_s == pytest.approx(one - 0.002 + 0.002 / 4)
     strong = model(optimizer_s=0.002, sharded_fraction=0.5, mode="strong")
-    assert strong.point(4)["compute_s"] == pytest.approx((one - 0.002) / 4 + 0.002 * (0.5 + 0.5 / 4))
+    assert strong.point(4).compute_s == pytest.approx((one - 0.002) / 4 + 0.002 * (0.5 + 0.5 / 4))
     with pytest.raises(InputError, match="predict.optimizer_s"):
         model(optimizer_s=one)
 
@@ -251,24 +251,24 @@ def test_bucketed_overlap_hides_all_but_the_last_bucket() -> None:
     m = model(**common, overlap="bucketed")  # compute 9.6 ms, backward 2/3 of it; 4 x 75 ms of comm
     last = bucket.time(100e6, 4)
     comm = m.comm_s(4)
-    step = m.point(4)["step_s"]
+    step = m.point(4).step_s
     assert (
-        model(**common, overlap="none").point(4)["step_s"]
+        model(**common, overlap="none").point(4).step_s
         >= step
-        >= model(**common, overlap="full").point(4)["step_s"]
+        >= model(**common, overlap="full").point(4).step_s
     )
     long = model(**common, gamma_flops_per_s=1e10, backward_fraction=1.0)  # backward 9.6 s
-    assert long.point(4)["exposed_comm_s"] == pytest.approx(last)
-    assert long.point(4)["overlap"] == pytest.approx(1 - last / comm)
-    assert m.point(4)["exposed_comm_s"] > last  # a short backward hides less
+    assert long.point(4).exposed_comm_s == pytest.approx(last)
+    assert long.point(4).overlap == pytest.approx(1 - last / comm)
+    assert m.point(4).exposed_comm_s > last  # a short backward hides less
 
 
 def test_accumulation_reduces_once_per_n_micro_batches() -> None:
     one, four = model(overlap="none"), model(overlap="none", accumulation_steps=4)
     assert four.compute_s(4) == pytest.approx(4 * one.compute_s(4))
     assert four.comm_s(4) == pytest.approx(one.comm_s(4))  # one reduction per optimizer step
-    assert four.point(4)["samples_per_s"] == pytest.approx(4 * 4 * 32 / (four.compute_s(4) + four.comm_s(4)))
-    assert four.point(4)["efficiency"] > one.point(4)["efficiency"]
+    assert four.point(4).samples_per_s == pytest.approx(4 * 4 * 32 / (four.compute_s(4) + four.comm_s(4)))
+    assert four.point(4).efficiency > one.point(4).efficiency
     with pytest.raises(InputError, match="predict.accumulation_steps"):
         model(accumulation_steps=0)
 
@@ -283,10 +283,10 @@ def test_uncertainty_comes_from_the_fit_residuals() -> None:
     assert fitted.beta_rse > 0 and fitted.alpha_se_s > 0
     exact = fit_comm([CommRow(bytes=s, backend_s=truth.time(s, 4)) for s in sizes], 4)
     assert exact.beta_rse == pytest.approx(0, abs=1e-9)
-    assert model().point(4)["step_rse"] == 0  # given figures: nothing fitted, no spread to show
+    assert model().point(4).step_rse == 0  # given figures: nothing fitted, no spread to show
     m = model(comms={"allreduce": fitted}, gamma_rse=0.02, overlap="none")
-    rse = m.point(4)["step_rse"]
-    share = m.compute_s(4) / m.point(4)["step_s"]
+    rse = m.point(4).step_rse
+    share = m.compute_s(4) / m.point(4).step_s
     assert rse > share * 0.02 * 0.9  # γ's share at least; α's and β's add to it
 
 
@@ -417,14 +417,14 @@ def test_a_system_file_of_zero_bandwidth_is_refused(tmp_path: Path) -> None:
 
 def test_compare_matches_strong_scaling_points_on_the_global_micro_batch() -> None:
     from hpcdl.cli.predict import compared_batch, measured_points
-    from hpcdl.records.views import Settings
+    from hpcdl.records.views import EAGER, Settings
 
     spec = read_record(REF / "mlp-torch-weak-np1.json").result.spec  # batch 64
     assert sorted(measured_points(REF, spec, "weak", "torch")) == [1, 2]  # 64 a rank at both
     assert sorted(measured_points(REF, spec, "strong", "torch")) == [1]  # 64 in all: np1 only
     assert sorted(measured_points(REF, {**spec, "batch_size": 128}, "strong", "torch")) == [2]
     # 4 micro-batches a step: global_batch counts them, the model's strong batch does not
-    s = Settings("fp32", 16, 4, 256, "torch", "cpu", 1, ["a"], accumulation_steps=4)
+    s = Settings("fp32", 16, 4, 256, "torch", "cpu", 1, ["a"], accumulation_steps=4, execution=EAGER)
     assert compared_batch(s, "strong") == 64 and compared_batch(s, "weak") == 16
 
 

@@ -21,7 +21,7 @@ def test_run_writes_a_complete_valid_record(tmp_path: Path) -> None:
     res = hpcdl.run(spec, RunConfig(steps=20, min_duration_s=0.0), output_dir=tmp_path, name="t")
     rec = json.loads((tmp_path / "t.json").read_text())
     assert rec == res.record and digest_ok(rec)
-    assert rec["schema"] == "hpcdl.result" and rec["schema_version"] == 2
+    assert rec["schema"] == "hpcdl.result" and rec["schema_version"] == 3
     m = rec["metrics"]
     for key in (
         "samples_per_s",
@@ -54,7 +54,8 @@ def test_run_writes_a_complete_valid_record(tmp_path: Path) -> None:
 def test_learnable_data_trains_and_random_data_is_not_checked_for_it(tmp_path: Path) -> None:
     spec = hpcdl.spec_from_dict(SMALL)
     learn = hpcdl.run(spec, RunConfig(steps=30, min_duration_s=0), output_dir=None)
-    assert learn.metrics["loss_last"] < learn.metrics["loss_first"]
+    m = learn.result.metrics
+    assert m.loss_last is not None and m.loss_first is not None and m.loss_last < m.loss_first
     rand = hpcdl.run(spec, RunConfig(steps=5, data="random", min_duration_s=0), output_dir=None)
     assert "loss_falls" not in {c["name"] for c in rand.record["validity"]["checks"]}
 

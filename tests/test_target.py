@@ -36,8 +36,8 @@ def test_the_window_ends_at_the_first_step_that_reaches_the_target(tmp_path: Pat
     assert target is not None and target.reached and target.fraction == 0.5
     assert res.path is not None and res.steps_path is not None
     steps = read_steps(res.steps_path)
-    timed = list(steps["loss"][r.run["warmup_steps"] :])
-    window = r.run["pool_batches"]
+    timed = list(steps["loss"][r.run.warmup_steps :])
+    window = target.window_steps  # the run's pool_batches
     assert len(timed) == r.metrics.timed_steps and target.loss_first == timed[0]
     stops = [metrics.reached_target(timed[0], timed[: i + 1][-window:], 0.5) for i in range(len(timed))]
     assert stops[-1] and not any(stops[:-1])  # the first step that reached it, not a later one

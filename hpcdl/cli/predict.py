@@ -22,7 +22,8 @@ from hpcdl.errors import HpcdlError, InputError
 from hpcdl.records import schema
 from hpcdl.records.loader import CommSweep, Unreadable, load_tree, read_comm, read_record
 from hpcdl.records.store import write_record
-from hpcdl.records.views import Result, Settings
+from hpcdl.records.typed import to_json
+from hpcdl.records.views import PredictionPoint, Result, Settings
 from hpcdl.results.best import best_per_rank_count
 from hpcdl.results.text import si, table, wrapped
 from hpcdl.scaling.cost import cost, energy_source, work_of
@@ -346,7 +347,7 @@ def measured_points(
             r.validity.passed
             and _but_batch(canonical(r.spec) or {}) == _but_batch(canonical(spec) or spec)
             and compared_batch(r.settings, mode) == spec["batch_size"]
-            and int(r.spec.get(ACCUMULATION, 1)) == accumulation
+            and r.settings.accumulation_steps == accumulation
             and (r.settings.world_size == 1 or r.settings.backend == backend)
         )
 
@@ -388,7 +389,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     measured = {}
     if args.compare:
         measured = measured_points(Path(args.compare), cal.spec, args.mode, backend, accumulation)
-    points: list[dict[str, Any]] = []
+    points: list[PredictionPoint] = []
     skipped: dict[str, list[int]] = {}
     for label, model, rpn, _ in models:
         for n in nodes:
@@ -396,12 +397,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
             if not model.predictable(p):
                 skipped.setdefault(label, []).append(p)
                 continue
-            pt = {"system": label, "nodes": n, **model.point(p)}
+            pt = replace(model.point(p), system=label, nodes=n)
             if work is not None:
-                pt.update(cost(pt, work, sources[label]))
+                pt = cost(pt, work, sources[label])
             if p in measured and len(models) == 1:
-                pt["measured_samples_per_s"], pt["measured_overlap"] = measured[p]
-                pt["error"] = model_mod.relative_error(pt["samples_per_s"], pt["measured_samples_per_s"])
+                rate, hidden = measured[p]
+                error = model_mod.relative_error(pt.samples_per_s, rate)
+                pt = replace(pt, measured_samples_per_s=rate, measured_overlap=hidden, error=error)
             points.append(pt)
     doc: dict[str, Any] = {
         "schema": schema.PREDICTION,  # extrapolated: never ranked
@@ -411,7 +413,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             for label, m, rpn, rule in models
         ],
         "spec": cal.spec,
-        "points": points,
+        "points": [to_json(pt) for pt in points],
     }
     if work is not None:
         doc["work"] = {"samples": work.samples, "epochs": work.epochs, "total_samples": work.total}
@@ -465,45 +467,44 @@ def rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def render(points: list[dict[str, Any]], several: bool) -> str:
+def render(points: list[PredictionPoint], several: bool) -> str:
     head = ["nodes", "ranks", "step ms", "+-", "compute ms", "comm ms", "hidden", "algorithm"]
     head += ["straggler ms", "sync ms", "data ms", "samples/s", "AI-ops/s", "efficiency"]
-    compared = any("error" in p for p in points)  # the measured columns only where something was
+    compared = any(p.error is not None for p in points)  # measured columns only where there are some
     if compared:
         head += ["measured samples/s", "meas. hidden", "error"]
-    costs = any("train_hours" in p for p in points)
+    costs = any(p.costed for p in points)
     if costs:
         head += ["hours", "energy kWh"]
     rows = []
     for p in points:
-        hidden = "" if p["overlap"] is None else f"{p['overlap']:.0%}"
-        measured_hidden = p.get("measured_overlap")
+        hidden = "" if p.overlap is None else f"{p.overlap:.0%}"
         row = [
-            str(p["nodes"]),
-            str(p["np"]),
-            f"{p['step_s'] * 1e3:.2f}",
-            f"{p['step_rse']:.1%}",
-            f"{p['compute_s'] * 1e3:.2f}",
-            f"{p['comm_s'] * 1e3:.2f}",
+            str(p.nodes),
+            str(p.np),
+            f"{p.step_s * 1e3:.2f}",
+            f"{p.step_rse:.1%}",
+            f"{p.compute_s * 1e3:.2f}",
+            f"{p.comm_s * 1e3:.2f}",
             hidden,
-            str(p["algorithm"]),
-            f"{p['straggler_s'] * 1e3:.2f}",
-            f"{p['sync_s'] * 1e3:.2f}",
-            f"{p['data_s'] * 1e3:.2f}",
-            rate(p["samples_per_s"]),
-            si(p["ai_ops_per_s"], "FLOP/s"),
-            f"{p['efficiency']:.1%}",
+            p.algorithm,
+            f"{p.straggler_s * 1e3:.2f}",
+            f"{p.sync_s * 1e3:.2f}",
+            f"{p.data_s * 1e3:.2f}",
+            rate(p.samples_per_s),
+            si(p.ai_ops_per_s, "FLOP/s"),
+            f"{p.efficiency:.1%}",
         ]
         if compared:
             row += [
-                rate(p["measured_samples_per_s"]) if "error" in p else "",
-                f"{measured_hidden:.0%}" if measured_hidden is not None else "",
-                f"{p['error']:+.1%}" if "error" in p else "",
+                rate(p.measured_samples_per_s) if p.measured_samples_per_s is not None else "",
+                f"{p.measured_overlap:.0%}" if p.measured_overlap is not None else "",
+                f"{p.error:+.1%}" if p.error is not None else "",
             ]
         if costs:
-            hours = "n/a" if p["train_hours"] is None else f"{p['train_hours']:,.3g}"
-            row += [hours, kwh(p["train_energy_kwh"], p["energy_estimated"])]
-        rows.append(([p["system"]] if several else []) + row)
+            hours = "n/a" if p.train_hours is None else f"{p.train_hours:,.3g}"
+            row += [hours, kwh(p.train_energy_kwh, p.energy_estimated)]
+        rows.append(([p.system] if several else []) + row)
     return table((["system"] if several else []) + head, rows)
 
 

@@ -205,23 +205,23 @@ def _verify(args: argparse.Namespace, spec: Spec, ref: str) -> dict[str, Any]:
     return {"model": ref, **entry}
 
 
-def _reverify(args: argparse.Namespace, record: dict[str, Any]) -> int:
+def _reverify(args: argparse.Namespace, fitted: dict[str, Any]) -> int:
     """A fit record given again: time its spec against the real model here, and say how far the
-    ratio moved from the record's first verification."""
+    ratio moved from its first verification (``fitted``: the fit record, schema hpcdl.fit)."""
     if not args.verify:
         raise InputError(
             "profile", str(args.profile), "is a fit record: add --verify to verify its spec again"
         )
-    profile = record.get("profile")
+    profile = fitted.get("profile")
     source = profile.get("source") if isinstance(profile, dict) else None
     named = source.get("ref") if isinstance(source, dict) else None
     ref = _named_model(args, named if isinstance(named, str) else None)
     assert ref is not None  # --verify is set
-    spec = spec_from_dict(record.get("spec", {}))
+    spec = spec_from_dict(fitted.get("spec", {}))
     entry = _verify(args, spec, ref)
-    verifications = record.get("verifications")
+    verifications = fitted.get("verifications")
     if not isinstance(verifications, list):
-        verifications = record["verifications"] = []
+        verifications = fitted["verifications"] = []
     earlier = [(v, m) for v in verifications if (m := _first_median(v)) is not None]
     if earlier:
         then, median = earlier[0]
@@ -229,7 +229,7 @@ def _reverify(args: argparse.Namespace, record: dict[str, Any]) -> int:
         print(f"drift against {then.get('host')} ({then.get('device')}, {then.get('when')}): {drift:+.1%}")
         entry["drift"] = drift
     verifications.append(entry)
-    document.save(record, args.record or args.profile)
+    document.save(fitted, args.record or args.profile)
     print(f"fit record updated: {args.record or args.profile}")
     return 0
 

@@ -352,12 +352,14 @@ def record_page() -> str:
     out = [
         "# Result record",
         "",
-        f'One JSON file per run (`schema: "{schema.RESULT}"`), written atomically and sealed by a',
-        "SHA-256 `digest`, with its per-step times in an HDF5 file beside it (`steps_file`). Readers see it",
-        "through the typed views of `hpcdl/records/views.py`, listed here block by block; a field that",
-        "came in a later version has a default, so older records still read. What each figure means and",
-        "how it is computed: [metrics](../metrics.md). `spec` holds the workload's [knobs](knobs.md) and",
-        "`run` the [run settings](knobs.md#run-settings).",
+        f'One JSON file per run (`schema: "{schema.RESULT}"`, `schema_version: {schema.RESULT_VERSION}`),',
+        "written atomically and sealed by a SHA-256 `digest`, with its per-step times in an HDF5 file",
+        "beside it (`steps_file`). Readers see it through the typed views of `hpcdl/records/views.py`,",
+        "listed here block by block; a record of an older version is upgraded to these on reading",
+        "(`hpcdl/records/migrate.py`, one migration per version: the [changelog](../changelog.md) lists",
+        "them), and a field that may be absent belongs to some runs only. What each figure means and how",
+        "it is computed: [metrics](../metrics.md). `spec` holds the workload's [knobs](knobs.md) and `run`",
+        "the [run settings](knobs.md#run-settings).",
         "",
     ]
     for name, (path, cls) in seen.items():

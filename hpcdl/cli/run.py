@@ -16,7 +16,7 @@ from hpcdl.parallel.launch import launch
 from hpcdl.parallel.world import World, init_world, under_mpi
 from hpcdl.records import mllog, repeats, schema
 from hpcdl.records.store import read_steps, write_record
-from hpcdl.records.views import Result, Target
+from hpcdl.records.views import FitFigures, Result, Target
 from hpcdl.results.text import mfu_text, notes_once, si, table, wrapped
 
 if TYPE_CHECKING:  # what runs a workload imports torch: the handlers import it (--help needs none)
@@ -214,8 +214,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name, res in results.items():
         if (target := res.result.metrics.target) is not None:
             print(wrapped(f"{name}: {target_text(target)}"))
-        if res.result.metrics.fit:
-            print(wrapped(f"{name}: {fit_text(res.result.metrics.fit)}"))
+        if (fit := res.result.metrics.fit) is not None:
+            print(wrapped(f"{name}: {fit_text(fit)}"))
         if res.result.settings.layout:
             print(wrapped(f"{name}: {layout_text(res.result)}"))
     for stored in remember_peaks(results):
@@ -335,7 +335,7 @@ def layout_text(result: Result) -> str:
     return f"layout {result.settings.layout}: step {step * 1e3:.3g} ms: " + ", ".join(parts) + crossing
 
 
-def fit_text(fit: dict[str, Any]) -> str:
+def fit_text(fit: FitFigures) -> str:
     """How --fit chose the batch, in words, for the run's summary: the chosen batch's trial and
     the run's own peak against the target, marked (!) when the run passed it by more than a
     trial's ``WINDOW``, with what its one-process trials cannot hold: a distributed backend's
@@ -344,26 +344,26 @@ def fit_text(fit: dict[str, Any]) -> str:
     from hpcdl.device import JEMALLOC_CONF, MMAP_THRESHOLD_BYTES
     from hpcdl.measure.fit import WINDOW
 
-    peak, target = fit.get("measured_peak_bytes"), fit.get("target_bytes") or 0
+    peak, target = fit.measured_peak_bytes, fit.target_bytes
     measured = f", its trial's peak {si(peak, 'B')} = {peak / target:.1%} of it" if peak and target else ""
-    ran = fit.get("run_peak_bytes")
+    ran = fit.run_peak_bytes
     if ran is not None and target:
         over = ""
         if ran > (1 + WINDOW) * target:  # glibc: docs/validation/2026-11-26-memory-estimate.md, speech
             preload = f"LD_PRELOAD=libjemalloc.so.2 MALLOC_CONF={JEMALLOC_CONF}"
-            heap = f", or glibc's heap over the steps ({preload})" if fit.get("allocator") == "glibc" else ""
+            heap = f", or glibc's heap over the steps ({preload})" if fit.allocator == "glibc" else ""
             over = f" (!: past its one-process trials: a backend's buffers{heap})"
         measured += f", the run's own peak {si(ran, 'B')} = {ran / target:.1%}{over}"
-    if fit.get("allocator") not in (None, "glibc"):
-        measured += f"; malloc: {fit['allocator']}"
-    oversize = fit.get("oversize_threshold_bytes")
+    if fit.allocator not in (None, "glibc"):
+        measured += f"; malloc: {fit.allocator}"
+    oversize = fit.oversize_threshold_bytes
     if oversize is not None:  # jemalloc's: at its default, 8 MiB, it keeps more resident than glibc
         measured += f", freed blocks given back from {oversize / 2**20:g} MiB"
         if oversize > MMAP_THRESHOLD_BYTES:
             measured += f" (MALLOC_CONF={JEMALLOC_CONF}: from {MMAP_THRESHOLD_BYTES >> 20} MiB, as glibc)"
     return (
-        f"--fit {fit['fraction']:g}: batch {fit['batch']}/rank (the estimate chose {fit['estimated_batch']}) "
-        f"after {len(fit.get('trials') or [])} trials; target {si(target, 'B')}{measured}"
+        f"--fit {fit.fraction:g}: batch {fit.batch}/rank (the estimate chose {fit.estimated_batch}) "
+        f"after {len(fit.trials)} trials; target {si(target, 'B')}{measured}"
     )
 
 

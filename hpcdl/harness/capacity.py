@@ -39,7 +39,8 @@ from hpcdl.parallel.launch import not_stopped
 from hpcdl.parallel.world import World, end_all_ranks, init_world, world_of
 from hpcdl.records import schema
 from hpcdl.records.store import write_record
-from hpcdl.records.views import Result, read_result
+from hpcdl.records.views import Result
+from hpcdl.workloads.registry import spec_from_dict
 from hpcdl.workloads.spec import Spec
 
 Say = Callable[[str], None]
@@ -256,14 +257,14 @@ def run_capacity(
             before_window=lambda: idle_barrier(world),  # every instance times the same span
             co_runners=co_runners,
         )
-        records = world.gather(together.record if instance.rank == 0 else None)
+        records = world.gather(together.result if instance.rank == 0 else None)
     except HpcdlError as e:
         end_all_ranks(e, e.exit_code)  # the other instances would wait for this one forever
         raise
     if records is None or alone is None or placements is None:
         return None
-    views = [read_result(r) for r in records if r is not None]
-    summary = summarize(name, spec, layout, read_result(alone.record), views, placements, note)
+    views = [r for r in records if r is not None]
+    summary = summarize(name, spec, layout, alone.result, views, placements, note)
     not_stopped()  # as each instance's record: only while the launcher still wants it
     write_record(summary, out / f"{name}-capacity.json")
     return summary
@@ -298,7 +299,7 @@ def summarize(
             {
                 "instance": i,
                 "record": v.name,
-                "seed": v.spec.get("seed"),
+                "seed": spec_from_dict(v.spec).seed,
                 "samples": n,
                 "samples_per_s": v.metrics.samples_per_s,
                 "window_start_unix": t0,

@@ -3,8 +3,9 @@ the backend (``hpcdl.parallel.layout`` parses it; ``parallel.backends.choose`` p
 backend that carries it out).
 
 Where a kind of parallelism joins the run: tensor parallelism through
-``backends.tensor.TensorParallel``; pipeline parallelism through ``backends.pipeline`` (its process
-group) and ``harness.pipelined`` (a stage's part of the run).
+``backends.tensor.TensorParallel`` (and the family's plan, ``Spec.tp_splits``); pipeline
+parallelism through ``backends.pipeline`` (its process group) and ``harness.pipelined.PipelinePlan``
+(a stage's part of the one rank driver).
 """
 
 from __future__ import annotations
@@ -53,10 +54,9 @@ def check_pipeline(spec: Spec, cfg: RunConfig, layout: Layout) -> None:
     """What a pipeline cannot take: the model and batch (``pipeline.check``), and the run's
     settings that assume every rank holds the whole model or its own data."""
     pipeline.check(spec, layout.pp, layout.schedule, layout.chunks)
-    if layout.tp > 1 and spec.family != "attention":
-        raise SpecError(
-            f"{FIELD}.tp", layout.tp, f"1 with pp > 1 for {spec.family}: tp x pp is built for attention"
-        )
+    if layout.tp > 1 and not spec.tp_in_stages:
+        why = f"1 with pp > 1 for {spec.family}: its tensor-parallel pairs span pipeline blocks"
+        raise SpecError(f"{FIELD}.tp", layout.tp, why)
     if cfg.backend not in ("auto", "torch", PipelineBackend.name):
         raise SpecError(
             "run.backend",

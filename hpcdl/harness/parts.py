@@ -1,5 +1,5 @@
-"""What every rank's part of a run shares, whichever way it trains (``runner.measure_rank``,
-``pipelined.measure_pipeline_rank``): where rank 0 reports, the optimizer, the GEMM ceiling
+"""What every rank's part of a run shares, whichever way it trains (``runner.measure_rank`` and
+the strategies' plans, ``harness.plan``): where rank 0 reports, the optimizer, the GEMM ceiling
 probed once per process, and the GPU a rank is."""
 
 from __future__ import annotations
@@ -54,3 +54,17 @@ def make_optimizer(
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, fused=fused or None)
     return torch.optim.AdamW(params, lr=cfg.lr, fused=fused or None)
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What the driver gives every strategy's trainer (``measure.loop.Trainer``'s hooks)."""
+
+    on_step: Callable[[], None] | None = None
+    """after every step: the stall watchdog's heartbeat"""
+    before_window: Callable[[], None] | None = None
+    """after warm-up, right before the timed window"""
+    delay_s: float = 0.0
+    """slept before every step's forward work (a slow rank made on purpose, for tests)"""
+    target: tuple[float, int] | None = None
+    """(fraction, window): time to target's stop rule"""

@@ -1,5 +1,6 @@
-"""A pipeline-parallel rank's part of a run (``hpcdl.parallel.pipeline``): its check against one
-process, its timed loop and what it hands rank 0.
+"""A pipeline-parallel rank's part of a run (``hpcdl.parallel.pipeline``): the pipeline's plan
+for the one driver (``harness.plan``, ``runner.measure_rank``): its check against one process,
+its stages and their timed loop, its traffic and what it hands rank 0.
 
 A pipeline's step does not split into a forward and a backward: the schedule interleaves
 every micro-batch's forward and backward across the stages. Its phases are therefore ``data``
@@ -11,30 +12,24 @@ instead (``StageLog``: busy against idle, the bubble).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpcdl.device import device_name, peak_memory, reset_peak_memory, synchronize
-from hpcdl.harness.parts import Reporter, gpu_identity, make_optimizer, measured_ceiling
+from hpcdl.device import synchronize
+from hpcdl.harness.parts import Hooks, make_optimizer
 from hpcdl.measure.checks import CHECK_STREAM, EQUIVALENCE_TOLERANCE, parameter_digest
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import device_pool, make_batch
+from hpcdl.measure.execution import Execution, prepare
 from hpcdl.measure.loop import IN_STEP_PHASES, BatchSource, StepLog, Trainer
-from hpcdl.measure.measurement import Check, RankMeasurement
-from hpcdl.measure.peaks import theoretical_peak
-from hpcdl.measure.schedstat import Descheduled, kernel_id, together
-from hpcdl.measure.telemetry import TelemetrySampler
-from hpcdl.measure.watchdog import Watchdog
+from hpcdl.measure.measurement import Check
 from hpcdl.parallel.backends import Traffic
 from hpcdl.parallel.layout import Layout, device_mesh
 from hpcdl.parallel.pipeline import StageLog, StepTimes, pipeline_loss
@@ -65,6 +60,7 @@ class PipelineTrainer(Trainer):
         device: torch.device,
         precision: str,
         group: dist.ProcessGroup | None,
+        delay_s: float = 0.0,
         on_step: Callable[[], None] | None = None,
         before_window: Callable[[], None] | None = None,
     ) -> None:
@@ -74,6 +70,7 @@ class PipelineTrainer(Trainer):
             source=source,
             device=device,
             precision=precision,
+            delay_s=delay_s,
             on_step=on_step,
             before_window=before_window,
         )
@@ -86,6 +83,8 @@ class PipelineTrainer(Trainer):
         marks = [clock.mark()]
         x, y = self.source.next()
         marks.append(clock.mark())
+        if self.delay_s:  # a slow rank made on purpose (HPCDL_TEST_SLOW_RANK), in its schedule
+            time.sleep(self.delay_s)
         loss, times = self.pipeline.step(x, y)
         marks.append(clock.mark())
         self.pipeline.reduce_gradients()
@@ -100,7 +99,9 @@ class PipelineTrainer(Trainer):
         self.times.append(times())
         if self.on_step is not None:
             self.on_step()
-        phases = {p: clock.seconds(a, b) for p, a, b in zip(PIPELINE_PHASES, marks, marks[1:], strict=True)}
+        phases = {
+            p: clock.seconds(a, b) for p, a, b in zip(PIPELINE_PHASES, marks[:-1], marks[1:], strict=True)
+        }
         clock.recycle(*marks)
         return wall, phases, dict.fromkeys(IN_STEP_PHASES, 0.0)
 
@@ -213,109 +214,91 @@ def pipeline_digest(model: nn.Module, pipe: Pipeline, layout: Layout, world: Wor
     return hashlib.sha256("".join(d for *_, d in ordered).encode()).hexdigest()
 
 
-def measure_pipeline_rank(
-    spec: Spec,
-    cfg: RunConfig,
-    device: torch.device,
-    world: World,
-    layout: Layout,
-    report: Reporter,
-    heartbeats: Path | None = None,
-    before_window: Callable[[], None] | None = None,
-) -> RankMeasurement:
-    """This rank's part of a pipeline run (``harness.runner.measure_rank``'s counterpart):
-    the check, warm-up and timed steps of its stages; the default process group is up."""
+class PipelinePlan:
+    """The strategy of a layout with pipeline stages (``harness.plan.Plan``): this rank's stages
+    of the model, trained by the pipeline's schedule; their sends, and tensor parallelism's
+    allreduces in every block (tp x pp), timed after training on their groups. The default
+    process group is up (the pipeline's backend started it)."""
 
-    groups = _groups(layout, device)
-    report.say(f"checking that the pipeline {layout} steps like one process")
-    checks = [pipeline_equivalence(spec, layout, world, device, groups)]
-    world.barrier()
-    ceiling = measured_ceiling(device, spec.precision, torch.get_num_threads())
-    report.say(f"building {spec.family} model in {layout.pp} stages and {cfg.data} data")
-    coords = layout.coords(world.rank)
-    model = spec.build()
-    pipe = Pipeline(
-        spec,
-        model,
-        pp=layout.pp,
-        pp_rank=coords["pp"],
-        schedule=layout.schedule,
-        microbatches=layout.chunks,
-        device=device,
-        group=groups.pp,
-        dp_group=groups.dp,
-        tp_mesh=groups.tp,
-    )
-    pipe.release_others(model)
-    own = pipe.parameters()
-    grad_bytes = sum(local_tensor(p).numel() * p.element_size() for p in own) if layout.dp > 1 else 0
-    # the first and the last stage of a pipeline draw the same batches: one stream per replica
-    source = device_pool(
-        spec, device, cfg.pool_batches, learnable=cfg.data == "learnable", stream=coords["dp"]
-    )
-    guard: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
-    on_step = None
-    if heartbeats is not None and cfg.stall_s > 0:
-        watchdog = Watchdog(heartbeats, world, cfg.stall_s)
-        guard, on_step = watchdog, watchdog.step_done
-    trainer = PipelineTrainer(
-        pipeline=pipe,
-        optimizer=make_optimizer(own, cfg),
-        source=source,
-        device=device,
-        precision=spec.precision,
-        group=groups.pp,
-        on_step=on_step,
-        before_window=before_window,
-    )
-    reset_peak_memory(device, pin=cfg.fit_fraction > 0)  # as runner.measure_rank: a fitted run as its trials
-    report.say(f"warm-up {cfg.warmup_steps} steps, then timing")
-    sampler, descheduled = TelemetrySampler(device), Descheduled()
-    with guard:
-        log = trainer.run(
-            cfg.warmup_steps,
-            cfg.steps,
-            cfg.duration_s,
-            progress=lambda n, s: report.tick(n, s, n * spec.samples_per_step * layout.dp),
-            window=together(sampler, descheduled),
-            agree=world.all_true,
+    def __init__(self, layout: Layout, world: World, device: torch.device) -> None:
+        self.layout = layout
+        self.groups = _groups(layout, device)
+        self.streams = layout.dp  # the first and the last stage of a pipeline draw the same batches
+        self.shape = f" in {layout.pp} stages"
+        self._reduced = 0
+
+    def check(self, spec: Spec, world: World, device: torch.device) -> Check:
+        return pipeline_equivalence(spec, self.layout, world, device, self.groups)
+
+    def build(
+        self,
+        spec: Spec,
+        cfg: RunConfig,
+        device: torch.device,
+        world: World,
+        execution: Execution,
+        hooks: Hooks,
+    ) -> tuple[Trainer, dict[str, Any]]:
+        layout, coords = self.layout, self.layout.coords(world.rank)
+        self.spec, self.model = spec, prepare(spec.build(), execution)
+        self.pipe = Pipeline(
+            spec,
+            self.model,
+            pp=layout.pp,
+            pp_rank=coords["pp"],
+            schedule=layout.schedule,
+            microbatches=layout.chunks,
+            device=device,
+            group=self.groups.pp,
+            dp_group=self.groups.dp,
+            tp_mesh=self.groups.tp,
         )
-    mem_bytes, mem_kind = peak_memory(device)
-    # the stages' sends, and tensor parallelism's allreduces in every block, timed after training
-    # on their groups (the record's per-dimension collectives)
-    last = trainer.times[-1]
-    sends = Traffic("pp.send", last.sent_bytes, last.sends)
-    traffic = [sends]
-    collective_s = {sends.collective: pipe.time_sends(last.sent_bytes // max(last.sends, 1))}
-    blocks = sum(len(m.blocks) for m in pipe.modules)
-    for t in stage_tp_traffic(spec, blocks, layout.tp, layout.chunks):
-        tp = Traffic(f"tp.{t.collective}", t.bytes, t.calls)
-        assert groups.tp is not None  # tp traffic only with tp > 1
-        collective_s[tp.collective] = time_collective(tp, groups.tp.get_group(), device)
-        traffic.append(tp)
-    return RankMeasurement(
-        rank=world.rank,
-        host=world.hostname,
-        node=world.node,
-        local_rank=world.local_rank,
-        log=log,
-        device_index=device.index if device.type == "cuda" else None,
-        device_uuid=gpu_identity(device),
-        cpus=sorted(os.sched_getaffinity(0)),
-        peak=theoretical_peak(device, device_name(device), spec.precision),
-        gemm_ceiling_flops=ceiling,
-        grad_bytes=grad_bytes,
-        traffic=traffic,
-        collective_s=collective_s,
-        peak_memory_bytes=mem_bytes,
-        peak_memory_kind=mem_kind,
-        threads=torch.get_num_threads(),
-        energy=sampler.summary(),
-        on_cpu_s=descheduled.ran_s,
-        descheduled_s=descheduled.waited_s,
-        kernel=kernel_id(),
-        power_trace=sampler.trace(),
-        checks=checks,
-        digest=pipeline_digest(model, pipe, layout, world),
-        pipeline=trainer.stage_log(len(log.step_s), grad_bytes),
-    )
+        self.pipe.release_others(self.model)
+        own = self.pipe.parameters()
+        if layout.dp > 1:
+            self._reduced = sum(local_tensor(p).numel() * p.element_size() for p in own)
+        # one stream per replica: every stage of a pipeline reads the same batches
+        learnable = cfg.data == "learnable"
+        source = device_pool(spec, device, cfg.pool_batches, learnable=learnable, stream=coords["dp"])
+        self.trainer = PipelineTrainer(
+            pipeline=self.pipe,
+            optimizer=make_optimizer(own, cfg, execution.fused_optimizer),
+            source=source,
+            device=device,
+            precision=spec.precision,
+            group=self.groups.pp,
+            delay_s=hooks.delay_s,
+            on_step=hooks.on_step,
+            before_window=hooks.before_window,
+        )
+        return self.trainer, {}
+
+    def traffic(self) -> list[Traffic]:
+        """The stages' sends of the last step, and the tensor-parallel allreduces of this rank's
+        blocks (tp > 1), each micro-batch making its own calls."""
+        last = self.trainer.times[-1]
+        blocks = sum(len(m.blocks) for m in self.pipe.modules)
+        layout = self.layout
+        tp = stage_tp_traffic(self.spec, blocks, layout.tp, layout.chunks)
+        return [Traffic("pp.send", last.sent_bytes, last.sends)] + [
+            Traffic(f"tp.{t.collective}", t.bytes, t.calls) for t in tp
+        ]
+
+    def reduced_bytes(self) -> int:
+        return self._reduced
+
+    def time_traffic(self, traffic: list[Traffic], world: World, device: torch.device) -> dict[str, float]:
+        out = {}
+        for t in traffic:
+            if t.collective == "pp.send":
+                out[t.collective] = self.pipe.time_sends(t.bytes // max(t.calls, 1))
+            else:
+                assert self.groups.tp is not None  # tp traffic only with tp > 1
+                out[t.collective] = time_collective(t, self.groups.tp.get_group(), device)
+        return out
+
+    def digest(self, world: World) -> str:
+        return pipeline_digest(self.model, self.pipe, self.layout, world)
+
+    def stage_log(self, steps: int) -> StageLog:
+        return self.trainer.stage_log(steps, self._reduced)

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +27,12 @@ from hpcdl.device import (
 )
 from hpcdl.errors import HpcdlError, InputError, SpecError
 from hpcdl.harness.compose import crossing_note, run_layout
-from hpcdl.harness.parts import Progress, Reporter, Ticks, gpu_identity, make_optimizer, measured_ceiling
+from hpcdl.harness.parts import Hooks, Progress, Reporter, Ticks, gpu_identity, measured_ceiling
+from hpcdl.harness.plan import BackendPlan, Plan
 from hpcdl.measure import hdf5 as h5data
-from hpcdl.measure.checks import one_step_equivalence, parameter_digest
 from hpcdl.measure.config import RunConfig
-from hpcdl.measure.data import device_pool
-from hpcdl.measure.execution import Execution, compiled, compiled_graphs, inputs, prepare, resolve
+from hpcdl.measure.execution import Execution, compiled_graphs, resolve
 from hpcdl.measure.fit import Fit, estimated_batch, fit_batch, rank_memory
-from hpcdl.measure.loop import BatchSource, Trainer
 from hpcdl.measure.measurement import RankMeasurement
 from hpcdl.measure.peaks import theoretical_peak
 from hpcdl.measure.profiled import profile_steps
@@ -42,20 +40,10 @@ from hpcdl.measure.schedstat import Descheduled, kernel_id, together
 from hpcdl.measure.telemetry import TelemetrySampler
 from hpcdl.measure.trial import Shard, warm_base
 from hpcdl.measure.watchdog import Watchdog, heartbeat_dir, remove_heartbeats
-from hpcdl.parallel.backends import (
-    Backend,
-    Traffic,
-    data_shard,
-    gradient_bytes,
-    resolve_backend_name,
-)
+from hpcdl.parallel.backends import Backend, resolve_backend_name
 from hpcdl.parallel.backends.choose import backend_class, start_backend
-from hpcdl.parallel.backends.fsdp import units
-from hpcdl.parallel.backends.tensor import TensorParallel
-from hpcdl.parallel.commbench import backend_time
 from hpcdl.parallel.launch import not_stopped
 from hpcdl.parallel.layout import Layout, parse_layout
-from hpcdl.parallel.placement import full_parameters, spread
 from hpcdl.parallel.tensor import rank_count
 from hpcdl.parallel.world import World, init_world, others_wait
 from hpcdl.records.build import build_record
@@ -72,20 +60,17 @@ straggler attribution only: a record made with it says so in ``metrics.flags``."
 
 @dataclass(frozen=True)
 class RunResult:
-    """A finished run: its record (a plain dict, as written) and where it was written."""
+    """A finished run: its record (a plain dict, as written), its typed view and where it was
+    written."""
 
     record: dict[str, Any]
     path: Path | None
     steps_path: Path | None
+    result: Result = field(init=False, compare=False, repr=False)
+    """the record's typed view, parsed once here (a run's summary reads it many times)"""
 
-    @property
-    def result(self) -> Result:
-        """The record's typed view."""
-        return read_result(self.record)
-
-    @property
-    def metrics(self) -> dict[str, Any]:
-        return dict(self.record["metrics"])
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "result", read_result(self.record))
 
     @property
     def passed(self) -> bool:
@@ -131,7 +116,7 @@ def rank_need(spec: Spec, optimizer: str, layout: Layout) -> int:
     """Estimated bytes one rank of ``layout`` needs: its shard of the weights (tp: its exact
     count; pp: its stages', taken as an even split) and, conservatively, a whole sample's
     activations (a model that fits only when split is not refused)."""
-    params = rank_count(spec, layout.tp).params if layout.tp > 1 else spec.count().params
+    params = rank_count(spec, layout.tp).params
     return metrics.memory_estimate(
         math.ceil(params / layout.pp), spec.memory_per_sample(), spec.batch_size, optimizer
     )
@@ -148,55 +133,11 @@ def distinct_gpus(device: torch.device, world: World) -> None:
         raise InputError("run.device", str(device), "one GPU per rank: several ranks of this run share a GPU")
 
 
-def make_source(
-    spec: Spec,
-    cfg: RunConfig,
-    device: torch.device,
-    world: World,
-    shard: tuple[int, int] | None = None,
-    execution: Execution | None = None,
-) -> tuple[BatchSource, dict]:
-    """This rank's batch source and, for HDF5, the I/O figures measured while preparing it.
-    Each rank draws its own data stream (its shard; ``shard`` = (stream, streams) where ranks
-    share one, as a tensor-parallel group does); HDF5 shards are written by rank 0. Inputs come
-    in the execution's memory format (a pool's converted once, read batches as they are read)."""
-    stream, streams = shard or (world.rank, world.size)
-    if cfg.data != "hdf5":
-        learnable = cfg.data == "learnable"
-        pool = device_pool(spec, device, cfg.pool_batches, learnable=learnable, stream=stream)
-        if execution is not None:
-            pool.batches[:] = [(inputs(x, execution), y) for x, y in pool.batches]
-        return pool, {}
-    io: dict[str, Any] = {}
-    if world.rank == 0 and not h5data.has_shards(spec, cfg.data_dir):
-        batches = max(cfg.pool_batches, 2) * world.size  # every rank gets its own batches
-        with others_wait(world):
-            io["write"] = h5data.write_shards(spec, cfg.data_dir, batches=batches).to_dict()
-    world.barrier()
-    io["read"] = h5data.read_throughput(cfg.data_dir, cfg.data_workers, rank=stream, ranks=streams).to_dict()
-    source: BatchSource = h5data.HDF5Source(cfg.data_dir, device, cfg.data_workers, stream, streams)
-    return (Formatted(source, execution) if execution is not None else source), io
-
-
-@dataclass(frozen=True)
-class Formatted:
-    """A batch source whose inputs are put in the execution's memory format as they are read."""
-
-    source: BatchSource
-    execution: Execution
-
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.source.next()
-        return inputs(x, self.execution), y
-
-
 def execution_of(spec: Spec, cfg: RunConfig, device: torch.device) -> Execution:
     """The run's execution (``measure.execution``), refused in one line where the device, the
     layout or the host cannot run it."""
     pipeline = bool(cfg.layout) and parse_layout(cfg.layout).pp > 1
-    return resolve(
-        cfg.mode, cfg.graphs, cfg.fused_optimizer, cfg.memory_format, spec.family, device, pipeline
-    )
+    return resolve(cfg.mode, cfg.graphs, cfg.fused_optimizer, cfg.memory_format, spec, device, pipeline)
 
 
 def slow_rank_delay(rank: int) -> float:
@@ -217,62 +158,32 @@ def measure_rank(
     cfg: RunConfig,
     device: torch.device,
     world: World,
-    backend: Backend,
+    plan: Plan,
     report: Reporter,
     heartbeats: Path | None = None,
     before_window: Callable[[], None] | None = None,
 ) -> RankMeasurement:
-    """This rank's part of a run: checks, warm-up, timed steps; returns what rank 0 gathers.
-    With several ranks and ``heartbeats`` (a directory they share), the stall watchdog guards
-    the steps."""
+    """This rank's part of a run, whatever its parallelism (``plan``: what its strategy does its
+    own way): checks, build, warm-up, timed steps, the step's traffic timed after training;
+    returns what rank 0 gathers. With several ranks and ``heartbeats`` (a directory they
+    share), the stall watchdog guards the steps."""
     checks = []
     if world.size > 1:
-        report.say("checking that N ranks step like one process")
-        checks.append(one_step_equivalence(spec, world, backend, device))
+        report.say(f"checking that {world.size} ranks{plan.shape} step like one process")
+        checks.append(plan.check(spec, world, device))
     world.barrier()  # every rank probes at once, sharing the node as in training
     ceiling = measured_ceiling(device, spec.precision, torch.get_num_threads())
-    report.say(f"building {spec.family} model and {cfg.data} data")
+    report.say(f"building {spec.family} model{plan.shape} and {cfg.data} data")
     held = warm_base(spec, cfg.optimizer, device) if cfg.fit_fraction > 0 else None  # only a fit compares
     execution = execution_of(spec, cfg, device)
-    model = prepare(spec.build().to(device), execution)
-    in_step = spread(model, world.rank, world.size, backend, device)
-    traffic, grad_bytes = backend.traffic(model, spec.accumulation_steps), gradient_bytes(model)
-    shard = data_shard(backend, world.rank, world.size)
-    source, io = make_source(spec, cfg, device, world, shard, execution)
-    inner = model  # the module itself: backends wrap it (DDP) or shard it in place (FSDP, TP)
-    late = getattr(backend, "compiles_after_wrap", False)
-    if not late:  # DDP around the compiled model; FSDP around each compiled block (torchtitan's way)
-        model = compiled(model, execution, units(model) if backend.shards_state else None)
-    model, optimizer = backend.wrap(
-        model, lambda params: make_optimizer(params, cfg, execution.fused_optimizer), spec.accumulation_steps
-    )
-    if late:
-        model = compiled(model, execution)
-    layered = backend.step_traffic(inner, spec) if isinstance(backend, TensorParallel) else None
-    if layered is not None and isinstance(backend, TensorParallel):  # what a rank moves: its shards
-        traffic = list(layered.values())
-        # the shards' gradients are reduced only across data-parallel replicas (dp > 1)
-        grad_bytes = backend.traffic(inner)[0].bytes if backend.layout.dp > 1 else 0
     guard: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
     on_step = None
     if heartbeats is not None and world.size > 1 and cfg.stall_s > 0:
         watchdog = Watchdog(heartbeats, world, cfg.stall_s)
         guard, on_step = watchdog, watchdog.step_done
-    delay = slow_rank_delay(world.rank)
-    trainer = Trainer(
-        model=model,
-        optimizer=optimizer,
-        source=source,
-        device=device,
-        precision=spec.precision,
-        backend=backend,
-        in_step=in_step,
-        delay_s=delay,
-        accumulation_steps=spec.accumulation_steps,
-        on_step=on_step,
-        target=(cfg.target_loss_fraction, cfg.pool_batches) if cfg.target_loss_fraction else None,
-        before_window=before_window,
-    )
+    target = (cfg.target_loss_fraction, cfg.pool_batches) if cfg.target_loss_fraction else None
+    hooks = Hooks(on_step, before_window, slow_rank_delay(world.rank), target)
+    trainer, io = plan.build(spec, cfg, device, world, execution, hooks)
     # a fitted run keeps glibc's mmap threshold where its trials fixed it, or the heap keeps what
     # they did not (docs/validation/2026-11-26-auto-fit.md)
     reset_peak_memory(device, pin=cfg.fit_fraction > 0)
@@ -285,7 +196,7 @@ def measure_rank(
             cfg.warmup_steps,
             cfg.steps,
             cfg.duration_s,
-            progress=lambda n, s: report.tick(n, s, n * spec.samples_per_step * shard[1]),
+            progress=lambda n, s: report.tick(n, s, n * spec.samples_per_step * plan.streams),
             window=together(sampler, descheduled),
             agree=world.all_true,  # the window ends when every rank's clock says so
         )
@@ -297,6 +208,7 @@ def measure_rank(
         medians = {p: metrics.summarize(v)["median"] for p, v in log.phases_s.items()}
         operators = profile_steps(trainer, cfg.profile_steps, device, medians)
     several = world.size > 1
+    traffic = plan.traffic()
     return RankMeasurement(
         rank=world.rank,
         host=world.hostname,
@@ -308,7 +220,7 @@ def measure_rank(
         cpus=sorted(os.sched_getaffinity(0)),
         peak=theoretical_peak(device, device_name(device), spec.precision),
         gemm_ceiling_flops=ceiling,
-        grad_bytes=grad_bytes,
+        grad_bytes=plan.reduced_bytes(),
         traffic=traffic,
         peak_memory_bytes=mem_bytes,
         peak_memory_kind=mem_kind,
@@ -319,32 +231,28 @@ def measure_rank(
         io=io,
         checks=checks,
         local_backward_s=local_backward,
-        injected_delay_s=delay,
+        injected_delay_s=hooks.delay_s,
         on_cpu_s=descheduled.ran_s,
         descheduled_s=descheduled.waited_s,
         kernel=kernel_id(),
-        digest=parameter_digest(full_parameters(inner, backend)) if several else "",
-        collective_s=collective_seconds(world, backend, device, traffic, layered),
+        digest=plan.digest(world) if several else "",
+        # each collective of a step timed after training, by name: over every rank, or, under a
+        # layout, over the group of its dimension
+        collective_s=plan.time_traffic(traffic, world, device) if several else {},
         execution=execution.to_dict(),
         compiled=graphs,
         operators=operators,
+        pipeline=plan.stage_log(len(log.step_s)),
     )
 
 
-def collective_seconds(
-    world: World,
-    backend: Backend,
-    device: torch.device,
-    traffic: list[Traffic],
-    layered: dict[str, Traffic] | None,
-) -> dict[str, float]:
-    """Each collective of a step timed after training, by name (several ranks): through the
-    backend over every rank, or, under a layout, over the group of its dimension."""
-    if world.size == 1:
-        return {}
-    if layered is not None and isinstance(backend, TensorParallel):
-        return backend.time_traffic(layered)
-    return {t.collective: backend_time(world, backend, device, t.collective, t.bytes)[0] for t in traffic}
+def plan_for(layout: Layout, backend: Backend, world: World, device: torch.device) -> Plan:
+    """The strategy of a run: the pipeline's for a layout with stages, else its backend's."""
+    if layout.pp > 1:  # torch's pipelining takes seconds to import: only pipelines do
+        from hpcdl.harness.pipelined import PipelinePlan
+
+        return PipelinePlan(layout, world, device)
+    return BackendPlan(backend, world)
 
 
 def set_threads(world: World) -> None:
@@ -420,16 +328,12 @@ def run(
     note = crossing_note(layout, world.allgather(world.node))
     if note and world.rank == 0:
         print(f"hpcdl: {note}", file=sys.stderr, flush=True)
-    backend = start_backend(backend_name, layout, world, device)
+    backend = start_backend(backend_name, layout, world, device, spec)
     backend_name = backend.name
     heartbeats = heartbeat_dir(output_dir, world)
     try:
-        if layout.pp > 1:  # torch's pipelining takes seconds to import: only pipelines do
-            from hpcdl.harness.pipelined import measure_pipeline_rank
-
-            mine = measure_pipeline_rank(spec, cfg, device, world, layout, report, heartbeats, before_window)
-        else:
-            mine = measure_rank(spec, cfg, device, world, backend, report, heartbeats, before_window)
+        plan = plan_for(layout, backend, world, device)
+        mine = measure_rank(spec, cfg, device, world, plan, report, heartbeats, before_window)
         mine.co_runner_threads = co_runners
     finally:
         backend.close()
@@ -437,11 +341,12 @@ def run(
             remove_heartbeats(heartbeats)
     ranks = world.gather(mine)
     name = name or f"{time.strftime('%Y%m%d-%H%M%S')}-{spec.family}"
-    result = RunResult({}, None, None)
+    result = None
     if ranks is not None:  # rank 0; the others wait for its result
         with others_wait(world):
             result = finish(spec, cfg, device, ranks, backend_name, name, output_dir, fit)
-    return world.bcast(result)
+    done: RunResult = world.bcast(result)
+    return done
 
 
 def finish(
@@ -472,7 +377,7 @@ def finish(
     try:
         sealed, path, steps_path = write_pair(record, columns, output_dir, name, not_stopped)
     except OSError as e:
-        rate = record["metrics"]["samples_per_s"]
+        rate = read_result(record).metrics.samples_per_s
         raise HpcdlError(
             f"the record of {name} ({rate:.1f} samples/s) could not be written to {output_dir}: "
             f"{e.strerror or e}; nothing was written"

@@ -14,7 +14,7 @@ from torch import nn
 from hpcdl.device import synchronize
 from hpcdl.measure.data import make_batch
 from hpcdl.measure.measurement import Check
-from hpcdl.parallel.backends import Backend, data_shard
+from hpcdl.parallel.backends import Backend
 from hpcdl.parallel.placement import full_parameters, spread
 from hpcdl.parallel.world import World
 from hpcdl.workloads.spec import Spec
@@ -65,7 +65,7 @@ def one_step_equivalence(spec: Spec, world: World, backend: Backend, device: tor
     if getattr(small, "dropout", 0):
         small = small.replace(dropout=0.0)
     micro = small.accumulation_steps
-    stream, streams = data_shard(backend, world.rank, world.size)  # tp groups share theirs
+    stream, streams = backend.streams(world.rank, world.size)  # tp groups share theirs
     shards = [make_batch(small, device=device, stream=CHECK_STREAM + i) for i in range(streams * micro)]
     mine = shards[stream * micro : (stream + 1) * micro]
 

@@ -16,10 +16,9 @@ import torch
 from torch import nn
 
 from hpcdl.errors import SpecError
+from hpcdl.workloads.spec import Spec
 
 MODES = ("eager", "compile")
-CONV_FAMILIES = ("cnn", "speech")
-"""families whose convolutions can run channels-last"""
 CPU_CHANNELS_LAST = False
 """channels-last on CPUs: oneDNN picks its own blocked layout for a convolution's weights and
 reorders the input either way; on the CPUs measured it was slower (the validation entry)"""
@@ -51,12 +50,13 @@ def resolve(
     graphs: bool,
     fused: str,
     memory_format: str,
-    family: str,
+    spec: Spec,
     device: torch.device,
     pipeline: bool = False,
 ) -> Execution:
-    """The execution of a run from its settings (``auto`` decided for ``device``); a setting
-    the device, the layout or the host cannot run is a one-line error naming it."""
+    """The execution of a run of ``spec`` from its settings (``auto`` decided for ``device``);
+    a setting the device, the layout or the host cannot run is a one-line error naming it.
+    Channels-last is for families whose convolutions can run it (``Spec.channels_last``)."""
     if mode not in MODES:
         raise SpecError("run.mode", mode, "allowed: " + ", ".join(MODES))
     cuda = device.type == "cuda"
@@ -68,15 +68,15 @@ def resolve(
         raise SpecError("run.mode", mode, "not with pipeline parallelism yet (pp > 1): run it eager")
     if mode == "compile" and not cuda and shutil.which("g++") is None and shutil.which("c++") is None:
         raise SpecError("run.mode", mode, "inductor compiles C++ for a CPU: no C++ compiler (g++) on PATH")
-    if memory_format == "channels_last" and family not in CONV_FAMILIES:
-        allowed = f"channels_last is for {', '.join(CONV_FAMILIES)}, not {family}"
+    if memory_format == "channels_last" and not spec.channels_last:
+        allowed = f"channels_last is for families with convolutions, not {spec.family}"
         raise SpecError("run.memory_format", memory_format, allowed)
     if fused == "auto":
         use_fused = cuda or CPU_FUSED_OPTIMIZER
     else:
         use_fused = fused == "on"
     if memory_format == "auto":
-        last = family in CONV_FAMILIES and (cuda or CPU_CHANNELS_LAST)
+        last = spec.channels_last and (cuda or CPU_CHANNELS_LAST)
         memory_format = "channels_last" if last else "contiguous"
     return Execution(mode, graphs, use_fused, memory_format, cudnn_benchmark=cuda)
 
@@ -112,7 +112,7 @@ def compiled(model: nn.Module, execution: Execution, blocks: list[nn.Module] | N
     if blocks is None:
         return torch.compile(model, **options)  # type: ignore[return-value]
     wanted = {id(b) for b in blocks}
-    for parent in model.modules():
+    for parent in list(model.modules()):  # a snapshot: a compiled block holds the block again
         for name, child in list(parent.named_children()):
             if id(child) in wanted:
                 setattr(parent, name, torch.compile(child, **options))

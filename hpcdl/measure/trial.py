@@ -90,7 +90,7 @@ class Shard:
     tp: int = 1
     dp: int = 0
 
-    def join(self, device: torch.device) -> tuple[Collectives, Backend | None]:
+    def join(self, device: torch.device, spec: Spec) -> tuple[Collectives, Backend | None]:
         """Start the fake group as this rank (a process with a group already keeps it:
         ``benchmarks/memory_shard.py``'s gloo ranks): its collectives, and the run's backend over
         it where that shards the model (None where it does not)."""
@@ -102,7 +102,7 @@ class Shard:
         world = World(rank=self.rank, size=self.ranks)
         if self.backend is None:
             return DistGroup(world, device), None
-        backend = start_backend(self.backend, Layout(tp=self.tp, dp=self.dp), world, device)
+        backend = start_backend(self.backend, Layout(tp=self.tp, dp=self.dp), world, device, spec)
         return backend, backend
 
 
@@ -148,7 +148,7 @@ def train_steps(
     model = spec.build().to(device)
     backend = None
     if shard:
-        group, backend = shard.join(device)
+        group, backend = shard.join(device, spec)
         spread(model, shard.rank, shard.ranks, group, device)
     if backend:
         model, opt = backend.wrap(model, make_optimizer, spec.accumulation_steps)

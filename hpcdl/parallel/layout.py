@@ -34,8 +34,6 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved")
 ScheduleGPipe, ScheduleInterleaved1F1B; ``hpcdl.parallel.pipeline.SCHEDULES``)"""
 DIMS = ("pp", "dp", "tp")
 """the device mesh's dimensions, outermost first (tensor parallelism innermost: inside a node)"""
-TP_FAMILIES = ("attention", "mlp")
-"""workload families whose layers tensor parallelism can shard (``hpcdl.parallel.tensor``)"""
 _SIZES = ("dp", "tp", "pp", "ep", "microbatches")
 _KEYS = (*_SIZES, "schedule")
 
@@ -165,17 +163,20 @@ def _named(layout: Layout) -> str:
 
 def check_layout(layout: Layout, spec: Spec) -> None:
     """Refuse (one line, :class:`SpecError`) a layout the workload cannot take: tensor
-    parallelism for a family it does not shard, or a tp that does not divide the heads, the
-    width or the feed-forward hidden size; more pipeline stages than layers; micro-batches that
-    do not divide the batch; expert parallelism without experts."""
+    parallelism for a family without a plan for it, or a tp that does not divide a size it
+    splits (``Spec.tp_sizes``: the heads, the width, the feed-forward hidden size); pipeline
+    stages for a family that does not split, or more of them than its blocks
+    (``Spec.pp_blocks``); micro-batches that do not divide the batch; expert parallelism
+    without experts."""
     if layout.tp > 1:
         _check_tp(layout.tp, spec)
     if layout.pp > 1:
-        layers = getattr(spec, "layers", None)
-        if not isinstance(layers, int):
-            raise SpecError(f"{FIELD}.pp", layout.pp, f"the {spec.family} family has no layers to split")
-        if layout.pp > layers:
-            raise SpecError(f"{FIELD}.pp", layout.pp, f"at most {spec.family}.layers={layers}")
+        blocks = spec.pp_blocks()
+        if not blocks:
+            why = f"1: the {spec.family} family does not split into stages"
+            raise SpecError(f"{FIELD}.pp", layout.pp, why)
+        if layout.pp > blocks:
+            raise SpecError(f"{FIELD}.pp", layout.pp, f"at most {blocks}, the {spec.family} model's blocks")
         if spec.batch_size % layout.chunks:
             raise SpecError(
                 f"{FIELD}.microbatches",
@@ -191,13 +192,11 @@ def check_layout(layout: Layout, spec: Spec) -> None:
 
 
 def _check_tp(tp: int, spec: Spec) -> None:
-    if spec.family not in TP_FAMILIES:
-        raise SpecError(f"{FIELD}.tp", tp, "1: tensor parallelism is built for " + " and ".join(TP_FAMILIES))
+    sizes = spec.tp_sizes()
+    if sizes is None:
+        raise SpecError(f"{FIELD}.tp", tp, f"1: the {spec.family} family has no tensor-parallel plan")
     if getattr(spec, "experts", 0):
         raise SpecError(f"{FIELD}.tp", tp, "1: tensor parallelism of mixture-of-experts layers is not built")
-    sizes: dict[str, int] = {"width": spec.width}  # type: ignore[attr-defined]
-    if spec.family == "attention":
-        sizes = {"heads": spec.heads, **sizes, "ffn_hidden": spec.ffn_hidden}  # type: ignore[attr-defined]
     for name, size in sizes.items():
         if size % tp:
             raise SpecError(f"{FIELD}.tp", tp, f"must divide {spec.family}.{name}={size}")

@@ -9,15 +9,16 @@ generated models, the checks of a layout against the model (one line each), and 
 every stage's actions: the bubble measured (``metrics.pipeline_bubble``) beside the theoretical
 one (``metrics.theoretical_bubble``), and the bytes each rank sends per step.
 
-**The split.** The layers are a family's repeated blocks: an attention model's transformer
-blocks, an MLP's hidden layers. They are dealt out in contiguous, balanced runs
-(:func:`stage_layers`: the first ``layers mod stages`` stages take one more); the first stage
-also runs what comes before the blocks (token and position embeddings), the last what comes
-after (final norm, pooling, head) and the loss. The stages hold the model's own modules: the
-same seed gives the same weights as one process. A tied language-model head (GPT-2's, BERT's)
-multiplies by the token table of the first stage: the last stage holds its own copy (its rank
-built the same weights), and after each schedule the two ends sum their gradients of it
-(Megatron's way), so both copies take one process's update.
+**The split.** The layers are a family's repeated blocks, as the family's own file says
+(``Spec.pp_parts``: an attention model's transformer blocks, an MLP's hidden layers). They are
+dealt out in contiguous, balanced runs (:func:`stage_layers`: the first ``layers mod stages``
+stages take one more); the first stage also runs what comes before the blocks (token and
+position embeddings), the last what comes after (final norm, pooling, head) and the loss. The
+stages hold the model's own modules: the same seed gives the same weights as one process. A
+tied language-model head (GPT-2's, BERT's) multiplies by the token table of the first stage:
+the last stage holds its own copy (its rank built the same weights), and after each schedule
+the two ends sum their gradients of it (Megatron's way), so both copies take one process's
+update.
 
 **The step.** The loss is the mean cross-entropy of each micro-batch, in fp32, on the last
 stage; the schedule divides the summed gradients by the micro-batches, so that a step's
@@ -45,6 +46,7 @@ from torch import nn
 from hpcdl import metrics
 from hpcdl.errors import SpecError
 from hpcdl.parallel.layout import FIELD
+from hpcdl.workloads.parallelism import End
 from hpcdl.workloads.precision import precision as precision_of
 from hpcdl.workloads.spec import Spec
 
@@ -67,51 +69,6 @@ SCHEDULES: dict[str, Schedule] = {
 """``run.layout``'s ``schedule`` -> its schedule"""
 
 
-@dataclass(frozen=True)
-class End:
-    """What a stage runs before or after its blocks (embeddings, head): a function of the model
-    and the modules it uses, which the stage holds."""
-
-    run: Callable[[torch.Tensor], torch.Tensor]
-    modules: tuple[nn.Module, ...]
-
-
-@dataclass(frozen=True)
-class Parts:
-    """A model seen as a pipeline: ``before`` the blocks, the blocks split across the stages,
-    and ``after`` them; ``shared``: parameters both ends use (a tied head's token table)."""
-
-    before: End | None
-    blocks: list[nn.Module]
-    after: End
-    shared: tuple[nn.Parameter, ...] = ()
-
-
-def _attention_parts(model: nn.Module) -> Parts:
-    m: Any = model  # hpcdl.workloads.families.attention.Transformer
-    # a tied lm head multiplies by the token table: the last stage holds the table too (its
-    # rank's copy, the same weights from the seed), and the two ends sum their gradients of it
-    tied = m.head is None
-    after = (m.final_norm, m.tokens if tied else m.head)
-    return Parts(
-        End(m.embed, (m.tokens, m.positions, m.embed_norm, m.embed_drop)),
-        list(m.blocks),
-        End(m.finish, after),
-        (m.tokens.weight,) if tied else (),
-    )
-
-
-def _mlp_parts(model: nn.Module) -> Parts:
-    # nn.Sequential(Linear, ReLU, ..., Linear, ReLU, Linear): a block is a hidden layer and its ReLU
-    layers = list(model.children())
-    blocks: list[nn.Module] = [nn.Sequential(layers[i], layers[i + 1]) for i in range(0, len(layers) - 1, 2)]
-    return Parts(None, blocks, End(layers[-1], (layers[-1],)))
-
-
-SPLITS: dict[str, Callable[[nn.Module], Parts]] = {"attention": _attention_parts, "mlp": _mlp_parts}
-"""family -> how its generated model splits into a pipeline"""
-
-
 def stage_layers(layers: int, stages: int) -> list[range]:
     """The blocks of each stage: contiguous, balanced runs; the first ``layers % stages`` stages
     take one more (the last stage also runs the head and the loss)."""
@@ -131,13 +88,13 @@ def check(spec: Spec, pp: int, schedule: str, microbatches: int) -> None:
     if pp == 1:
         return
     family, virtual = spec.family, SCHEDULES[schedule].virtual
-    if family not in SPLITS:
-        raise SpecError(f"{FIELD}.pp", pp, f"1 for {family}: pipelines split {' and '.join(SPLITS)}")
-    layers = int(spec.layers)  # type: ignore[attr-defined]
-    if pp * virtual > layers:
+    blocks = spec.pp_blocks()
+    if not blocks:
+        raise SpecError(f"{FIELD}.pp", pp, f"1: the {family} family does not split into stages")
+    if pp * virtual > blocks:
         per = f" x {virtual} stages per rank ({schedule})" if virtual > 1 else ""
         raise SpecError(
-            f"{FIELD}.pp", pp, f"at most {family}.layers={layers} stages: pp{per} = {pp * virtual}"
+            f"{FIELD}.pp", pp, f"at most the {family} model's {blocks} blocks: pp{per} = {pp * virtual}"
         )
     if spec.batch_size % microbatches:
         raise SpecError(
@@ -201,12 +158,12 @@ class StageModule(nn.Module):
 
 def shared_parameters(spec: Spec, model: nn.Module) -> tuple[nn.Parameter, ...]:
     """The parameters of ``model`` that its first and its last stage both hold (``Parts.shared``)."""
-    return SPLITS[spec.family](model).shared
+    return spec.pp_parts(model).shared
 
 
 def stage_modules(spec: Spec, model: nn.Module, chunks: int) -> list[StageModule]:
     """``model`` (built from ``spec``) as ``chunks`` stage modules, in pipeline order."""
-    parts = SPLITS[spec.family](model)
+    parts = spec.pp_parts(model)
     bounds = stage_layers(len(parts.blocks), chunks)
     return [
         StageModule(

@@ -82,7 +82,7 @@ class Pipeline:
     """This rank's stages of a pipeline over ``pp`` ranks (its place ``pp_rank`` among them,
     communicating over ``group``) and the schedule that steps them. With ``dp_group`` each
     stage is also data-parallel over that group (:meth:`reduce_gradients`); with ``tp_mesh``
-    each stage's blocks are also split across that mesh's ranks (Megatron's plan,
+    each stage's blocks are also split across that mesh's ranks (the family's plan,
     ``hpcdl.parallel.tensor``): a stage boundary then carries whole activations, which each
     rank of a tensor-parallel group sends to the rank of the same tp coordinate in the next
     stage (torchtitan's way)."""
@@ -110,9 +110,9 @@ class Pipeline:
         self.indices = [pp_rank + k * pp for k in range(kind.virtual)]
         self.modules: list[StageModule] = [all_modules[i].to(device) for i in self.indices]
         if tp_mesh is not None and tp_mesh.size() > 1:
-            # a stage's blocks are named as the model's (blocks.i.qkv, ...): the model's plan
+            # the family's plan of the whole model, each stage splitting the layers it holds
             for m in self.modules:
-                parallelize_module(m, tp_mesh, plan(m))
+                parallelize_module(m, tp_mesh, plan(spec, m, model))
         self.dp_group = dp_group if dp_group is not None and dist.get_world_size(dp_group) > 1 else None
         held = {id(p) for p in self.parameters()}
         self.shared = [p for p in shared_parameters(spec, model) if id(p) in held]

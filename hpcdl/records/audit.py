@@ -88,16 +88,17 @@ def _close(a: float, b: float, rel: float = REL_TOL) -> bool:
 
 
 def audit(record: Record) -> Audit:
-    """Check a record against itself: schema, digest (over the JSON as read), FLOPs and
-    parameters recomputed from the spec, every derived figure recomputed from the per-rank
-    measurements, and the steps file (hash, step count, median, times within the window)."""
+    """Check a record of any version this hpcdl reads (``records.migrate``) against itself:
+    schema, digest (over the JSON as read), FLOPs and parameters recomputed from the spec, every
+    derived figure recomputed from the per-rank measurements, and the steps file (hash, step
+    count, median, times within the window)."""
     r = record.result
-    if (r.schema, r.schema_version) != (schema.RESULT, schema.RESULT_VERSION):
+    if (r.schema, r.schema_version) != (schema.RESULT, schema.RESULT_VERSION):  # read_result upgrades
         kind = f"{r.schema} v{r.schema_version}"
         return Audit(
             record, (f"not a result record of schema {schema.RESULT} v{schema.RESULT_VERSION}: {kind}",)
         )
-    problems = [] if digest_ok(r.raw) else [DIGEST_MISMATCH]
+    problems = [] if digest_ok(r.raw) else [DIGEST_MISMATCH]  # the JSON as written, not upgraded
     ranges = out_of_range(r)
     if ranges:  # nothing below may compute with them
         return Audit(record, (*problems, *ranges))
@@ -224,8 +225,7 @@ def steps_file_limit(r: Result) -> tuple[int, str]:
     """The most bytes a steps file of this record's step counts and window may hold, and the
     words that say so."""
     lead = _lead(r)
-    warmup = r.run.get("warmup_steps")
-    steps = lead.timed_steps + (warmup if isinstance(warmup, int) else 0)
+    steps = lead.timed_steps + r.run.warmup_steps
     claimed = (
         STEPS_FILE_BASE_BYTES + STEPS_FILE_STEP_BYTES * steps + STEPS_FILE_SECOND_BYTES * lead.timed_window_s
     )
@@ -278,8 +278,8 @@ def _step_times(r: Result, steps: Mapping[str, np.ndarray]) -> list[str]:
         return [f"rank 0's {n} step times add up to {total:.6g} s, more than its window {window:.6g} s"]
     if total < MIN_STEPS_SHARE * window:
         return [f"rank 0's {n} step times fill only {total / window:.1%} of its {window:.6g} s window"]
-    warmup = r.run.get("warmup_steps")
-    if not isinstance(warmup, int) or len(loss) != warmup + n:
+    warmup = r.run.warmup_steps
+    if len(loss) != warmup + n:
         return [f"steps file holds {len(loss)} losses, the run claims {warmup!r} warm-up and {n} timed steps"]
     if not (len(loss) and loss[0] > 0):  # the quality factor divides by it; cross-entropy is positive
         return ["steps file: the first step's loss is not a positive number"]
@@ -293,7 +293,7 @@ def _target(r: Result, loss: np.ndarray) -> list[str]:
     t = r.metrics.target
     if t is None or not t.reached:
         return []
-    timed = loss[int(r.run.get("warmup_steps", 0)) :].tolist()
+    timed = loss[r.run.warmup_steps :].tolist()
     met = t.window_steps >= 1 and metrics.reached_target(timed[0], timed[-t.window_steps :], t.fraction)
     if not met or t.time_to_target_s is None or not _close(t.time_to_target_s, r.metrics.timed_window_s):
         return ["target claimed reached, but rank 0's losses or window do not show it"]
@@ -316,9 +316,7 @@ def gate_problems(r: Result) -> list[str]:
     if shortest < RANK_MIN_WINDOW_S and not reached:  # a time to target is as short as it is
         problems.append(f"shortest timed window {shortest:.3g} s < {RANK_MIN_WINDOW_S:g} s")
     if "loss_falls" not in names:
-        problems.append(
-            f"no loss_falls check: data {r.run.get('data')!r}; ranking needs learnable or hdf5 data"
-        )
+        problems.append(f"no loss_falls check: data {r.run.data!r}; ranking needs learnable or hdf5 data")
     if r.world_size > 1:
         missing = [c for c in CORRECTNESS_CHECKS if c not in names]
         if missing:

@@ -34,6 +34,11 @@ from hpcdl.records.views import (
     Counts,
     Energy,
     ExecutionSettings,
+    FitFigures,
+    Io,
+    MeasuredMemory,
+    Memory,
+    MemoryEstimate,
     Metrics,
     Operators,
     RankRow,
@@ -57,22 +62,19 @@ def memory_split(
     device: torch.device,
     ranks: Sequence[RankMeasurement],
     kept_grads: bool = False,
-) -> dict[str, Any]:
+) -> Memory:
     """Where a rank's memory goes: the estimate's parts at the batch that ran, and what the
     device measured (its peak: on a CPU the process's resident set, which also holds the
     interpreter and libraries, so its parts cannot be told apart there), under the ``malloc`` this
     process calls, as the ranks' (``environment.malloc``); ``kept_grads``: the backend keeps every
     gradient allocated (``Backend.keeps_gradients``)."""
-    estimated = spec.memory_parts(
+    parts = spec.memory_parts(
         spec.batch_size, cfg.optimizer, device.type, cfg.pool_batches, malloc_library(), kept_grads
     )
-    return {
-        "estimated": {**estimated, "total": sum(estimated.values())},
-        "measured": {
-            "peak_bytes": max(r.peak_memory_bytes for r in ranks),
-            "kind": ranks[0].peak_memory_kind,
-        },
-    }
+    return Memory(
+        estimated=MemoryEstimate(**parts, total=sum(parts.values())),
+        measured=MeasuredMemory(max(r.peak_memory_bytes for r in ranks), ranks[0].peak_memory_kind),
+    )
 
 
 def compute_only(r: RankMeasurement, rules: type[Backend]) -> float | None:
@@ -292,9 +294,9 @@ def build_record(
         flags=implausible(mfu, fraction, ceiling, peak) + slowed_on_purpose(ranks),
         loss_first=lead.losses[0] if lead.losses else None,
         loss_last=lead.losses[-1] if lead.losses else None,
-        io=ranks[0].io,
+        io=parse(Io, ranks[0].io, "metrics.io"),
         energy=energy_of(ranks, count.train_flops, distinct, window),
-        fit=dataclasses.asdict(fit) if fit else None,
+        fit=parse(FitFigures, dataclasses.asdict(fit), "metrics.fit") if fit else None,
         memory=memory_split(spec, cfg, device, ranks, rules.keeps_gradients),
         target=target_of(cfg, logs, distinct),
         window_start_unix=min(g.start_unix for g in logs),

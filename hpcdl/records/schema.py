@@ -7,8 +7,9 @@ from __future__ import annotations
 
 RESULT = "hpcdl.result"
 """one run's record (docs/reference/record.md)"""
-RESULT_VERSION = 2
-"""2: the record's digest also covers its steps file (``steps_sha256``)"""
+RESULT_VERSION = 3
+"""the version of a result record's fields: 3, every field a run writes present and typed;
+older versions are read through ``records.migrate``'s table, which lists them all"""
 SUITE = "hpcdl.suite"
 """the index of the records of one suite run"""
 SWEEP = "hpcdl.sweep"

@@ -1,10 +1,13 @@
 """Typed views of hpcdl's records: what readers (audit, score, ranking, reports, sweeps,
-schedulers) see instead of string keys, and what the record builder fills in.
+schedulers, the command line) see instead of string keys, and what the record builder fills in.
 
 A view is a frozen dataclass whose fields are the keys of one block of the JSON record
 (docs/reference/record.md is generated from them), read and written by ``records.typed``
-(``parse``, ``to_json``).
-Fields with a default may be absent (they came in later versions).
+(``parse``, ``to_json``). The views are those of the current ``schema_version``
+(``records.schema.RESULT_VERSION``); a record of an older version is upgraded to it before it
+is parsed (``records.migrate``), so a field's note says what an older version lacked and how it
+reads. A field with a default belongs to some runs only (a layout's, a fitted run's) and is
+absent from the others.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 from hpcdl import metrics
 from hpcdl.measure.measurement import Check
 from hpcdl.records import schema
+from hpcdl.records.migrate import upgrade
 from hpcdl.records.typed import MalformedRecord, parse
 
 # --- the blocks of a result record -----------------------------------------------------------
@@ -53,7 +57,7 @@ class ExecutionSettings:
 
 
 EAGER = ExecutionSettings()
-"""what a record without ``settings.execution`` (before 2026-12) ran"""
+"""what a version-2 record without ``settings.execution`` ran (``records.migrate``)"""
 
 
 @dataclass(frozen=True)
@@ -68,16 +72,17 @@ class Settings:
     device: str
     nodes: int
     hosts: list[str]
-    accumulation_steps: int = 1
-    """micro-batches per optimizer step (records before 2026-11 had none: 1)"""
+    accumulation_steps: int
+    """micro-batches per optimizer step (version 2 records may lack it: 1)"""
+    execution: ExecutionSettings
+    """how the steps executed: eager or compiled, graphs, fused optimizer, memory format
+    (version 2 records may lack it: eager, ``EAGER``)"""
     layout: str | None = None
     """the parallel layout of a run that splits the model (``dp=2,tp=2,pp=1``;
     ``hpcdl.parallel.layout``); absent: data parallelism over every rank"""
     tp_crosses_nodes: bool | None = None
     """true when a tensor-parallel group spans nodes (its per-layer collectives crossed the
     inter-node network; the run said so in a warning line); absent without tensor parallelism"""
-    execution: ExecutionSettings = EAGER
-    """how the steps executed: eager or compiled, graphs, fused optimizer, memory format"""
 
     @property
     def samples_per_step(self) -> int:
@@ -99,10 +104,10 @@ class Counts:
     forward_flops_per_sample: int
     train_flops_per_sample: int
     activation_bytes_per_sample: int
-    memory_bytes_per_sample: int | None = None
+    memory_bytes_per_sample: int | None
     """``Spec.memory_per_sample``: activations, workspace and the loss's copies of the logits
-    where a sample needs the most (records before 2026-11 leave it out; their activations stand
-    in)"""
+    where a sample needs the most (null in version 2 records that lacked it: readers take the
+    activations instead)"""
     rank_params: int | None = None
     """parameters one rank holds under tensor parallelism (its shards and the whole layers);
     absent where every rank holds the model"""
@@ -128,13 +133,13 @@ class RankRow:
     timed_window_s: float
     peak_memory_bytes: int
     torch_threads: int
-    compute_only_s: float | None = None
+    compute_only_s: float | None
     """median forward + backward without waiting for other ranks, by the backend's rule
-    (None where it cannot be told apart, and in records before 2026-12)"""
-    on_cpu_s: float | None = None
-    """seconds of the timed window the rank's main thread ran (Linux schedstat; None where
-    unknown, and in records before 2026-12)"""
-    descheduled_s: float | None = None
+    (null where it cannot be told apart, and in version 2 records that lacked it)"""
+    on_cpu_s: float | None
+    """seconds of the timed window the rank's main thread ran (Linux schedstat; null where
+    unknown, and in version 2 records that lacked it)"""
+    descheduled_s: float | None
     """seconds of the timed window it was ready but waited for a CPU (as ``on_cpu_s``)"""
 
 
@@ -174,7 +179,8 @@ class Communication:
     exposed_method: str | None = None
     collectives: dict[str, Collective] = field(default_factory=dict)
     """every collective a step runs, by name (allreduce, all_gather, reduce_scatter,
-    all_to_all); empty in records before 2026-12"""
+    all_to_all; a layout's dimension first: ``tp.allreduce``, ``pp.send``); empty for one rank,
+    and in version 2 records that lacked it"""
 
 
 @dataclass(frozen=True)
@@ -320,6 +326,126 @@ class Operators:
 
 
 @dataclass(frozen=True)
+class IoFigures:
+    """Samples and bytes moved through the HDF5 files in a measured time
+    (``measure.hdf5.IOStats``)."""
+
+    samples: int
+    bytes: int
+    seconds: float
+    samples_per_s: float
+    bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class Io:
+    """The HDF5 data path of a run (``--data hdf5``), measured while preparing its data."""
+
+    write: IoFigures | None = None
+    """rank 0 writing the shards, fsync included (absent where the shards existed already)"""
+    read: IoFigures | None = None
+    """rank 0 reading its shard through the DataLoader, after one untimed batch"""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """``Spec.memory_parts`` at the batch that ran, where the step peaks, in bytes per rank
+    (docs/metrics.md, "Memory"): a part version 2 estimates did not count yet reads 0 (the
+    ``total`` never held it)."""
+
+    weights: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    workspace: int
+    libraries: int
+    inputs: int
+    heap: int
+    total: int
+
+
+@dataclass(frozen=True)
+class MeasuredMemory:
+    """What the device tells of a rank's memory: the largest peak over the ranks, and its kind
+    (a GPU's allocator peak, or a CPU process's resident set, interpreter and libraries
+    included)."""
+
+    peak_bytes: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Where a rank's memory goes: the estimate and the measurement side by side (null, both, in
+    version 2 records that had neither)."""
+
+    estimated: MemoryEstimate | None
+    measured: MeasuredMemory | None
+
+
+@dataclass(frozen=True)
+class FitTrial:
+    """One trial of ``--fit``'s search: the batch it trained and the peak it measured."""
+
+    batch: int
+    peak_bytes: int | None
+    """null: too large (refused before it ran, or stopped)"""
+
+
+@dataclass(frozen=True)
+class FitShard:
+    """The share of the model a multi-rank CPU fit's trials trained (``measure.trial.Shard``)."""
+
+    rank: int
+    ranks: int
+    backend: str | None
+    """the backend that shards the model (fsdp, tensor); null where none does"""
+    tp: int
+    dp: int
+
+
+@dataclass(frozen=True)
+class FitFigures:
+    """How ``--fit`` chose the batch per rank (``measure.fit.Fit``, which says more of each
+    field). Version 2 records may lack the fields from ``mmap_threshold_bytes`` on: null (false
+    for ``kept_grads``)."""
+
+    fraction: float
+    capacity_bytes: int
+    """memory of one rank for its model (the smallest over ranks)"""
+    target_bytes: int
+    """``fraction x capacity_bytes``: what the chosen batch's measured peak should reach"""
+    estimated_batch: int
+    """the batch the analytic estimate chose (the search's start)"""
+    batch: int
+    """the batch that ran"""
+    estimate_bytes: int
+    """the analytic estimate at ``batch``"""
+    measured_peak_bytes: int | None
+    """the peak of this rank's trial at ``batch`` (null: another rank's search chose it)"""
+    fixed_bytes: float | None
+    """the peak's fixed part, from the search's last line"""
+    per_sample_bytes: float | None
+    """the peak's slope per sample, from the same line"""
+    trials: list[FitTrial]
+    """rank 0's trials in order"""
+    measured_by: str
+    """how a trial's peak was measured"""
+    mmap_threshold_bytes: int | None
+    """CPU: glibc's mmap threshold the trials and the run fixed; null on a GPU or another malloc"""
+    allocator: str | None
+    """CPU: whose ``malloc`` the trials and the run called (glibc, jemalloc, tcmalloc)"""
+    oversize_threshold_bytes: int | None
+    """CPU under jemalloc: its ``opt.oversize_threshold``"""
+    kept_grads: bool
+    """the estimate and the trials kept every gradient allocated, as the run's backend does"""
+    shard: FitShard | None
+    """the share each trial trained; null where the trials trained the whole model"""
+    run_peak_bytes: int | None
+    """the run's own peak above what its rank held before the model, the largest over ranks"""
+
+
+@dataclass(frozen=True)
 class Metrics:
     samples_per_s: float
     ai_ops_per_s: float
@@ -341,35 +467,36 @@ class Metrics:
     fraction_of_measured_matmul: float
     loss_first: float | None
     loss_last: float | None
-    io: dict[str, Any]
+    io: Io
+    """what the HDF5 data path measured (``--data hdf5``; empty otherwise)"""
     energy: Energy
-    peak_kind: str = ""
-    """datasheet, estimate, user or unknown (records before 2026-11 leave it out)"""
+    peak_kind: str
+    """datasheet, estimate, user or unknown (version 2 records may lack it: unknown)"""
+    flags: list[str]
+    """figures that cannot be true (an MFU above 100 %), each with its likely cause (version 2
+    records may lack it: none)"""
+    memory: Memory
+    """where a rank's memory goes: the estimate's parts and what the device measured"""
+    window_start_unix: float | None
+    """the earliest rank's window start, seconds since the epoch (null in version 2 records
+    that lacked it)"""
+    window_end_unix: float | None
+    """the latest rank's window end (as ``window_start_unix``)"""
+    time_to_first_step_s: float | None
+    """wall time of the first warm-up step, the slowest rank's: what a user waits before training
+    runs (a compiled run's compilation is in it); not in the timed window (null without warm-up,
+    and in version 2 records that lacked it)"""
     peak_inputs: dict[str, Any] = field(default_factory=dict)
     """what an estimated peak was computed from (cores, clock and its source, FLOPs/cycle)"""
-    flags: list[str] = field(default_factory=list)
-    """figures that cannot be true (an MFU above 100 %), each with its likely cause"""
-    fit: dict[str, Any] | None = None
-    """how ``--fit`` chose the batch per rank (``measure.fit.Fit``), when it did"""
-    memory: dict[str, Any] = field(default_factory=dict)
-    """where the memory goes: ``estimated`` (``Spec.memory_parts`` at the batch that ran, at the
-    step's peak: weights, gradients, optimizer_state, activations, workspace, libraries in
-    records from 2026-11-26 on, inputs from 2026-11-27 on, heap later that day) and
-    ``measured`` (what the device tells: the peak and its kind; records before 2026-11 leave it
-    out)"""
+    fit: FitFigures | None = None
+    """how ``--fit`` chose the batch per rank, when it did"""
     target: Target | None = None
     """time to target, when the run had one"""
-    window_start_unix: float | None = None
-    """the earliest rank's window start, seconds since the epoch (records before 2026-12 lack it)"""
-    window_end_unix: float | None = None
-    """the latest rank's window end"""
     straggler: Straggler | None = None
-    """the slowest-computing rank of a multi-rank run (records before 2026-12 leave it out)"""
+    """the slowest-computing rank of a multi-rank run (absent for one rank, and from version 2
+    records that lacked it)"""
     pipeline: PipelineFigures | None = None
     """the pipeline's schedule, bubble and point-to-point traffic (pipeline-parallel runs only)"""
-    time_to_first_step_s: float | None = None
-    """wall time of the first warm-up step, the slowest rank's: what a user waits before training
-    runs (a compiled run's compilation is in it); not in the timed window"""
     compiled: Compiled | None = None
     """what torch.compile made of the model (compiled runs only)"""
     operators: Operators | None = None
@@ -432,16 +559,35 @@ class Environment:
 
 
 @dataclass(frozen=True)
+class RunSettings:
+    """How the workload was measured (``measure.config.RunConfig``): the keys readers use (the
+    record holds every setting)."""
+
+    optimizer: str
+    data: str
+    """random, learnable or hdf5"""
+    warmup_steps: int
+    suite_class: str
+    """the size class whose suite the workload belongs to ('' = none; version 2 records written
+    before size classes lack it: they ran the default suite, class S version 1)"""
+    suite_version: int
+    """the version of that class's suite (0 with none)"""
+
+
+@dataclass(frozen=True)
 class Result:
     """A result record (``schema: hpcdl.result``) as readers see it."""
 
     schema: str
     schema_version: int
+    """the version of the record's fields: the current one once read (an older record is
+    upgraded on reading, ``records.migrate``; ``written_version`` says which it was)"""
     id: str
     name: str
     created: str
     spec: dict[str, Any]
-    run: dict[str, Any]
+    """the workload's knobs (``workloads.registry.spec_from_dict`` makes the Spec)"""
+    run: RunSettings
     settings: Settings
     environment: Environment
     counts: Counts
@@ -451,7 +597,14 @@ class Result:
     steps_sha256: str = ""
     digest: str = ""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    """the JSON as read: the digest covers it, and fields no view names live here"""
+    """the JSON as read, before any upgrade: the digest covers it, and fields no view names
+    live here"""
+
+    @property
+    def written_version(self) -> int:
+        """The ``schema_version`` the record was written with."""
+        version = self.raw.get("schema_version", self.schema_version)
+        return version if isinstance(version, int) else self.schema_version
 
     @property
     def system(self) -> str:
@@ -468,12 +621,68 @@ class Result:
         return str(self.spec.get("family", "?"))
 
 
+# --- a prediction's points (``hpcdl predict``, schema hpcdl.prediction: never a measurement) ---
+
+
+@dataclass(frozen=True)
+class PredictionPoint:
+    """One rank count of the scaling model's prediction (``scaling.model.Model.point``;
+    docs/metrics.md, "Prediction"), and, where ``hpcdl predict --compare`` found one, the
+    measured figures beside it."""
+
+    np: int
+    ranks: int
+    step_s: float
+    """predicted seconds of one optimizer step"""
+    compute_s: float
+    comm_s: float
+    """every collective of the step, hidden or not"""
+    exposed_comm_s: float
+    """the communication not hidden behind computation"""
+    overlap: float | None
+    """1 - exposed_comm_s / comm_s (null without communication)"""
+    algorithm: str
+    """the algorithm of the step's largest collective at this rank count"""
+    samples_per_s: float
+    ai_ops_per_s: float
+    speedup: float
+    efficiency: float
+    step_rse: float
+    """relative standard error of ``step_s`` from the fits of gamma, alpha and beta"""
+    straggler_s: float = 0.0
+    """seconds a step waits for the slowest of its ranks (the record's step spread)"""
+    sync_s: float = 0.0
+    """seconds of a step's per-step synchronisations"""
+    data_s: float = 0.0
+    """seconds a step waits for its data beyond what loading hides"""
+    layout: str | None = None
+    """the layout priced (``hpcdl predict --layout``)"""
+    bubble_s: float | None = None
+    """seconds of the pipeline's idle slots per step"""
+    system: str = ""
+    """the system column it belongs to (``hpcdl predict --system``, repeatable)"""
+    nodes: int = 0
+    measured_samples_per_s: float | None = None
+    measured_overlap: float | None = None
+    error: float | None = None
+    """(predicted - measured) / measured samples/s: positive when the model is optimistic"""
+    costed: bool = False
+    """the time and energy to train a data set were asked for (``--samples``, ``--tokens``)"""
+    train_hours: float | None = None
+    """hours to train it at this rank count (null where the step never ends)"""
+    train_energy_kwh: float | None = None
+    """kWh to train it (null without an energy source)"""
+    energy_estimated: bool | None = None
+    """the energy is the nodes' power x hours, not a record's joules per sample"""
+
+
 def read_result(data: Any) -> Result:
-    """A result record's view; :class:`MalformedRecord` names what is missing or wrong."""
+    """A result record's view, an older version upgraded first (``records.migrate``);
+    :class:`MalformedRecord` names what is missing or wrong, or a version no table reads."""
     if not isinstance(data, Mapping) or data.get("schema") != schema.RESULT:
         kind = data.get("schema") if isinstance(data, Mapping) else type(data).__name__
         raise MalformedRecord(f"not a result record: schema {kind!r}")
-    view = parse(Result, data)
+    view = parse(Result, upgrade(data))
     return dataclasses.replace(view, raw=dict(data))
 
 

@@ -69,18 +69,11 @@ def suite_workload(spec: Mapping[str, Any], size_class: str = recipes.DEFAULT_CL
     return next((name for name, s in _suite_specs(size_class).items() if s == mine), None)
 
 
-LEGACY_CLASS = (recipes.DEFAULT_CLASS, 1)
-"""records written before size classes existed ran the default suite, which is class S
-version 1 (the same workloads): they count as such"""
-
-
 def record_class(r: Result) -> tuple[str, int] | None:
     """The size class and suite version a record ran, or None for a workload of no class
-    (reported, never ranked against a class)."""
-    if "suite_class" not in r.run:
-        return LEGACY_CLASS
-    size_class = r.run["suite_class"]
-    return (str(size_class), int(r.run.get("suite_version", 0))) if size_class else None
+    (reported, never ranked against a class). A record written before size classes ran the
+    default suite's first version (``records.migrate``)."""
+    return (r.run.suite_class, r.run.suite_version) if r.run.suite_class else None
 
 
 def execution_mode(r: Result) -> str:

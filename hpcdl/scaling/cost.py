@@ -7,12 +7,12 @@ else from the system file's node power, which is an estimate and said to be one
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hpcdl import metrics
 from hpcdl.errors import InputError
-from hpcdl.records.views import Result
+from hpcdl.records.views import PredictionPoint, Result
 from hpcdl.scaling.system import System
 
 JOULES_PER_KWH = 3.6e6
@@ -103,23 +103,22 @@ def energy_source(record: Result | None, system: System | None) -> EnergySource:
     return EnergySource(None, None, f"none: no record measured J/sample on this device, and {why}")
 
 
-def cost(point: dict[str, Any], work: Work, source: EnergySource) -> dict[str, Any]:
-    """Hours and kWh to train ``work`` at a prediction's point (``nodes``, ``samples_per_s``,
-    ``efficiency``), and whether the energy is estimated (None: no energy)."""
-    rate, efficiency = point["samples_per_s"], point["efficiency"]
+def cost(point: PredictionPoint, work: Work, source: EnergySource) -> PredictionPoint:
+    """A prediction's point with the hours and kWh to train ``work`` at it, and whether the
+    energy is estimated (None: no energy; no hours where its step never ends)."""
+    rate, efficiency = point.samples_per_s, point.efficiency
     if not (0 < rate < math.inf and 0 < efficiency < math.inf):  # a step the figures make endless
-        return {"train_hours": None, "train_energy_kwh": None, "energy_estimated": None}
+        return replace(point, costed=True)
     seconds = metrics.time_to_train_s(work.total, rate)
     energy, estimated = None, None
     if source.joules_per_sample is not None:
-        energy, estimated = (
-            metrics.energy_to_train_j(work.total, source.joules_per_sample, point["efficiency"]),
-            False,
-        )
+        energy, estimated = metrics.energy_to_train_j(work.total, source.joules_per_sample, efficiency), False
     elif source.node_power_w is not None:
-        energy, estimated = metrics.node_energy_j(point["nodes"], source.node_power_w, seconds), True
-    return {
-        "train_hours": seconds / 3600,
-        "train_energy_kwh": None if energy is None else energy / JOULES_PER_KWH,
-        "energy_estimated": estimated,
-    }
+        energy, estimated = metrics.node_energy_j(point.nodes, source.node_power_w, seconds), True
+    return replace(
+        point,
+        costed=True,
+        train_hours=seconds / 3600,
+        train_energy_kwh=None if energy is None else energy / JOULES_PER_KWH,
+        energy_estimated=estimated,
+    )

@@ -219,8 +219,9 @@ def model_from_records(
 def read_rate(base: Result) -> float:
     """Samples/s the record's rank read from its HDF5 shards through its DataLoader (a node's
     input pipeline as one rank measured it), or 0 where it read none (data in memory)."""
-    rate = (base.metrics.io.get("read") or {}).get("samples_per_s")
-    return float(rate) if isinstance(rate, int | float) and math.isfinite(rate) and rate > 0 else 0.0
+    read = base.metrics.io.read
+    rate = read.samples_per_s if read is not None else 0.0
+    return float(rate) if math.isfinite(rate) and rate > 0 else 0.0
 
 
 GAMMA_FROM = ("throughput", "phases")

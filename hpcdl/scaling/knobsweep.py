@@ -237,7 +237,7 @@ def point_figures(value: float, record: Record) -> dict[str, Any]:
     """What the summary and the report take from a point's record."""
     r = record.result
     m = r.metrics
-    estimated = (m.memory.get("estimated") or {}).get("total")
+    estimated = m.memory.estimated.total if m.memory.estimated is not None else None
     return {
         "value": value,
         "record": record.path.name,

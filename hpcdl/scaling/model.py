@@ -29,6 +29,7 @@ from hpcdl import metrics
 from hpcdl.errors import HpcdlError, InputError
 from hpcdl.parallel.backends import BACKENDS, COLLECTIVES, SINGLE, Traffic
 from hpcdl.records.loader import SweepSummary
+from hpcdl.records.views import PredictionPoint
 from hpcdl.scaling.collectives import Comm, Cost, Hierarchy
 from hpcdl.scaling.modelparallel import Layout, ModelParallel, activations, check, levels, replicas
 from hpcdl.scaling.table import scaling_table
@@ -53,10 +54,6 @@ CostsOf = Callable[[Sequence[Traffic]], Mapping[str, Cost]]
 """the cost of each collective of a step, given what the step moves (a sweep's fit)"""
 SYNC_BYTES = 8
 """what a step's agreement moves: a flag or a counter"""
-HOROVOD_CYCLE_S = 1e-3
-"""Horovod's ``HOROVOD_CYCLE_TIME`` default in the release hpcdl installs (0.28.1:
-``SetCycleTimeMs(1)`` in horovod/common/operations.cc; the 2017 releases had 5 ms): a bucket
-ready waits half of it on average"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +85,8 @@ class Model:
     backward_fraction: float = BACKWARD_FRACTION
     """backward's share of a micro-batch's compute (the base record's phases, when measured)"""
     cycle_s: float = 0.0
-    """the backend's polling period (Horovod's cycle time): a ready bucket waits half of it"""
+    """the backend's polling period (``Backend.cycle_s``, Horovod's cycle time): a ready
+    bucket waits half of it"""
     gamma_rse: float = 0.0
     """relative standard error of γ (0: given, not measured)"""
     parallel: ModelParallel | None = None
@@ -331,7 +329,7 @@ class Model:
         t = max(self.traffic, key=lambda t: t.bytes)
         return self.comms[t.collective].algorithm(self._bytes(t, p) / t.calls, p)
 
-    def point(self, p: int) -> dict[str, Any]:
+    def point(self, p: int) -> PredictionPoint:
         """Predicted step time, its parts, samples/s, speed-up and efficiency at ``p`` ranks."""
         compute, comm, step = self.parts(p)
         samples = self.samples_per_step(p) / step
@@ -341,28 +339,27 @@ class Model:
         exposed = step - compute - straggler - sync - data
         if self.overlap == "full":
             exposed = max(0.0, comm - compute)
-        extra = {}
-        if self.parallel is not None:
-            extra = {"layout": str(self.parallel.layout), "bubble_s": self.layered(p)[3]}
-        return {
-            "np": p,
-            "ranks": p,
-            "step_s": step,
-            "compute_s": compute,
-            "comm_s": comm,
-            "exposed_comm_s": exposed,
-            "overlap": metrics.overlap_fraction(comm, exposed),
-            "algorithm": self.algorithm(p),
-            "samples_per_s": samples,
-            "ai_ops_per_s": metrics.ai_ops_per_s(self.train_flops_per_sample, samples),
-            "speedup": row.speedup,
-            "efficiency": row.efficiency,
-            "step_rse": self.step_rse(p),
-            "straggler_s": straggler,
-            "sync_s": sync,
-            "data_s": data,
-            **extra,
-        }
+        layered = self.parallel is not None
+        return PredictionPoint(
+            np=p,
+            ranks=p,
+            step_s=step,
+            compute_s=compute,
+            comm_s=comm,
+            exposed_comm_s=exposed,
+            overlap=metrics.overlap_fraction(comm, exposed),
+            algorithm=self.algorithm(p),
+            samples_per_s=samples,
+            ai_ops_per_s=metrics.ai_ops_per_s(self.train_flops_per_sample, samples),
+            speedup=row.speedup,
+            efficiency=row.efficiency,
+            step_rse=self.step_rse(p),
+            straggler_s=straggler,
+            sync_s=sync,
+            data_s=data,
+            layout=str(self.parallel.layout) if self.parallel is not None else None,
+            bubble_s=self.layered(p)[3] if layered else None,
+        )
 
 
 def bucket_tail(
@@ -444,7 +441,7 @@ def model_for(
         sharded_fraction=sharded_fraction(workload, backend, sharded_at),
         accumulation_steps=accumulation_steps,
         backward_fraction=backward_fraction,
-        cycle_s=HOROVOD_CYCLE_S if backend == "horovod" else 0.0,
+        cycle_s=BACKENDS.get(backend).cycle_s,
         gamma_rse=gamma_rse,
         parallel=parallel,
         step_cv=step_cv,

@@ -8,9 +8,9 @@
   sequence parallelism each allreduce becomes a reduce-scatter and an all-gather of the same
   ``b·s·h`` (the same bytes on a ring, in two calls). An MLP's pair of hidden layers is one
   column- and one row-parallel projection: one allreduce of ``b·h`` each way (none backward
-  for the first pair, whose input is the data). The calls and their bytes are the runtime's
-  own count (``hpcdl.parallel.tensor.tp_traffic``): one place for what a run records and the
-  model prices.
+  for the first pair, whose input is the data). The calls and their bytes are the family's own
+  count (``Spec.tp_allreduces``), which the runtime records too: one place for what a run
+  records and the model prices.
 - **Pipeline parallelism**: every micro-batch of ``b/m`` samples crosses each stage boundary
   once forward (its activations ``b/m·s·h``) and once backward (their gradients), as one
   point-to-point send: ``α + S/β`` on the link between the stages; the schedule (GPipe or
@@ -33,9 +33,9 @@ from typing import Any
 
 from hpcdl import metrics
 from hpcdl.errors import InputError
-from hpcdl.parallel.tensor import tp_traffic
 from hpcdl.scaling.collectives import Comm, Cost, Hierarchy
-from hpcdl.workloads.precision import precision
+from hpcdl.workloads.parallelism import Allreduces
+from hpcdl.workloads.spec import Spec
 
 FIELD = "predict.layout"
 SCHEDULES = ("1f1b", "gpipe")
@@ -122,26 +122,25 @@ class Activations:
     """the layers the pipeline splits into stages"""
     tp_calls: int
     """tensor-parallel allreduces of one micro-batch, forward and backward
-    (``hpcdl.parallel.tensor.tp_traffic``, what a run records)"""
+    (``Spec.tp_allreduces``, what a run records)"""
     tp_bytes_per_sample: int
     """their bytes for one sample, summed over the calls"""
 
 
-def activations(spec: Any) -> Activations:
-    """The attention family: transformer blocks of ``seq_len × width``, whose residual stream
-    stays fp32 under autocast; the MLP family: hidden layers of ``width``. Tensor parallelism's
-    allreduces are the runtime's own count (``tp_traffic``) of one sample."""
-    if spec.family not in ("attention", "mlp"):
-        raise InputError(
-            FIELD, spec.family, "tensor and pipeline parallelism model the attention and mlp families"
-        )
-    (tp,) = tp_traffic(spec.replace(batch_size=1, accumulation_steps=1), 2)  # the same at any tp > 1
-    if spec.family == "attention":
-        boundary = spec.seq_len * spec.width * 4
-    else:
-        boundary = spec.width * precision(spec.precision).bytes
+def activations(spec: Spec) -> Activations:
+    """What the workload's family says its tensor and pipeline parallelism move (its own hooks,
+    ``Spec.tp_allreduces`` and ``Spec.pp_boundary_bytes``, which a run's runtime uses too):
+    for one sample, a block's output at a stage boundary and the tensor-parallel allreduces of
+    one micro-batch; zeros for what the family does not split (:func:`check` refuses a layout
+    that asks for it)."""
+    one = spec.replace(batch_size=1, accumulation_steps=1)
+    tp = one.tp_allreduces() if spec.tp_sizes() is not None else Allreduces(0, 0)
+    blocks = spec.pp_blocks()
     return Activations(
-        bytes_per_sample=boundary, layers=spec.layers, tp_calls=tp.calls, tp_bytes_per_sample=tp.bytes
+        bytes_per_sample=spec.pp_boundary_bytes() if blocks else 0,
+        layers=blocks,
+        tp_calls=tp.calls,
+        tp_bytes_per_sample=tp.bytes,
     )
 
 
@@ -212,13 +211,22 @@ def levels(comms: Mapping[str, Cost]) -> tuple[Comm, Comm, int]:
     return cost, cost, 1
 
 
-def check(layout: Layout, spec: Any) -> None:
-    """tp divides the heads and the width; pp no more than the layers (as a run refuses)."""
-    a = activations(spec)
-    if layout.tp > 1 and (spec.width % layout.tp or (spec.family == "attention" and spec.heads % layout.tp)):
-        raise InputError(f"{FIELD}.tp", layout.tp, "must divide the width (and the heads)")
-    if layout.pp > a.layers:
-        raise InputError(f"{FIELD}.pp", layout.pp, f"at most the {a.layers} layers")
+def check(layout: Layout, spec: Spec) -> None:
+    """tp divides every size the family's plan splits (``Spec.tp_sizes``: the heads, the
+    width); pp no more than the blocks (as a run refuses); neither for a family without them."""
+    if layout.tp > 1:
+        sizes = spec.tp_sizes()
+        if sizes is None:
+            why = f"1: the {spec.family} family has no tensor-parallel plan"
+            raise InputError(f"{FIELD}.tp", layout.tp, why)
+        for name, size in sizes.items():
+            if size % layout.tp:
+                raise InputError(f"{FIELD}.tp", layout.tp, f"must divide {spec.family}.{name}={size}")
+    blocks = spec.pp_blocks()
+    if layout.pp > 1 and not blocks:
+        raise InputError(f"{FIELD}.pp", layout.pp, f"1: the {spec.family} family does not split into stages")
+    if layout.pp > max(blocks, 1):
+        raise InputError(f"{FIELD}.pp", layout.pp, f"at most the {blocks} layers")
 
 
 def replicas(layout: Layout, p: int) -> int | None:

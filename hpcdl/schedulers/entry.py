@@ -166,7 +166,7 @@ def run_workloads(point: Point, world: World, say: Say) -> bool:
                 progress=partial(prefixed, say, path.stem),
                 world=world,
             )
-            views.append(read_result(result.record))
+            views.append(result.result)
             view = views[-1]
             say(f"{path.stem}: {view.metrics.samples_per_s:.1f} samples/s, valid: {view.validity.passed}")
         passed = passed and all(v.validity.passed for v in views)

@@ -33,6 +33,10 @@ class Moment:
     heap: int = 0
     """heap pages per-step layers have left resident by this moment beside what is live, where
     glibc's heap holds their rows (``Count.heap_row``; ``Tally.heap_states``)"""
+    masks: int = 0
+    """of ``kept``, the elements that are dropout masks as a CPU keeps them (``Tally.dropout``)"""
+    mask_bytes: int = 0
+    """the bytes the same masks take where CUDA keeps them, as booleans"""
 
 
 @dataclass(frozen=True)
@@ -90,9 +94,10 @@ class Tally:
         self.last_linear = 0  # the latest linear's output: the logits if nothing follows it
         self.last_input = 0  # the head's input gradient, the first made as backward begins
         # each layer's backward (and each forward that needs temporaries) as (kept, workspace,
-        # parameters before the layer or None in forward, parameters up to it, and the layers
-        # that leave heap resident so far with what their forward left): Moment's
-        self.points: list[tuple[int, int, int | None, int, tuple[int, int]]] = []
+        # parameters before the layer or None in forward, parameters up to it, the layers that
+        # leave heap resident so far with what their forward left, and the dropout masks kept so
+        # far as elements and as CUDA's bytes): Moment's
+        self.points: list[tuple[int, int, int | None, int, tuple[int, int], tuple[int, int]]] = []
         self.linear_point = 0  # the latest linear's: the head's, if nothing follows it
         self.layer_start = 0  # parameters before the latest layer that has some
         self.head_params = 0  # the latest layer's parameters: the head's, once the network ends
@@ -100,6 +105,8 @@ class Tally:
         self.heap_forward = 0  # what the forward of such layers has left resident so far
         self.heap_row = 0
         self.convs: set[tuple[object, ...]] = set()  # each distinct convolution's shape
+        self.masks = 0  # of ``activations``, dropout masks (elements, as a CPU keeps them)
+        self.mask_bytes = 0  # the same masks' bytes as CUDA keeps them
 
     def matmul(self, m: int, k: int, n: int, *, grads: int = 2, times: int = 1) -> None:
         """A product of an (m x k) and a (k x n) matrix, ``times`` times.
@@ -191,9 +198,8 @@ class Tally:
     def _point(self, elements: int, before: int | None) -> None:
         """A moment at the latest layer: what is kept so far beside ``elements``; ``before``:
         parameters whose gradient does not exist yet (None: in forward, no gradient at all)."""
-        self.points.append(
-            (self.activations, elements, before, self.params, (len(self.heaps), self.heap_forward))
-        )
+        heaps, masks = (len(self.heaps), self.heap_forward), (self.masks, self.mask_bytes)
+        self.points.append((self.activations, elements, before, self.params, heaps, masks))
 
     def _layer(self, params: int) -> None:
         """A layer with ``params`` parameters starts (in forward order)."""
@@ -238,6 +244,19 @@ class Tally:
         self.activations += elements
         self.last_linear = 0
 
+    def dropout(self, elements: int, width: int = 1) -> None:
+        """A dropout's mask over ``elements`` elements, kept for its backward. On a CPU torch's
+        dropout multiplies by a scaled copy of its noise, which autograd keeps: one element of the
+        dropped tensor per element, ``width`` elements of the count each (``FP32_IN_16BIT`` for an
+        fp32 tensor under autocast); CUDA's ``native_dropout`` keeps a boolean, one byte each
+        (``MASK_BYTES_CUDA``; ``saved_tensors_hooks``, torch 2.13: ``MulBackward0``'s fp32 or
+        bf16 operand on a CPU, ``NativeDropoutBackward0``'s bool mask). Counted in the CPU's
+        elements, with the bytes CUDA's would take beside them (``Moment.mask_bytes``)."""
+        self.activations += elements * width
+        self.masks += elements * width
+        self.mask_bytes += elements * MASK_BYTES_CUDA
+        self.last_linear = 0
+
     def result(self) -> Count:
         # the logits (the last linear's output, nothing after it) are kept by no layer: the
         # loss's log-softmax keeps its own output, counted with the loss's copies
@@ -250,18 +269,32 @@ class Tally:
         # (metrics.LOSS_COPIES): a linear head's own moment is this one (``Spec._moment_bytes``
         # splits it: the loss's backward, then the head's)
         points = [p for i, p in enumerate(self.points) if not (self.last_linear and i == self.linear_point)]
-        first = Moment(kept, self.last_input, self.head_params, self.params, heap=self.heap_forward)
+        first = Moment(
+            kept,
+            self.last_input,
+            self.head_params,
+            self.params,
+            heap=self.heap_forward,
+            masks=self.masks,
+            mask_bytes=self.mask_bytes,
+        )
         # a backward moment comes with and after the backward of the layers from it on: the heap
         # they left is resident; in forward it is yet to be made
         placed = [
-            Moment(k, w, 0, upto, heap=made)
+            Moment(k, w, 0, upto, heap=made, masks=m, mask_bytes=mb)
             if before is None
             else Moment(
-                k, w, self.params - before, upto, heap=self.heap_forward + max(self.heaps[n:], default=0)
+                k,
+                w,
+                self.params - before,
+                upto,
+                heap=self.heap_forward + max(self.heaps[n:], default=0),
+                masks=m,
+                mask_bytes=mb,
             )
-            for k, w, before, upto, (n, made) in points
+            for k, w, before, upto, (n, made), (m, mb) in points
         ]
-        backward = [k + w - kept for k, w, before, _, _ in points if before is not None]
+        backward = [k + w - kept for k, w, before, *_ in points if before is not None]
         return Count(
             self.params,
             self.forward,
@@ -275,6 +308,8 @@ class Tally:
         )
 
 
+MASK_BYTES_CUDA = 1
+"""bytes per element of the mask CUDA's dropout (``native_dropout``) keeps for backward: a boolean"""
 GRADIENT_BUFFERS = 2
 """activation gradients alive at once in backward: a layer's output gradient and its input's"""
 

@@ -146,6 +146,12 @@ def recurrent_stack(
     )
 
 
+def output_scale(cell: str, autocast: bool, fp32_input: bool = True) -> int:
+    """Elements of the count per element of a layer's output (:func:`count_stack`'s): 2 where
+    it is fp32 under autocast (a GRU's over fp32 input: ``FP32_STATE_UNDER_AUTOCAST``), else 1."""
+    return FP32_IN_16BIT if autocast and fp32_input and cell in FP32_STATE_UNDER_AUTOCAST else 1
+
+
 def count_stack(
     t: Tally,
     cell: str,
@@ -174,7 +180,7 @@ def count_stack(
     ends (an embedding's output: the embedding keeps only the ids). Returns the width of the
     stack's output per step (``directions * hidden``)."""
     fp32_state = autocast and fp32_input and cell in FP32_STATE_UNDER_AUTOCAST
-    scale = FP32_IN_16BIT if fp32_state else 1  # a GRU's outputs are fp32 where its state is
+    scale = output_scale(cell, autocast, fp32_input)
     fused = cell == "lstm"
     if fused:  # oneDNN keeps one time-major copy of its input in its workspace; data in the batch
         t.keep(0 if data_input else steps * input_size)

@@ -2,6 +2,8 @@
 turns into a network and its analytic count. A family subclasses :class:`Spec`, declares its
 knobs with :func:`knob`, and implements ``build_module``, ``count``, ``sample_inputs`` and
 ``target_shape`` in the same module, so that the network and its count stay side by side.
+A family that tensor or pipeline parallelism can split also implements the optional hooks
+``tp_*`` and ``pp_*`` there (``hpcdl.workloads.parallelism`` holds their types).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from torch import nn
 
 from hpcdl import metrics
 from hpcdl.device import MMAP_THRESHOLD_BYTES
-from hpcdl.workloads.counting import Count
+from hpcdl.workloads.counting import Count, Moment
 from hpcdl.workloads.knobs import Knobs, knob
+from hpcdl.workloads.parallelism import Allreduces, Parts, Split
 from hpcdl.workloads.precision import PRECISIONS, precision
 
 __all__ = ["Knobs", "Ranges", "Spec", "knob"]
@@ -34,6 +37,11 @@ class Spec(Knobs):
     sampling: ClassVar[Ranges] = {}
     """knob -> the values ``hpcdl generate FAMILY --sample SEED`` draws from, uniformly; a
     family may also name derived quantities here and turn them into knobs in ``from_drawn``"""
+    channels_last: ClassVar[bool] = False
+    """its convolutions can run channels-last (``run.memory_format``, ``measure.execution``)"""
+    tp_in_stages: ClassVar[bool] = False
+    """its tensor-parallel pairs of layers lie inside its pipeline blocks, so that a stage
+    boundary never separates a column-parallel layer from its row-parallel partner (tp x pp)"""
 
     batch_size: int = knob(
         32, lo=1, hi=1 << 20, doc="samples per rank per micro-batch (x accumulation_steps per step)"
@@ -75,6 +83,45 @@ class Spec(Knobs):
         """Size of the last dimension of the logits."""
         raise TypeError(f"{type(self).__name__} does not define num_classes")
 
+    # --- optional: tensor and pipeline parallelism (``hpcdl.parallel``, ``hpcdl.scaling``) ---
+    def tp_sizes(self) -> dict[str, int] | None:
+        """The sizes tensor parallelism splits, by knob (or derived size) name: the group's size
+        must divide each. None (the default): the family has no tensor-parallel plan."""
+        return None
+
+    def tp_splits(self, model: nn.Module) -> dict[nn.Module, Split]:
+        """The layers of ``model`` (built from this spec) that tensor parallelism splits, and
+        how: column-parallel, then row-parallel, pair by pair; the others stay whole on every
+        rank. Keyed by module, so that a pipeline stage holding some of them splits its own."""
+        raise TypeError(f"{type(self).__name__} has no tensor-parallel plan")
+
+    def tp_allreduces(self, blocks: int | None = None) -> Allreduces:
+        """The allreduces one micro-batch of ``batch_size`` runs on a rank of the tensor-parallel
+        group, forward and backward, through ``blocks`` of the model's pipeline blocks (a
+        stage's, under tp x pp: ``tp_in_stages``) or the whole model (None); the same at any
+        group size above 1."""
+        raise TypeError(f"{type(self).__name__} has no tensor-parallel plan")
+
+    def tp_count(self, tp: int) -> Count:
+        """One rank's parameters and work per sample under tensor parallelism over ``tp`` ranks
+        (its shards and the layers that stay whole)."""
+        raise TypeError(f"{type(self).__name__} has no tensor-parallel plan")
+
+    def pp_blocks(self) -> int:
+        """The blocks a pipeline deals out to its stages (``pp_parts``); 0 (the default): the
+        model does not split into stages."""
+        return 0
+
+    def pp_parts(self, model: nn.Module) -> Parts:
+        """``model`` (built from this spec) as a pipeline: what runs before its ``pp_blocks``
+        blocks, the blocks, what runs after them, and parameters both ends use."""
+        raise TypeError(f"{type(self).__name__} does not split into pipeline stages")
+
+    def pp_boundary_bytes(self) -> int:
+        """Bytes of one sample's activations where one stage hands them to the next (and of
+        their gradient, sent back)."""
+        raise TypeError(f"{type(self).__name__} does not split into pipeline stages")
+
     @classmethod
     def from_drawn(cls, drawn: dict[str, Any], ranges: Ranges, rng: random.Random) -> dict[str, Any]:
         """Knobs from the values drawn from ``sampling`` (or the caller's ranges): by default the
@@ -94,13 +141,13 @@ class Spec(Knobs):
         """Elements of one sample's logits (one row of ``num_classes`` per label)."""
         return math.prod(self.target_shape()) * self.num_classes
 
-    def memory_per_sample(self) -> int:
+    def memory_per_sample(self, device_type: str = "cpu") -> int:
         """Bytes one sample adds to a training step where it needs the most
-        (``metrics.sample_memory``)."""
-        return _largest_sample(self._moment_bytes(self.count()))
+        (``metrics.sample_memory``), on a ``device_type`` device."""
+        return _largest_sample(self._moment_bytes(self.count(), device_type=device_type))
 
     def _moment_bytes(
-        self, c: Count, heap: bool = False, kept_grads: bool = False
+        self, c: Count, heap: bool = False, kept_grads: bool = False, device_type: str = "cpu"
     ) -> list[tuple[int, int, int, int, int]]:
         """``c.moments`` in bytes per sample (``metrics.memory_parts``'s ``moments``). The
         first, as backward begins, is two: the loss's backward, with its copies of the logits
@@ -109,22 +156,30 @@ class Spec(Knobs):
         (the previous step's were freed); the head's makes the first. ``heap``: the heap pages
         per-step layers leave resident count (``Moment.heap``). With gradient accumulation, or
         ``kept_grads`` (gradients a backend keeps allocated, ``Backend.keeps_gradients``), what a
-        step holds beside every gradient (:func:`_accumulated`)."""
+        step holds beside every gradient (:func:`_accumulated`). Dropout masks are what the
+        device keeps of them (``Tally.dropout``: an element of the dropped tensor on a CPU, a
+        byte on CUDA)."""
         size = precision(self.precision).bytes
         heap_size = size if heap else 0
         loss = metrics.sample_memory(0, self.logits_elements)
         head = metrics.sample_memory(0, self.logits_elements, copies=metrics.HEAD_BACKWARD_COPIES)
+
+        def kept(m: Moment) -> int:
+            if device_type == "cuda":  # its masks booleans, not elements of the dropped tensor
+                return (m.kept - m.masks) * size + m.mask_bytes
+            return m.kept * size
+
         first, *placed = c.moments
         moments = [
-            (first.kept * size + loss, 0, 0, first.copies, first.heap * heap_size),
+            (kept(first) + loss, 0, 0, first.copies, first.heap * heap_size),
             (
-                first.kept * size + head,
+                kept(first) + head,
                 first.workspace * size,
                 first.grads,
                 first.copies,
                 first.heap * heap_size,
             ),
-            *((p.kept * size, p.workspace * size, p.grads, p.copies, p.heap * heap_size) for p in placed),
+            *((kept(p), p.workspace * size, p.grads, p.copies, p.heap * heap_size) for p in placed),
         ]
         return _accumulated(moments, c.params) if self.accumulation_steps > 1 or kept_grads else moments
 
@@ -159,7 +214,7 @@ class Spec(Knobs):
         gradients stay allocated between steps (``Backend.keeps_gradients``: DDP's buckets)."""
         c = self.count()
         heap = self._in_heap(c, batch, device_type, malloc)
-        moments = self._moment_bytes(c, heap=heap, kept_grads=kept_grads)
+        moments = self._moment_bytes(c, heap=heap, kept_grads=kept_grads, device_type=device_type)
         return metrics.memory_parts(
             c.params,
             _largest_sample(moments),

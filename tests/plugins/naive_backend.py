@@ -2,7 +2,8 @@
 HPCDL_PLUGINS by tests/test_extensions.py. After backward it averages every gradient with one
 blocking mpi4py Allreduce per parameter: no overlap, no fusion, but correct. Its other
 collectives are mpi4py's on numpy copies; rank-local parameters (experts sharded across
-ranks) are neither broadcast nor reduced."""
+ranks) are neither broadcast nor reduced. It holds a replica of the model on every rank: the
+protocol's data-parallel rules come from ``Replicated``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from torch import nn
 
 from hpcdl.parallel.backends import BACKENDS, MakeOptimizer, Traffic, Wrapped, gradient_bytes
+from hpcdl.parallel.backends.replicated import Replicated
 from hpcdl.parallel.placement import shared_parameters
 from hpcdl.parallel.world import World
 
@@ -23,7 +25,7 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
 
 
 @BACKENDS.register
-class NaiveMpiBackend:
+class NaiveMpiBackend(Replicated):
     name: ClassVar[str] = "naive-mpi"
     auto_priority: ClassVar[int | None] = None  # never chosen by backend=auto
     shards_state: ClassVar[bool] = False

@@ -9,7 +9,10 @@ each moves, how its exposed communication and its ranks' computation alone are m
 also runs the blocking collectives the rest of hpcdl needs: an allreduce, an all-gather and a
 reduce-scatter (checks and bandwidth sweeps) and an all-to-all (mixture-of-experts token
 dispatch, ``hpcdl.workloads.moe``). A backend is one file in this folder, or a plugin
-(``hpcdl.plugins``), that registers its class with ``@BACKENDS.register``.
+(``hpcdl.plugins``), that registers its class with ``@BACKENDS.register``; one that holds a
+replica of the model on every rank inherits the protocol's data-parallel rules
+(``backends.replicated.Replicated``: its data streams, the traffic of its step and their timing)
+and states the rest.
 
 Parameters that ``hpcdl.parallel.placement.rank_local`` names (experts sharded across ranks)
 belong to this rank alone: a backend neither broadcasts nor reduces them, and still makes the
@@ -22,7 +25,7 @@ import math
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -31,6 +34,9 @@ from hpcdl.errors import SpecError
 from hpcdl.parallel.placement import shared_parameters
 from hpcdl.parallel.world import World
 from hpcdl.plugins import Registry
+
+if TYPE_CHECKING:
+    from hpcdl.workloads.spec import Spec
 
 MakeOptimizer = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 """builds the run's optimizer over the parameters it is given (a backend that shards or wraps
@@ -68,8 +74,13 @@ class Backend(Protocol):
     """how ``exposed_s`` measures communication not hidden behind computation (for records)"""
     compute_only_method: ClassVar[str]
     """how ``compute_only_s`` times a rank's computation alone, or why it cannot (for records)"""
-    # optional: compiles_after_wrap: ClassVar[bool] -- a compiled run compiles the model this
-    # backend made (tensor parallelism's sharded layers), not the model it is given (default)
+    compiles_after_wrap: ClassVar[bool]
+    """a compiled run compiles the model this backend made (tensor parallelism's sharded
+    layers), not the model it is given (False: the backend wraps the compiled model)"""
+    cycle_s: ClassVar[float]
+    """the period at which the backend looks for gradients ready to reduce (Horovod's cycle
+    time): a ready bucket waits half of it on average (the scaling model's ``bucket_tail``);
+    0: a bucket is reduced as soon as it is ready"""
 
     def __init__(self, world: World, device: torch.device) -> None: ...
 
@@ -145,6 +156,30 @@ class Backend(Protocol):
         waits for the slowest rank, every rank's phases last as long as the slowest's."""
         ...
 
+    def streams(self, rank: int, ranks: int) -> tuple[int, int]:
+        """(this rank's data stream, the number of distinct streams) of a run of ``ranks``
+        ranks: each rank its own in data parallelism; the ranks of a tensor-parallel group
+        share one."""
+        ...
+
+    def step_traffic(self, model: nn.Module, spec: Spec) -> list[Traffic]:
+        """Every collective one training step of ``spec`` runs on this rank outside forward and
+        backward (the in-step ones, the experts' all-to-alls, are timed as they run), by the name
+        the record gives it (a layout's dimension first: ``tp.allreduce``); ``model`` is the
+        module handed to ``wrap``, after it (this rank's shards). Timed after training by
+        :meth:`time_traffic`; data parallelism's is ``traffic``."""
+        ...
+
+    def reduced_bytes(self, model: nn.Module) -> int:
+        """Bytes of the gradients one step reduces across ranks on this rank (``model`` as for
+        :meth:`step_traffic`)."""
+        ...
+
+    def time_traffic(self, traffic: list[Traffic], world: World, device: torch.device) -> dict[str, float]:
+        """Median seconds per step of each collective of :meth:`step_traffic`, by name, timed
+        after training among the ranks it runs among. Collective: every rank must call it."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -160,13 +195,6 @@ def allreduce_traffic(model: nn.Module, message_bytes: int) -> list[Traffic]:
     grads = gradient_bytes(model)
     calls = max(1, math.ceil(grads / message_bytes)) if message_bytes else 1
     return [Traffic("allreduce", grads, calls)]
-
-
-def data_shard(backend: object, rank: int, ranks: int) -> tuple[int, int]:
-    """(this rank's data stream, the number of distinct streams): each rank its own, unless the
-    backend says otherwise (tensor parallelism: the ranks of a tp group share one stream)."""
-    shard: tuple[int, int] = getattr(backend, "data_shard", (rank, ranks))
-    return shard
 
 
 BACKENDS: Registry[type[Backend]] = Registry(

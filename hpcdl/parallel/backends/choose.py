@@ -4,6 +4,8 @@ called by the run (``harness.runner``) and by an auto-fit trial of a rank's shar
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from hpcdl.parallel.backends import BACKENDS, Backend
@@ -11,6 +13,9 @@ from hpcdl.parallel.backends.pipeline import PipelineBackend
 from hpcdl.parallel.backends.tensor import TensorParallel
 from hpcdl.parallel.layout import Layout
 from hpcdl.parallel.world import World
+
+if TYPE_CHECKING:
+    from hpcdl.workloads.spec import Spec
 
 
 def backend_class(name: str, layout: Layout) -> type[Backend]:
@@ -23,10 +28,12 @@ def backend_class(name: str, layout: Layout) -> type[Backend]:
     return BACKENDS.get(name)
 
 
-def start_backend(name: str, layout: Layout, world: World, device: torch.device) -> Backend:
+def start_backend(
+    name: str, layout: Layout, world: World, device: torch.device, spec: Spec | None = None
+) -> Backend:
     """The backend of :func:`backend_class`, started for this rank (tensor parallelism over the
-    layout's tp x dp mesh)."""
+    layout's tp x dp mesh, splitting ``spec``'s model by its family's plan)."""
     cls = backend_class(name, layout)
     if cls is TensorParallel:
-        return TensorParallel(world, device, layout)
+        return TensorParallel(world, device, layout, spec)
     return cls(world, device)

@@ -12,12 +12,13 @@ from torch import nn
 
 from hpcdl.errors import HpcdlError
 from hpcdl.parallel.backends import BACKENDS, MakeOptimizer, Traffic, Wrapped, allreduce_traffic
+from hpcdl.parallel.backends.replicated import Replicated
 from hpcdl.parallel.placement import rank_local, shared_parameters, shared_state
 from hpcdl.parallel.world import World
 
 
 @BACKENDS.register
-class HorovodBackend:
+class HorovodBackend(Replicated):
     name: ClassVar[str] = "horovod"
     auto_priority: ClassVar[int | None] = 0
     shards_state: ClassVar[bool] = False
@@ -26,6 +27,9 @@ class HorovodBackend:
     """Horovod's tensor fusion buffer: HOROVOD_FUSION_THRESHOLD's default in the release hpcdl
     installs (0.28.1: ``SetTensorFusionThresholdBytes(128 * 1024 * 1024)`` in
     horovod/common/operations.cc; the 2017 releases had 64 MB)"""
+    cycle_s: ClassVar[float] = 1e-3
+    """``HOROVOD_CYCLE_TIME``'s default in the release hpcdl installs (0.28.1:
+    ``SetCycleTimeMs(1)`` in horovod/common/operations.cc; the 2017 releases had 5 ms)"""
     exposed_method: ClassVar[str] = "allreduce phase: optimizer.synchronize() after backward"
     compute_only_method: ClassVar[str] = (
         "median forward + median backward (the hooks only enqueue reductions)"

@@ -9,11 +9,12 @@ import torch
 from torch import nn
 
 from hpcdl.parallel.backends import BACKENDS, SINGLE, MakeOptimizer, Traffic, Wrapped
+from hpcdl.parallel.backends.replicated import Replicated
 from hpcdl.parallel.world import World
 
 
 @BACKENDS.register
-class SingleProcess:
+class SingleProcess(Replicated):
     name: ClassVar[str] = SINGLE
     auto_priority: ClassVar[int | None] = None
     shards_state: ClassVar[bool] = False

@@ -40,11 +40,15 @@ class TensorParallel(DistGroup):
         "not measured: the tensor-parallel allreduces inside forward and backward wait for the group"
     )
 
-    def __init__(self, world: World, device: torch.device, layout: Layout | None = None) -> None:
+    def __init__(
+        self, world: World, device: torch.device, layout: Layout | None = None, spec: Spec | None = None
+    ) -> None:
+        """``spec``: the workload, whose family's plan splits its layers (``Spec.tp_splits``);
+        needed with tp > 1."""
         super().__init__(world, device)
         try:
             self.layout = fit_layout(layout or Layout(), world.size)
-            self.rank = world.rank
+            self.rank, self.spec = world.rank, spec
             self.mesh = device_mesh(self.layout, device.type)
             self.tp_group = self.mesh["tp"].get_group()
             self.dp_group = self.mesh["dp"].get_group()
@@ -52,10 +56,9 @@ class TensorParallel(DistGroup):
             self.close()
             raise
 
-    @property
-    def data_shard(self) -> tuple[int, int]:
-        """(this rank's data stream, the number of streams): a tp group reads one stream."""
-        return self.layout.coords(self.rank)["dp"], self.layout.dp
+    def streams(self, rank: int, ranks: int) -> tuple[int, int]:
+        """A tp group reads one stream: its dp coordinate's, of the layout's dp."""
+        return self.layout.coords(rank)["dp"], self.layout.dp
 
     def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer, accumulation_steps: int = 1) -> Wrapped:
         # every rank built the same weights from the spec's seed; the dp replicas still take
@@ -63,7 +66,8 @@ class TensorParallel(DistGroup):
         if self.layout.tp > 1:
             from torch.distributed.tensor.parallel import parallelize_module  # 0.5 s: tp runs only
 
-            parallelize_module(model, self.mesh["tp"], plan(model))
+            assert self.spec is not None, "tensor parallelism splits a spec's model: start it with the spec"
+            parallelize_module(model, self.mesh["tp"], plan(self.spec, model))
         if self.layout.dp > 1:
             source = self.layout.dp_group(self.rank)[0]
             for t in [*model.parameters(), *model.buffers()]:
@@ -92,29 +96,24 @@ class TensorParallel(DistGroup):
         grads = sum(local_tensor(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         return [Traffic("allreduce", grads, 1)]
 
-    def step_traffic(self, model: nn.Module, spec: Spec) -> dict[str, Traffic]:
-        """Every collective of a step on this rank by its record name: ``allreduce`` (the dp
-        replicas' gradients, when dp > 1) and ``tp.allreduce`` (tensor parallelism's, when
-        tp > 1). ``model`` is the wrapped model."""
-        out = {}
-        if self.layout.dp > 1:
-            out["allreduce"] = self.traffic(model)[0]
-        for t in tp_traffic(spec, self.layout.tp):
-            out[f"tp.{t.collective}"] = Traffic(f"tp.{t.collective}", t.bytes, t.calls)
-        return out
+    def step_traffic(self, model: nn.Module, spec: Spec) -> list[Traffic]:
+        """``allreduce`` (the dp replicas' gradients, when dp > 1) and ``tp.allreduce`` (tensor
+        parallelism's, when tp > 1), of this rank's shards."""
+        out = [self.traffic(model)[0]] if self.layout.dp > 1 else []
+        tp = [Traffic(f"tp.{t.collective}", t.bytes, t.calls) for t in tp_traffic(spec, self.layout.tp)]
+        return out + tp
 
-    def group_ranks(self, name: str) -> int:
-        """The ranks the collective ``name`` (of :meth:`step_traffic`) runs among."""
-        return self.layout.tp if name.startswith("tp.") else self.layout.dp
+    def reduced_bytes(self, model: nn.Module) -> int:
+        """The shards' gradients, reduced across the dp replicas only (none with dp = 1)."""
+        return self.traffic(model)[0].bytes if self.layout.dp > 1 else 0
 
-    def time_traffic(self, traffic: dict[str, Traffic]) -> dict[str, float]:
-        """Median seconds per step of each collective of :meth:`step_traffic`, on its group,
-        taken after training. Collective: every rank must call it."""
-        out = {}
-        for name, t in traffic.items():
-            group = self.tp_group if name.startswith("tp.") else self.dp_group
-            out[name] = time_collective(t, group, self.device)
-        return out
+    def time_traffic(self, traffic: list[Traffic], world: World, device: torch.device) -> dict[str, float]:
+        """Each collective on its group: ``tp.*`` over the tp group, the rest over the dp replicas."""
+
+        def group(name: str) -> dist.ProcessGroup:
+            return self.tp_group if name.startswith("tp.") else self.dp_group
+
+        return {t.collective: time_collective(t, group(t.collective), device) for t in traffic}
 
     @staticmethod
     def exposed_s(backward_s: float, local_backward_s: float | None, reduction_s: float) -> float | None:

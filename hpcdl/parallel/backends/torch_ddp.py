@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hpcdl.parallel.backends import BACKENDS, MakeOptimizer, Traffic, Wrapped, allreduce_traffic
+from hpcdl.parallel.backends.replicated import Replicated
 from hpcdl.parallel.placement import rank_local
 from hpcdl.parallel.world import World
 
@@ -57,7 +58,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class DistGroup:
+class DistGroup(Replicated):
     """The default torch.distributed process group of this run and the blocking collectives
     every backend offers, through it."""
 

@@ -46,12 +46,12 @@ def memory_points(records: Sequence[Audit]) -> list[figures.MemoryPoint]:
         per_sample = sample_elements(r.spec)
         if measured <= 0 or batch <= 0 or not per_sample:
             continue
-        optimizer = str(r.run.get("optimizer") or "adamw")
+        optimizer = r.run.optimizer
         sample_bytes = r.counts.memory_bytes_per_sample or r.counts.activation_bytes_per_sample
         # the record's own split where it has one (docs/metrics.md, "Memory"); older records
         # lack it, and get the estimate recomputed from their counts
-        total = r.metrics.memory.get("estimated", {}).get("total")
-        estimate = int(total) if total else memory_estimate(r.counts.params, sample_bytes, batch, optimizer)
+        split = r.metrics.memory.estimated
+        estimate = split.total if split else memory_estimate(r.counts.params, sample_bytes, batch, optimizer)
         if estimate <= 0:  # counts of an edited record: nothing to draw on a log axis
             continue
         kind = r.metrics.peak_memory_kind

@@ -23,6 +23,7 @@ from torch import nn
 from hpcdl.errors import SpecError
 from hpcdl.workloads import moe
 from hpcdl.workloads.counting import Count, Tally
+from hpcdl.workloads.parallelism import Allreduces, End, Parts, Split
 from hpcdl.workloads.precision import FP32_IN_16BIT, precision
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
@@ -62,6 +63,7 @@ class AttentionSpec(Spec):
     or a mean-pooled classifier."""
 
     family: ClassVar[str] = "attention"
+    tp_in_stages: ClassVar[bool] = True  # each block holds its own column/row pairs
     sampling: ClassVar[Ranges] = {
         "layers": [1, 2, 4, 6],
         "heads": [1, 2, 4, 8],
@@ -154,10 +156,16 @@ class AttentionSpec(Spec):
     def build_module(self) -> nn.Module:
         return Transformer(self)
 
-    def count(self, tp: int = 1) -> Count:
-        """The whole model's work (``tp`` = 1), or one rank's under tensor parallelism over
-        ``tp`` ranks (``hpcdl.parallel.tensor``: heads, q/k/v, the output projection's inputs and
-        the feed-forward's hidden units split; embeddings, norms and the head whole)."""
+    def count(self) -> Count:
+        return self._count(1)
+
+    def tp_count(self, tp: int) -> Count:
+        """One rank's work under tensor parallelism over ``tp`` ranks: heads, q/k/v, the output
+        projection's inputs and the feed-forward's hidden units split; embeddings, norms and
+        the head whole."""
+        return self._count(tp)
+
+    def _count(self, tp: int) -> Count:
         t = Tally()
         L, W = self.seq_len, self.width
         t.add_params((self.vocab + self.max_positions) * W)  # lookups: no FLOPs
@@ -167,7 +175,7 @@ class AttentionSpec(Spec):
         if self.norm == "post":
             _layer_norm(t, L, W, _residual(self))
         if self.dropout:
-            t.keep(_mask(L * W))  # the embedding dropout's
+            t.dropout(L * W, _residual(self))  # the embedding dropout's, over the fp32 sum
         for _ in range(self.layers):
             _block(t, self, L, W, tp)
         if self.norm == "pre":
@@ -185,16 +193,57 @@ class AttentionSpec(Spec):
     def sample_inputs(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
         return torch.randint(self.vocab, (n, self.seq_len), generator=generator, device=device)
 
+    # --- tensor and pipeline parallelism (``hpcdl.parallel``) -----------------------------
+    def tp_sizes(self) -> dict[str, int]:
+        return {"heads": self.heads, "width": self.width, "ffn_hidden": self.ffn_hidden}
+
+    def tp_splits(self, model: nn.Module) -> dict[nn.Module, Split]:
+        """Megatron's plan in every block: the fused q/k/v projection and the feed-forward's
+        first layer by columns (each rank its heads, its hidden units), the output projection
+        and the feed-forward's second layer by rows; embeddings, norms and the head whole."""
+        splits: dict[nn.Module, Split] = {}
+        for block in model.modules():
+            if isinstance(block, Block):
+                splits |= {block.qkv: "columns", block.proj: "rows", block.ffn[0]: "columns"}
+                splits[block.ffn[2]] = "rows"
+        return splits
+
+    def tp_allreduces(self, blocks: int | None = None) -> Allreduces:
+        """2 allreduces forward per block (after the row-parallel projections) and 2 backward
+        (the gradients of the column-parallel layers' replicated inputs), each of batch x
+        seq_len x width elements: forward ones in the compute precision (autocast's products),
+        backward ones in fp32 (the gradients of layer-norm outputs and of the residual stream,
+        which autocast keeps in fp32)."""
+        calls = 2 * (self.layers if blocks is None else blocks)  # each way
+        elements = calls * self.batch_size * self.seq_len * self.width
+        return Allreduces(elements * (precision(self.precision).bytes + 4), 2 * calls)
+
+    def pp_blocks(self) -> int:
+        return self.layers
+
+    def pp_parts(self, model: nn.Module) -> Parts:
+        """The embeddings before the blocks, the final norm and the head after them. A tied lm
+        head multiplies by the token table: the last stage holds the table too (its rank's
+        copy, the same weights from the seed), and the two ends sum their gradients of it."""
+        m: Any = model  # a Transformer
+        tied = m.head is None
+        after = (m.final_norm, m.tokens if tied else m.head)
+        return Parts(
+            End(m.embed, (m.tokens, m.positions, m.embed_norm, m.embed_drop)),
+            list(m.blocks),
+            End(m.finish, after),
+            (m.tokens.weight,) if tied else (),
+        )
+
+    def pp_boundary_bytes(self) -> int:
+        """A block's output: seq_len x width of the residual stream, fp32 under autocast too."""
+        return self.seq_len * self.width * 4
+
 
 def _residual(spec: AttentionSpec) -> int:
     """Elements per element of the residual stream: under autocast it stays fp32 (the sum of
     the fp32 embeddings and each block's 16-bit outputs), two 16-bit elements."""
     return FP32_IN_16BIT if precision(spec.precision).autocast else 1
-
-
-def _mask(elements: int) -> int:
-    """A dropout mask is kept as booleans: one byte per element, counted as a quarter element."""
-    return elements // 4
 
 
 def _layer_norm(t: Tally, tokens: int, width: int, residual: int = 1) -> None:
@@ -227,7 +276,7 @@ def _block(t: Tally, spec: AttentionSpec, tokens: int, width: int, tp: int = 1) 
         scores = heads * tokens * tokens
         # its backward: two gradients of the scores
         t.keep(3 * scores + tokens * local - heads * tokens, gradients=2 * scores)
-        t.keep(2 * _mask(tokens * width))  # the two residual dropouts
+        t.dropout(2 * tokens * width)  # the two residual dropouts', over the branches' outputs
     t.linear(tokens, local, width)  # output projection (row-parallel; its bias whole)
     t.keep(tokens * width * (_residual(spec) - 1))  # the residual sum's rest in fp32
     _residual_sum(t, spec, tokens, width)

@@ -73,6 +73,7 @@ class CNNSpec(Spec):
     """
 
     family: ClassVar[str] = "cnn"
+    channels_last: ClassVar[bool] = True
     sampling: ClassVar[Ranges] = {
         "stages": [1, 2, 3, 4],
         "blocks_per_stage": [1, 2, 3],  # drawn once per stage into "blocks" (from_drawn)
@@ -444,7 +445,8 @@ class CNNSpec(Spec):
     def _count_head(self, t: Tally, channels: int, size: int) -> None:
         if self.classifier == "conv":
             if self.dropout:
-                t.keep(channels * size * size * 5 // 4)  # the dropped map and its boolean mask
+                t.keep(channels * size * size)  # the dropped map (the conv's input)
+                t.dropout(channels * size * size)
             t.conv2d((size, size), channels, self.classes, (1, 1), bias=True)
             t.keep(self.classes * size * size)  # the ReLU's output
             return
@@ -456,7 +458,8 @@ class CNNSpec(Spec):
             # freed once the ReLU has run); the ReLU's backward holds two gradients beside it
             t.linear(1, fan_in, self.head_width)
             t.keep(0, gradients=2 * self.head_width)
-            if self.dropout:  # the dropped output (the next linear's input) and its boolean mask
-                t.keep(self.head_width + self.head_width // 4)
+            if self.dropout:  # the dropped output (the next linear's input) and the mask
+                t.keep(self.head_width)
+                t.dropout(self.head_width)
             fan_in = self.head_width
         t.linear(1, fan_in, self.classes)

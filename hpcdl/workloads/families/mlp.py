@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from hpcdl.workloads.counting import Count, Tally
+from hpcdl.workloads.parallelism import Allreduces, End, Parts, Split
 from hpcdl.workloads.precision import precision
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
@@ -45,10 +46,15 @@ class MLPSpec(Spec):
         mods.append(nn.Linear(fan_in, self.output_size))
         return nn.Sequential(*mods)
 
-    def count(self, tp: int = 1) -> Count:
-        """The whole model's work (``tp`` = 1), or one rank's under tensor parallelism over
-        ``tp`` ranks (``hpcdl.parallel.tensor``: the layers in column/row-parallel pairs, a last
-        unpaired layer whole)."""
+    def count(self) -> Count:
+        return self._count(1)
+
+    def tp_count(self, tp: int) -> Count:
+        """One rank's work under tensor parallelism over ``tp`` ranks: the layers in
+        column/row-parallel pairs (:meth:`tp_splits`), a last unpaired layer whole."""
+        return self._count(tp)
+
+    def _count(self, tp: int) -> Count:
         t = Tally()
         if precision(self.precision).autocast:  # the first linear keeps a 16-bit copy of the data
             t.keep(self.input_size)  # (the fp32 batch beside it is the run's inputs)
@@ -69,3 +75,45 @@ class MLPSpec(Spec):
 
     def sample_inputs(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
         return torch.randn(n, self.input_size, generator=generator, device=device)
+
+    # --- tensor and pipeline parallelism (``hpcdl.parallel``) -----------------------------
+    def _sizes(self) -> list[int]:
+        """The features into and out of each linear layer: linear i maps sizes[i] to sizes[i + 1]."""
+        return [self.input_size] + [self.width] * self.layers + [self.output_size]
+
+    def tp_sizes(self) -> dict[str, int]:
+        return {"width": self.width}
+
+    def tp_splits(self, model: nn.Module) -> dict[nn.Module, Split]:
+        """The linear layers in pairs, the first of each by columns, the second by rows; a last
+        unpaired layer stays whole."""
+        linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+        splits: dict[nn.Module, Split] = {}
+        for column, row in zip(linears[0::2], linears[1::2], strict=False):
+            splits |= {column: "columns", row: "rows"}
+        return splits
+
+    def tp_allreduces(self, blocks: int | None = None) -> Allreduces:
+        """One allreduce forward per pair, of the row-parallel layer's outputs, and one backward
+        per pair whose input is not the data, of its inputs; in the compute precision. (A
+        pipeline stage's pairs are not its own: ``tp_in_stages`` is false, ``blocks`` unused.)"""
+        sizes = self._sizes()
+        pairs = len(sizes[:-1]) // 2
+        forward = sum(sizes[2 * p + 2] for p in range(pairs))
+        backward = sum(sizes[2 * p] for p in range(1, pairs))  # the first pair's input is the data
+        calls = pairs + max(pairs - 1, 0)
+        return Allreduces(self.batch_size * (forward + backward) * precision(self.precision).bytes, calls)
+
+    def pp_blocks(self) -> int:
+        return self.layers
+
+    def pp_parts(self, model: nn.Module) -> Parts:
+        """A block is a hidden layer and its ReLU; the last linear layer runs after them."""
+        layers = list(model.children())
+        pairs = range(0, len(layers) - 1, 2)
+        blocks: list[nn.Module] = [nn.Sequential(layers[i], layers[i + 1]) for i in pairs]
+        return Parts(None, blocks, End(layers[-1], (layers[-1],)))
+
+    def pp_boundary_bytes(self) -> int:
+        """A hidden layer's output, in the compute precision."""
+        return self.width * precision(self.precision).bytes

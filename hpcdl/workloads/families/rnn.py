@@ -14,7 +14,7 @@ from torch import nn
 from hpcdl.errors import SpecError
 from hpcdl.workloads.counting import Count, Tally
 from hpcdl.workloads.precision import FP32_IN_16BIT, precision
-from hpcdl.workloads.recurrent import CELLS, count_stack, keep_output_copy, recurrent_stack
+from hpcdl.workloads.recurrent import CELLS, count_stack, keep_output_copy, output_scale, recurrent_stack
 from hpcdl.workloads.registry import FAMILIES
 from hpcdl.workloads.spec import Ranges, Spec, knob
 
@@ -113,9 +113,15 @@ class RNNSpec(Spec):
             input_alive=embedded,
         )
         if self.dropout:
-            # masks of the input dropout, the dropout between layers and the output dropout,
-            # booleans: a quarter element each (as attention's)
-            t.keep(T * (self.input_size + (self.layers - 1) * width + width) // 4)
+            # the masks of the input dropout, over an embedding's fp32 output (over data, which
+            # takes no gradient, autograd keeps none), and of the dropout between the layers and
+            # on a per-step output, over the layers' outputs
+            if self.vocab > 0:
+                t.dropout(T * self.input_size, FP32_IN_16BIT if autocast else 1)
+            scale = output_scale(self.cell, autocast)
+            t.dropout(T * width * (self.layers - 1), scale)
+            if self.output == "step":  # the last state goes to the head undropped
+                t.dropout(T * width, scale)
         if self.output == "step":
             keep_output_copy(t, T, width, alive=embedded)
         t.linear(T if self.output == "step" else 1, width, self.classes)

@@ -40,6 +40,7 @@ class SpeechSpec(Spec):
     the output frames, then a fully connected classifier at every output frame."""
 
     family: ClassVar[str] = "speech"
+    channels_last: ClassVar[bool] = True
     sampling: ClassVar[Ranges] = {
         "freq_bins": [41, 81, 161],
         "frames": [50, 100, 200],
