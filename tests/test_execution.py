@@ -296,4 +296,6 @@ def test_the_mode_options_set_the_execution_mode_and_nothing_else() -> None:
         assert p.parse_args([*command, "--compile"]).execution_mode == "compile"
         assert p.parse_args([*command, "--eager"]).execution_mode == "eager"
         assert p.parse_args(command).execution_mode is None  # the class's, else eager
-    assert p.parse_args(["sweep", "--np", "1,2", "--eager"]).mode == "weak"  # the sweep's own --mode
+    # The sweep's own --mode (weak or strong scaling) is untouched by --eager/--compile.
+    assert p.parse_args(["sweep", "--np", "1,2", "--eager"]).mode is None
+    assert p.parse_args(["sweep", "--np", "1,2", "--mode", "strong", "--compile"]).mode == "strong"
