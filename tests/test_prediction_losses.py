@@ -14,6 +14,7 @@ from hpcdl_cli import hpcdl, one_line
 from hpcdl import metrics
 from hpcdl.parallel.backends import Traffic
 from hpcdl.records.loader import read_record
+from hpcdl.records.views import Io, IoFigures
 from hpcdl.scaling.fitting import model_from_records
 from hpcdl.scaling.model import SYNC_BYTES, Comm, Model
 
@@ -52,12 +53,12 @@ def test_each_loss_is_its_own_figure_and_adds_to_the_step() -> None:
     lossy = model(step_cv=0.02, sync_calls=3)
     for p in (2, 8, 64):
         a, b = plain.point(p), lossy.point(p)
-        assert a["straggler_s"] == a["sync_s"] == a["data_s"] == 0.0
-        assert b["straggler_s"] == pytest.approx(metrics.expected_max_normal(p) * 0.02 * lossy.compute_s(p))
-        assert b["sync_s"] == pytest.approx(3 * RING.time(SYNC_BYTES, p, 1))
-        assert b["step_s"] == pytest.approx(a["step_s"] + b["straggler_s"] + b["sync_s"])
-        assert b["efficiency"] < a["efficiency"]
-    assert lossy.point(1)["step_s"] == plain.point(1)["step_s"]  # one rank waits for nobody
+        assert a.straggler_s == a.sync_s == a.data_s == 0.0
+        assert b.straggler_s == pytest.approx(metrics.expected_max_normal(p) * 0.02 * lossy.compute_s(p))
+        assert b.sync_s == pytest.approx(3 * RING.time(SYNC_BYTES, p, 1))
+        assert b.step_s == pytest.approx(a.step_s + b.straggler_s + b.sync_s)
+        assert b.efficiency < a.efficiency
+    assert lossy.point(1).step_s == plain.point(1).step_s  # one rank waits for nobody
 
 
 def test_a_node_input_pipeline_shared_by_its_ranks() -> None:
@@ -76,8 +77,8 @@ def test_a_record_calibrates_the_straggler_and_its_hdf5_read_rate() -> None:
     m = model_from_records(base, RING, backend="torch")
     assert m.step_cv == pytest.approx(metrics.step_cv(steps.p10, steps.p90, steps.median)) and m.step_cv > 0
     assert m.data_rate == 0.0  # its data lived in memory: no read rate
-    read = {"read": {"samples_per_s": 1234.0}}
-    hdf5 = replace(base, metrics=replace(base.metrics, io=read))
+    read = IoFigures(samples=1234, bytes=1234 * 4096, seconds=1.0, samples_per_s=1234.0, bytes_per_s=5e6)
+    hdf5 = replace(base, metrics=replace(base.metrics, io=Io(read=read)))
     assert model_from_records(hdf5, RING, backend="torch").data_rate == 1234.0
 
 
