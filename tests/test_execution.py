@@ -19,6 +19,7 @@ import torch
 from hpcdl_cli import hpcdl, one_line
 
 import hpcdl as api
+from hpcdl.measure import execution
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import device_pool
 from hpcdl.measure.execution import Execution, compiled, inputs, prepare, resolve
@@ -93,8 +94,8 @@ def test_a_compiled_run_records_what_ran_and_its_first_step(tmp_path: Path) -> N
     assert c["settings"]["execution"] == {
         "mode": "compile",
         "graphs": False,
-        "fused_optimizer": False,
-        "memory_format": "contiguous",
+        "fused_optimizer": execution.CPU_FUSED_OPTIMIZER,  # auto: the CPU's measured choice
+        "memory_format": "contiguous",  # an MLP has no convolutions
         "cudnn_benchmark": False,
     }
     assert c["metrics"]["compiled"]["graphs"] >= 1 and c["metrics"]["compiled"]["graph_breaks"] == 0
@@ -169,6 +170,19 @@ def test_rank_keeps_modes_apart(tmp_path: Path) -> None:
     assert all("/compiled/" in w["record"] for w in comp.workloads.values())
     text = ranking.terminal_table(r)
     assert "compile runs" in text and text.count("Class S (suite version") == 2
+
+
+def test_a_compiled_class_run_is_scored_in_its_own_mode(tmp_path: Path) -> None:
+    """What ``run --class S --compile`` (and class M, compiled by default) prints at its end:
+    the score of its records in their mode, as ``rank`` lists them, not "incomplete"."""
+    from hpcdl.results.verdict import judge
+
+    comp = as_compiled(REF, tmp_path / "compiled")
+    v = judge(sorted(comp.glob("*.json")), "S")
+    assert v.score.mode == "compile" and v.score.score is not None and v.rankable, v.lines()
+    assert v.lines()[0].startswith("class S/compile v1 score: ")
+    eager = judge(sorted(REF.rglob("*.json")), "S")  # other files there are "not counted"
+    assert eager.score.mode == "eager" and eager.score.score == pytest.approx(v.score.score)
 
 
 # --- the headline window and a disturbed machine ----------------------------------------------

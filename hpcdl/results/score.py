@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,13 @@ def execution_mode(r: Result) -> str:
     compile+graphs (CUDA graphs)."""
     e = r.settings.execution
     return f"{e.mode}+graphs" if e.graphs else e.mode
+
+
+def scored_mode(entries: Sequence[Audit], size_class: str) -> str:
+    """The mode a class's records are scored in where nobody named one: the one most of them
+    ran in (a run or a job runs one), else the class's own (``recipes.Suite.mode``)."""
+    modes = Counter(execution_mode(e.result) for e in entries if e.result.run.suite_class == size_class)
+    return modes.most_common(1)[0][0] if modes else recipes.suite(size_class).mode
 
 
 def list_key(size_class: str, mode: str) -> str:

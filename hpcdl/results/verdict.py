@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hpcdl.records.audit import Audit, audit, gate_problems
 from hpcdl.records.loader import Unreadable, read_record
-from hpcdl.results.score import SystemScore, score_system, suite_workload
+from hpcdl.results.score import SystemScore, list_key, score_system, scored_mode, suite_workload
 from hpcdl.results.text import si
 from hpcdl.workloads import recipes
 
@@ -51,7 +51,7 @@ class Verdict:
         """The verdict as a person reads it: the score line, whether it is rankable, and (with
         ``rejected``) one line per record left out."""
         s, suite = self.score, recipes.suite(self.size_class)
-        head = f"class {self.size_class} v{suite.version}"
+        head = f"class {list_key(self.size_class, s.mode)} v{suite.version}"
         if s.score is None:
             state = f"{head}: no score: {s.reason}"
         else:
@@ -69,7 +69,7 @@ class Verdict:
 
 def judge(paths: Sequence[Path], size_class: str, system: str = "this system") -> Verdict:
     """Read, audit and gate the records at ``paths`` as ``hpcdl rank`` does, and score them in
-    ``size_class``."""
+    ``size_class``, in the execution mode they ran in (``score.scored_mode``)."""
     accepted: list[Audit] = []
     rejected: list[tuple[str, str]] = []
     for path in paths:
@@ -84,4 +84,5 @@ def judge(paths: Sequence[Path], size_class: str, system: str = "this system") -
             rejected.append((path.name, "; ".join(problems)))
         else:
             accepted.append(checked)
-    return Verdict(size_class, score_system(system, accepted, size_class), accepted, rejected)
+    mode = scored_mode(accepted, size_class)
+    return Verdict(size_class, score_system(system, accepted, size_class, mode), accepted, rejected)

@@ -17,7 +17,7 @@ from hpcdl.records import repeats
 from hpcdl.records.audit import Audit
 from hpcdl.records.views import Result
 from hpcdl.results.ranking import collect
-from hpcdl.results.score import SystemScore, record_class, score_system, suite_workload
+from hpcdl.results.score import SystemScore, record_class, score_system, scored_mode, suite_workload
 from hpcdl.results.text import si
 from hpcdl.submission.system import Description
 from hpcdl.workloads import recipes
@@ -113,7 +113,7 @@ def completeness(d: Description, out: Verified) -> list[str]:
                     f"class {size_class} v{version} at {n} ranks: workload {w} has {found} records, "
                     f"the description states {want} repeats"
                 )
-    out.score = score_system(d.system.name, out.accepted, size_class)
+    out.score = score_system(d.system.name, out.accepted, size_class, scored_mode(out.accepted, size_class))
     if out.score.score is None and not problems:
         problems.append(f"class {size_class} v{version}: no score: {out.score.reason}")
     return problems
