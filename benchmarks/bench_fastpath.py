@@ -58,14 +58,14 @@ def trainer_of(spec: Spec, execution: Execution, device: torch.device, weights: 
 
 def bare(trainer: Trainer) -> Callable[[], float]:
     """The loop a user would write by hand over the same model, optimizer and batches: no
-    phases, one synchronisation per step."""
+    phases, one synchronisation per step; its step, like hpcdl's, takes its batch."""
     p = trainer.precision
     pool = trainer.source
     assert isinstance(pool, DevicePool)
 
     def step() -> float:
-        x, y = pool.next()
         t0 = time.perf_counter()
+        x, y = pool.next()
         with torch.autocast(trainer.device.type, dtype=p.dtype, enabled=p.autocast):
             logits = trainer.model(x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
@@ -146,7 +146,7 @@ def variants(specs: dict[str, Spec], device: torch.device, rounds: int, steps: i
     for name, spec in specs.items():
         weights = spec.build().to(device).state_dict()
         tried = {"per-parameter optimizer": {"fused": "off"}, "fused optimizer": {"fused": "on"}}
-        if spec.family in ("cnn", "speech"):
+        if spec.channels_last:  # the families with convolutions
             tried["channels_last"] = {"memory_format": "channels_last", "fused": "off"}
         run = {}
         for label, choice in tried.items():
