@@ -95,6 +95,14 @@ def hpcdl_process(
     return Ran(argv, p.returncode, p.stdout, p.stderr)
 
 
+def hears_signals() -> None:
+    """For ``preexec_fn``: a child whose test signals it hears the signals hpcdl handles, even
+    where the test runner was started with them ignored (``nohup``, a shell without job
+    control), which children inherit and hpcdl keeps ignored, as a background job should."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 ERROR_LINE = re.compile(r"^hpcdl( [\w-]+)*: error: ")
 """hpcdl's own error line, or argparse's (``hpcdl run: error: ...``)"""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Cluster  # beside this file, on pytest's path
-from hpcdl_cli import hpcdl
+from hpcdl_cli import hears_signals, hpcdl
 
 from hpcdl.parallel.launch import mpi_env, mpirun_path
 
@@ -167,6 +167,7 @@ def start_timing(*args: str) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
         env=mpi_env(),
+        preexec_fn=hears_signals,
     )
     assert proc.stdout is not None
     for line in proc.stdout:

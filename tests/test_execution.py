@@ -313,3 +313,15 @@ def test_the_mode_options_set_the_execution_mode_and_nothing_else() -> None:
     # The sweep's own --mode (weak or strong scaling) is untouched by --eager/--compile.
     assert p.parse_args(["sweep", "--np", "1,2", "--eager"]).mode is None
     assert p.parse_args(["sweep", "--np", "1,2", "--mode", "strong", "--compile"]).mode == "strong"
+
+
+def test_the_ranks_digest_reads_channels_last_weights_as_their_values() -> None:
+    """A 1×1 convolution's channels-last weight counts as contiguous with a last stride that is
+    not 1; the digest that checks ranks hold the same parameters must read it all the same."""
+    from hpcdl.measure.checks import parameter_digest
+
+    w = torch.randn(8, 4, 1, 1)
+    last = w.to(memory_format=torch.channels_last)
+    assert last.stride(-1) != 1 and last.is_contiguous()
+    assert parameter_digest([("w", last)]) == parameter_digest([("w", w)])
+    assert parameter_digest([("w", last)]) != parameter_digest([("w", w + 1)])

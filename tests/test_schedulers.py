@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hpcdl_cli import hpcdl, hpcdl_process
+from hpcdl_cli import hears_signals, hpcdl, hpcdl_process
 
 from hpcdl.schedulers.status import status
 
@@ -254,9 +254,7 @@ def test_signal_to_submit_cancels_the_point_running_here(tmp_path: Path, sig: in
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # a shell without job control starts background commands with SIGINT ignored, and submit
-        # keeps a signal it inherits ignored (as a background job should): the case needs it heard
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=hears_signals,
     )
     try:
         end = time.monotonic() + 120

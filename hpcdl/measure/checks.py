@@ -104,7 +104,9 @@ def parameter_digest(parameters: Sequence[tuple[str, torch.Tensor]]) -> str:
     """SHA-256 of every parameter's bytes, in order (``placement.full_parameters``: whole)."""
     h = hashlib.sha256()
     for _, p in parameters:
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        # reshape(-1), not contiguous(): a channels-last (C, K, 1, 1) weight counts as contiguous
+        # with a last stride of K, which view() as bytes refuses
+        h.update(p.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
