@@ -12,11 +12,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hpcdl_cli  # beside this file, on pytest's path
 import pytest
 import torch
 
 import hpcdl
+
+if __package__:  # imported as tests.test_accumulation by mpirun's ranks (ranks_main)
+    from tests import hpcdl_cli
+else:
+    import hpcdl_cli  # beside this file, on pytest's path
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.data import make_batch
 from hpcdl.measure.fit import estimated_batch, fit_batch, rank_memory

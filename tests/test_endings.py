@@ -123,8 +123,15 @@ ENDINGS = {
 }
 
 
+SLOW_ENDINGS = {
+    "the disk fills up": pytest.mark.slow(
+        reason="an 8 s window on a 24 MB mount filled up; test_faults' full disk stays in the fast tier"
+    )
+}
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("ending", ENDINGS)
+@pytest.mark.parametrize("ending", [pytest.param(e, marks=SLOW_ENDINGS.get(e, ())) for e in ENDINGS])
 def test_a_run_leaves_its_record_or_nothing(tmp_path: Path, ending: str, mount) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     row = ENDINGS[ending]
     out = mount("out", "size=24m") if ending == "the disk fills up" else tmp_path / "out"

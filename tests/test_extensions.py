@@ -21,6 +21,7 @@ def plugins(paths: str) -> dict[str, str]:
     return {**os.environ, "HPCDL_PLUGINS": paths}
 
 
+@pytest.mark.slow(reason="five processes, each loading the plugin (it registers for good): about 13 s")
 def test_a_family_from_one_file(tmp_path: Path) -> None:
     plugin = str(PLUGINS / "tiny_family.py")
     listed = hpcdl_process("list", env=plugins(plugin))

@@ -152,6 +152,9 @@ def gone(marker: str, within_s: float = 20) -> bool:
 
 
 @pytest.mark.mpi
+@pytest.mark.slow(
+    reason="waits out a 15 s timeout; the fast tier's endings table holds this ending with torch ranks"
+)
 def test_a_stopped_rank_past_the_timeout_writes_no_record(tmp_path: Path) -> None:
     """SIGSTOP on a rank, then --timeout: mpirun gives the stopped rank a SIGCONT and a second
     before it kills it, in which rank 0 could finish and write. The launcher marked the run
@@ -165,6 +168,9 @@ def test_a_stopped_rank_past_the_timeout_writes_no_record(tmp_path: Path) -> Non
 
 
 @pytest.mark.mpi
+@pytest.mark.slow(
+    reason="waits for the stall bound to name a stopped rank, then for mpirun to end: about 15 s"
+)
 def test_a_stalled_rank_is_named_and_the_run_ends(tmp_path: Path) -> None:
     """No --timeout: the stall bound (--stall 3: no step for 3 s, tiny steps) ends the run
     and names the stopped rank and its host."""
@@ -192,6 +198,7 @@ def test_the_launcher_s_hangup_ends_every_rank(tmp_path: Path) -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.slow(reason="a 1-rank and a 2-rank point of a sweep, the second signalled: about 13 s")
 def test_sigterm_during_a_sweep_keeps_finished_points_and_exits_143(tmp_path: Path) -> None:
     args = ["sweep", *MLP, "--np", "1,2", "--steps", "5", "--min-duration", "0", "--data", "random"]
     proc = subprocess.Popen(

@@ -147,6 +147,9 @@ def test_a_real_trial_measures_its_peak_and_is_stopped_past_its_limit() -> None:
     assert cpu_trial(spec, "adamw", 1, 64 * MB).too_large
 
 
+@pytest.mark.slow(
+    reason="six memory trials in child processes, at sizes whose shares differ measurably: about 20 s"
+)
 def test_a_ranks_trial_trains_only_its_share_of_a_model_its_run_divides() -> None:
     """A rank of a sharded run holds less than the whole model, and its trial trains that share
     under torch's fake process group (``trial.Shard``): FSDP's quarter of the state and its
@@ -185,6 +188,7 @@ def test_the_estimate_counts_the_run_s_pool_of_input_batches() -> None:
     assert estimated_batch(spec, "adamw", 1.0, pooled, "cpu", pool_batches=4) == pytest.approx(4096, rel=0.01)
 
 
+@pytest.mark.slow(reason="three memory trials of a language model whose gradients are 78 MB: about 20 s")
 def test_later_micro_batches_and_ddps_buckets_keep_every_gradient_in_the_estimate_and_the_trial() -> None:
     """From a step's second micro-batch on every gradient exists beside the activations: a
     language model's peak, its loss's backward, rises by its weights' gradients (attention seed

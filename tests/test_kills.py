@@ -274,6 +274,9 @@ def test_a_run_ends_every_way_without_a_wrong_record(tmp_path: Path, command: st
 # --- the parts, each on its own: fast, no ranks ------------------------------------------------
 
 
+@pytest.mark.slow(
+    reason="a real run whose launcher is killed mid-window, then the bound it waits: about 13 s"
+)
 def test_a_record_is_not_written_once_a_launcher_is_gone(tmp_path: Path) -> None:
     """A launcher killed with SIGKILL cannot mark its run stopped: rank 0 finds it gone (pid and
     start time) and writes nothing; a launcher whose pid was reused is gone as well."""
