@@ -325,3 +325,14 @@ def test_the_ranks_digest_reads_channels_last_weights_as_their_values() -> None:
     assert last.stride(-1) != 1 and last.is_contiguous()
     assert parameter_digest([("w", last)]) == parameter_digest([("w", w)])
     assert parameter_digest([("w", last)]) != parameter_digest([("w", w + 1)])
+
+
+def test_sharded_parameters_run_the_per_parameter_optimizer_on_a_cpu() -> None:
+    """torch's fused AdamW on a CPU refuses DTensors (FSDP, tp > 1): auto leaves it off there,
+    and asking for it is one line naming the option."""
+    spec = api.spec_from_dict({"family": "mlp", **TINY["mlp"]})
+    cpu = torch.device("cpu")
+    assert resolve("eager", False, "auto", "auto", spec, cpu).fused_optimizer == execution.CPU_FUSED_OPTIMIZER
+    assert not resolve("eager", False, "auto", "auto", spec, cpu, dtensors=True).fused_optimizer
+    with pytest.raises(api.SpecError, match=r"^run\.fused_optimizer='on' is invalid: off or auto on a CPU"):
+        resolve("eager", False, "on", "auto", spec, cpu, dtensors=True)

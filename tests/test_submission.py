@@ -384,13 +384,14 @@ def test_the_site_lists_each_class_version_with_exports(
 def test_the_site_opens_in_chromium(site: tuple[Path, Site], tmp_path: Path) -> None:
     """Every page (the index, the class list, each system) loads with every figure and a quiet
     console; screenshots of the index and a system page are pages, not blanks."""
-    from test_report_browser import PNG_SIGNATURE, browse
+    from browser import browse
+    from test_report_browser import PNG_SIGNATURE
 
     out, _ = site
     pages = ["index.html", "class-S-v1.html", "systems/epyc-a.html", "systems/epyc-b.html"]
     frames = "".join(f'<iframe src="{p}" width="1280" height="2000"></iframe>' for p in pages)
     (out / "check.html").write_text(HARNESS % frames)
-    p = browse(out, "--allow-file-access-from-files", "--dump-dom", (out / "check.html").as_uri())
+    p = browse("--allow-file-access-from-files", "--dump-dom", (out / "check.html").as_uri())
     found = re.search(r'<pre id="verdict">([^<]*)</pre>', p.stdout)
     assert found, p.stdout[-2000:] + p.stderr[-2000:]
     verdict = json.loads(found.group(1))
@@ -404,7 +405,7 @@ def test_the_site_opens_in_chromium(site: tuple[Path, Site], tmp_path: Path) -> 
     ]
     for page, least in (("index.html", 20_000), ("systems/epyc-b.html", 100_000)):
         shot = tmp_path / "shot.png"
-        p = browse(out, "--window-size=1280,2400", f"--screenshot={shot}", (out / page).as_uri())
+        p = browse("--window-size=1280,2400", f"--screenshot={shot}", (out / page).as_uri())
         assert p.returncode == 0 and shot.read_bytes()[:8] == PNG_SIGNATURE and shot.stat().st_size > least
 
 

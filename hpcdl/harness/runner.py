@@ -136,8 +136,12 @@ def distinct_gpus(device: torch.device, world: World) -> None:
 def execution_of(spec: Spec, cfg: RunConfig, device: torch.device) -> Execution:
     """The run's execution (``measure.execution``), refused in one line where the device, the
     layout or the host cannot run it."""
-    pipeline = bool(cfg.layout) and parse_layout(cfg.layout).pp > 1
-    return resolve(cfg.mode, cfg.graphs, cfg.fused_optimizer, cfg.memory_format, spec, device, pipeline)
+    layout = parse_layout(cfg.layout) if cfg.layout else None
+    pipeline = layout is not None and layout.pp > 1
+    dtensors = cfg.backend == "fsdp" or (layout is not None and layout.tp > 1)
+    return resolve(
+        cfg.mode, cfg.graphs, cfg.fused_optimizer, cfg.memory_format, spec, device, pipeline, dtensors
+    )
 
 
 def slow_rank_delay(rank: int) -> float:

@@ -19,12 +19,14 @@ from hpcdl.errors import SpecError
 from hpcdl.workloads.spec import Spec
 
 MODES = ("eager", "compile")
-CPU_CHANNELS_LAST = True
-"""channels-last convolutions on CPUs: faster on the CPU measured (docs/validation/
-2026-12-02-fast-path.md: class S's CNN 0.87x, speech 0.95x the step time of contiguous)"""
+CPU_CHANNELS_LAST = False
+"""channels-last convolutions on CPUs: 0.87x (cnn) and 0.95x (speech) the step time of class S on
+the CPU measured, but oneDNN in torch 2.13 crashed (SIGSEGV) training a small CNN at batch 261
+(docs/validation/2026-12-02-fast-path.md): offered by --memory-format, never chosen by auto"""
 CPU_FUSED_OPTIMIZER = True
 """fused AdamW on CPUs: faster than the per-parameter loop for every class S workload on the CPU
-measured (the same entry: 0.68-0.98x the step time)"""
+measured (the same entry: 0.68-0.98x the step time); not where parameters are DTensors (FSDP,
+tensor parallelism), which torch's CPU kernel refuses"""
 
 
 @dataclass(frozen=True)
@@ -54,10 +56,12 @@ def resolve(
     spec: Spec,
     device: torch.device,
     pipeline: bool = False,
+    dtensors: bool = False,
 ) -> Execution:
     """The execution of a run of ``spec`` from its settings (``auto`` decided for ``device``);
     a setting the device, the layout or the host cannot run is a one-line error naming it.
-    Channels-last is for families whose convolutions can run it (``Spec.channels_last``)."""
+    Channels-last is for families whose convolutions can run it (``Spec.channels_last``);
+    ``dtensors``: the backend or layout shards parameters as DTensors (FSDP, tp > 1)."""
     if mode not in MODES:
         raise SpecError("run.mode", mode, "allowed: " + ", ".join(MODES))
     cuda = device.type == "cuda"
@@ -72,8 +76,11 @@ def resolve(
     if memory_format == "channels_last" and not spec.channels_last:
         allowed = f"channels_last is for families with convolutions, not {spec.family}"
         raise SpecError("run.memory_format", memory_format, allowed)
+    if fused == "on" and dtensors and not cuda:
+        allowed = "off or auto on a CPU with sharded parameters (FSDP, tp > 1): its kernel refuses DTensors"
+        raise SpecError("run.fused_optimizer", fused, allowed)
     if fused == "auto":
-        use_fused = cuda or CPU_FUSED_OPTIMIZER
+        use_fused = cuda or (CPU_FUSED_OPTIMIZER and not dtensors)
     else:
         use_fused = fused == "on"
     if memory_format == "auto":

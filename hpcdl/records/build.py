@@ -149,17 +149,20 @@ def checks_of(cfg: RunConfig, ranks: Sequence[RankMeasurement]) -> list[Check]:
 
 def waits(ranks: Sequence[RankMeasurement]) -> list[validity.Waited]:
     """Each rank's wait for a CPU in its window, beside the share its own run explains: more
-    threads of the run's ranks on a machine (a kernel; a node where unknown) than the CPUs they
-    may run on (their affinities)."""
+    threads of the run's ranks on a machine (a kernel; a node where unknown), a communication
+    thread each where there are several, than the CPUs they may run on (their affinities)."""
     machines: dict[str, list[RankMeasurement]] = {}
     for r in ranks:
         machines.setdefault(r.kernel or f"node {r.node}", []).append(r)
+    # a rank of several runs its backend's communication on a thread of its own (gloo's and
+    # NCCL's workers, Horovod's background loop), busy while the main thread waits for it
+    comm = 1 if len(ranks) > 1 else 0
     out = []
     for r in ranks:
         if r.descheduled_s is None:
             return []  # no scheduler statistics somewhere: not judged
         peers = machines[r.kernel or f"node {r.node}"]
-        threads = sum(max(p.threads, 1) + p.co_runner_threads for p in peers)
+        threads = sum(max(p.threads, 1) + p.co_runner_threads + comm for p in peers)
         cpus = len({c for p in peers for c in p.cpus}) or threads
         own = max(0.0, 1.0 - cpus / threads)
         out.append(validity.Waited(r.rank, r.host, r.descheduled_s, r.log.window_s, own))
