@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from hpcdl_cli import hpcdl, one_line
+from tiny import TINY  # beside this file, on pytest's path
 
 import hpcdl as api
 from hpcdl.measure import execution
@@ -35,15 +36,6 @@ from hpcdl.workloads.registry import FAMILIES
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parent.parent
 REF = ROOT / "reference_results" / "cpu-epyc-2core-2026-11-22"
-TINY = {
-    "mlp": {"layers": 2, "width": 32, "input_size": 16, "output_size": 4, "batch_size": 8},
-    "cnn": {"image_size": 16, "stages": 1, "blocks": [1], "base_width": 8, "classes": 4, "batch_size": 4},
-    "rnn": {"layers": 1, "hidden": 16, "vocab": 50, "embedding": 8, "seq_len": 8, "classes": 50,
-            "batch_size": 4},
-    "attention": {"layers": 1, "width": 32, "heads": 2, "seq_len": 8, "vocab": 50, "batch_size": 4},
-    "speech": {"freq_bins": 16, "frames": 16, "conv_layers": 1, "conv_channels": 4, "rnn_layers": 1,
-               "hidden": 16, "classes": 10, "batch_size": 4},
-}  # fmt: skip
 STEPS = 20
 FP32_AGREEMENT = 1e-4
 """eager and compiled losses of the same fp32 training, relative: inductor reorders reductions

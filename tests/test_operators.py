@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import Cluster  # beside this file, on pytest's path
 from hpcdl_cli import hpcdl, one_line
+from tiny import TINY  # beside this file, on pytest's path
 
 import hpcdl as api
 from hpcdl.measure import kernels
@@ -21,15 +22,6 @@ from hpcdl.records.views import Operators
 from hpcdl.workloads.crosscheck import counted_flops
 from hpcdl.workloads.registry import FAMILIES
 
-TINY = {
-    "mlp": {"layers": 2, "width": 32, "input_size": 16, "output_size": 4, "batch_size": 8},
-    "cnn": {"image_size": 16, "stages": 1, "blocks": [1], "base_width": 8, "classes": 4, "batch_size": 4},
-    "rnn": {"layers": 1, "hidden": 16, "vocab": 50, "embedding": 8, "seq_len": 8, "classes": 50,
-            "batch_size": 4},
-    "attention": {"layers": 1, "width": 32, "heads": 2, "seq_len": 8, "vocab": 50, "batch_size": 4},
-    "speech": {"freq_bins": 16, "frames": 16, "conv_layers": 1, "conv_channels": 4, "rnn_layers": 1,
-               "hidden": 16, "classes": 10, "batch_size": 4},
-}  # fmt: skip
 EXPECTED = {  # the class each family's products are, which its forward FLOPs must hold
     "mlp": ["gemm"],
     "cnn": ["convolution"],
