@@ -11,6 +11,7 @@ import os
 import platform
 import re
 import resource
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -46,10 +47,53 @@ def ieee_fp32() -> None:
     """fp32 means IEEE fp32 on GPUs too: cuDNN would otherwise run fp32 convolutions and RNNs in
     TF32 on tensor cores (its default), so that some families' fp32 MFU against the CUDA-core
     peak would be inflated and others' not. TF32 is a precision of its own, not fp32."""
-    # torch >= 2.9's per-backend precision settings; its type stubs do not declare them yet
-    torch.backends.cuda.matmul.fp32_precision = "ieee"
-    torch.backends.cudnn.conv.fp32_precision = "ieee"  # type: ignore[attr-defined]
-    torch.backends.cudnn.rnn.fp32_precision = "ieee"  # type: ignore[attr-defined]
+    if _per_backend_precision():
+        # torch >= 2.9's per-backend precision settings; its type stubs do not declare them yet
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "ieee"  # type: ignore[attr-defined]
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"  # type: ignore[attr-defined]
+    else:  # the flags they replaced (cuDNN's covers convolutions and RNNs alike)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def _per_backend_precision() -> bool:
+    """Whether this torch has the per-backend ``fp32_precision`` settings (2.9 on): before them
+    ``allow_tf32`` flags said the same, and reading ``fp32_precision`` raises."""
+    return hasattr(torch.backends.cudnn, "conv")
+
+
+def fp32_math() -> dict[str, str]:
+    """How fp32 matrix products and convolutions compute on CUDA: ``ieee`` or ``tf32``."""
+    if _per_backend_precision():
+        return {
+            "fp32_matmul": torch.backends.cuda.matmul.fp32_precision,
+            "fp32_conv": torch.backends.cudnn.conv.fp32_precision,  # type: ignore[attr-defined]
+        }
+    return {
+        "fp32_matmul": "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
+        "fp32_conv": "tf32" if torch.backends.cudnn.allow_tf32 else "ieee",
+    }
+
+
+@contextlib.contextmanager
+def tf32_matmuls() -> Iterator[None]:
+    """cuBLAS allowed TF32 for fp32 products while inside, its setting restored after."""
+    matmul = torch.backends.cuda.matmul
+    if _per_backend_precision():
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "tf32"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = before
+        return
+    allowed = matmul.allow_tf32
+    matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = allowed
 
 
 def synchronize(device: torch.device) -> None:

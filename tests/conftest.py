@@ -8,6 +8,7 @@ runs in CI (``scripts/gpu_reference.sh`` runs it, or ``pytest -m gpu`` by hand o
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from hpcdl.parallel import mpiflavour
 
 # One intra-op thread: the test models are tiny, and on a busy 2-core machine OpenMP's
 # spinning threads made them up to 20x slower. Subprocesses (CLI, MPI ranks) set their own.
@@ -72,6 +75,11 @@ class Cluster:
 
 LOCALHOST = Cluster(1, None, None)
 NOT_ROOT = "the emulated cluster needs root (network namespaces, tc): multi-rank tests run on this host"
+_MPIRUN = shutil.which("mpirun")
+MPI_FLAVOUR = mpiflavour.flavour(_MPIRUN) if _MPIRUN else None
+"""the MPI of the mpirun on PATH: the MPICH lane's (scripts/lane.sh mpich) runs its ranks on this
+host, the emulated cluster's mpirun being Open MPI's"""
+OTHER_MPI = f"the emulated cluster runs Open MPI; this mpirun is {MPI_FLAVOUR}'s: its ranks run on this host"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -100,6 +108,8 @@ def emulated_cluster() -> Iterator[Cluster]:
     start that fails as root fails the tests that need it."""
     if os.geteuid() != 0:
         pytest.skip(NOT_ROOT)
+    if MPI_FLAVOUR != "openmpi":
+        pytest.skip(OTHER_MPI)
     was_running = _cluster_script("status").returncode == 0
     start = _cluster_script("start", str(CLUSTER_HOSTS), f"{CLUSTER_RATE_MBIT}mbit")
     if start.returncode != 0:  # as root it must start: a broken script is a failure, not a skip
@@ -115,7 +125,7 @@ def emulated_cluster() -> Iterator[Cluster]:
 def cluster(request: pytest.FixtureRequest) -> Cluster:
     """Where multi-rank tests place their ranks: the emulated hosts as root; without root this
     host (``LOCALHOST``: the MPI tests still run, with localhost's mpirun)."""
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 or MPI_FLAVOUR != "openmpi":
         return LOCALHOST
     emulated: Cluster = request.getfixturevalue("emulated_cluster")
     return emulated

@@ -37,9 +37,11 @@ CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parent.parent
 REF = ROOT / "reference_results" / "cpu-epyc-2core-2026-11-22"
 STEPS = 20
-FP32_AGREEMENT = 1e-4
+FP32_AGREEMENT = 1e-4 if tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 9) else 1e-2
 """eager and compiled losses of the same fp32 training, relative: inductor reorders reductions
-(measured: at most 3e-7 over 20 steps, docs/validation/2026-12-02-fast-path.md)"""
+(measured: at most 3e-7 over 20 steps on torch 2.13, docs/validation/2026-12-02-fast-path.md;
+6.3e-3 for the attention family on torch 2.6, whose inductor computes its backward otherwise:
+the first step's losses agree exactly, docs/validation/2026-12-07-portability.md)"""
 
 
 def trained(spec: api.Spec, execution: Execution, weights: dict) -> tuple[list[float], Trainer]:

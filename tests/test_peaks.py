@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import hpcdl
+from hpcdl.device import fp32_math
 from hpcdl.harness import runner
 from hpcdl.measure.config import RunConfig
 from hpcdl.measure.loop import StepLog
@@ -285,9 +286,9 @@ def test_info_lists_tf32_where_a_gpus_datasheet_has_it(monkeypatch: pytest.Monke
     assert rows == [["fp32", "66.9", "TFLOP/s"], ["bf16", "989", "TFLOP/s"], ["fp16", "989", "TFLOP/s"],
                     ["tf32", "495", "TFLOP/s"]]  # fmt: skip
     assert "tf32" not in info.peaks_table(torch.device("cpu"), probe=False)
-    before = torch.backends.cuda.matmul.fp32_precision
+    before = fp32_math()
     assert gemm_ceiling(torch.device("cpu"), "tf32", seconds=0.05, sizes=(64,)) > 0
-    assert torch.backends.cuda.matmul.fp32_precision == before
+    assert fp32_math() == before
 
 
 def test_info_raises_a_cpu_estimate_its_ceiling_beats_and_flags_a_datasheet_it_beats(

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hpcdl import reader
-from hpcdl.device import cpu_model, device_name, malloc_library
+from hpcdl.device import cpu_model, device_name, fp32_math, malloc_library
 from hpcdl.errors import InputError
 from hpcdl.measure.caps import CAP_ENV
 
@@ -101,8 +101,7 @@ def gpu_stack() -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version(),
         "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
         "hip": torch.version.hip,
-        "fp32_matmul": torch.backends.cuda.matmul.fp32_precision,
-        "fp32_conv": torch.backends.cudnn.conv.fp32_precision,  # type: ignore[attr-defined]
+        **fp32_math(),
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
     }
 

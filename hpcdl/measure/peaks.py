@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hpcdl.device import synchronize
+from hpcdl.device import synchronize, tf32_matmuls
 from hpcdl.measure import peakstore
 from hpcdl.measure.datasheets import DATASHEET_PEAKS, datasheet_entry
 from hpcdl.workloads.precision import precision as precision_of
@@ -342,13 +342,8 @@ def gemm_ceiling(
     counts: noise on a shared node does not lower a ceiling. ``tf32`` (a GPU's): fp32 products
     with cuBLAS allowed TF32, the setting restored after."""
     if precision == "tf32":
-        matmul = torch.backends.cuda.matmul
-        before = matmul.fp32_precision
-        matmul.fp32_precision = "tf32"
-        try:
+        with tf32_matmuls():
             return gemm_ceiling(device, "fp32", seconds, sizes, products)
-        finally:
-            matmul.fp32_precision = before
     sizes = sizes or (GPU_SIZES if device.type == "cuda" else CPU_SIZES)
     dtype = precision_of(precision).dtype
     timed = list((products or gemm_products(device, precision)).values())

@@ -24,20 +24,16 @@ from types import FrameType
 from typing import IO
 
 from hpcdl.errors import HpcdlError, InputError
+from hpcdl.parallel import mpiflavour
 
 
 def mpirun_command(np: int, module_args: Sequence[str], *, oversubscribe: bool = True) -> list[str]:
     """The mpirun line for ``np`` ranks of ``python -m MODULE_ARGS``: the one place hpcdl
-    builds one (``hpcdl run --np``, sweeps, and scheduler jobs launched with mpirun).
-
-    ``--oversubscribe`` on this machine: more ranks than cores is allowed (a test machine has 2
-    cores); inside a batch allocation Open MPI places the ranks on its nodes instead, and must
-    not hide a layout that does not fit. ``--bind-to none``: hpcdl divides the cores among the
-    ranks itself.
-    """
+    builds one (``hpcdl run --np``, sweeps, and scheduler jobs launched with mpirun), in the
+    flags of the MPI that ``mpirun`` belongs to (:mod:`hpcdl.parallel.mpiflavour`)."""
     mpirun = mpirun_path()
-    place = ["--oversubscribe"] if oversubscribe else []
-    return [mpirun, "-np", str(np), *place, "--bind-to", "none", sys.executable, "-m", *module_args]
+    program = [sys.executable, "-m", *module_args]
+    return mpiflavour.command(mpiflavour.flavour(mpirun), mpirun, np, program, oversubscribe=oversubscribe)
 
 
 MPIRUN_ENV = "HPCDL_MPIRUN"
@@ -59,17 +55,9 @@ def mpirun_path() -> str:
 
 
 def mpi_env() -> dict[str, str]:
-    """This environment, plus what Open MPI needs to run as root (containers, CI), and
-    ``mpi_yield_when_idle``: a rank waiting in MPI yields its core instead of spinning.
-    Horovod's background thread waits in MPI beside the compute thread; spinning, it took the
-    core from it (benchmarks/bench_dist.py, cnn, 2 ranks x 1 core: 126-139 samples/s spinning,
-    179-182 yielding)."""
-    env = dict(os.environ)
-    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-    if os.geteuid() == 0:
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    return env
+    """This environment, plus what the ranks of any MPI need (:func:`mpiflavour.environment`);
+    what is already set wins."""
+    return mpiflavour.environment(os.geteuid() == 0) | dict(os.environ)
 
 
 class Terminated(BaseException):
@@ -352,9 +340,12 @@ def _removed_after(scratch: str) -> Iterator[None]:
 
 ABORT_BANNER = re.compile(
     rb"MPI_ABORT was invoked on rank|help-mpi-api\.txt / mpi-abort|orte_base_help_aggregate"
+    rb"|application called MPI_Abort\("
 )
 """what Open MPI says after a rank called MPI_Abort: a boxed banner (``MPI_ABORT was invoked on
-rank ...``) and, from several ranks, a count of the same; hpcdl said why in its own line first"""
+rank ...``) and, from several ranks, a count of the same; MPICH's one line per rank
+(``application called MPI_Abort(MPI_COMM_WORLD, 1) - process 1``); hpcdl said why in its own
+line first"""
 RULE = b"-" * 74
 """the rule above and below each of Open MPI's boxed messages"""
 

@@ -14,7 +14,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.tensor.parallel import parallelize_module
 
 from hpcdl.clock import Mark, StepClock
 from hpcdl.device import synchronize
@@ -28,7 +27,7 @@ from hpcdl.parallel.pipeline import (
     stage_modules,
 )
 from hpcdl.parallel.placement import average_across
-from hpcdl.parallel.tensor import TIMING_REPEATS, local_tensor, plan
+from hpcdl.parallel.tensor import TIMING_REPEATS, local_tensor, split
 from hpcdl.workloads.spec import Spec
 
 if TYPE_CHECKING:
@@ -112,7 +111,7 @@ class Pipeline:
         if tp_mesh is not None and tp_mesh.size() > 1:
             # the family's plan of the whole model, each stage splitting the layers it holds
             for m in self.modules:
-                parallelize_module(m, tp_mesh, plan(spec, m, model))
+                split(spec, m, tp_mesh, model)
         self.dp_group = dp_group if dp_group is not None and dist.get_world_size(dp_group) > 1 else None
         held = {id(p) for p in self.parameters()}
         self.shared = [p for p in shared_parameters(spec, model) if id(p) in held]

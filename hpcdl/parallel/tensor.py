@@ -33,6 +33,7 @@ from hpcdl.parallel.backends import Traffic
 from hpcdl.workloads.counting import Count
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import ParallelStyle
 
     from hpcdl.workloads.spec import Spec
@@ -69,6 +70,16 @@ def plan(spec: Spec, root: nn.Module, model: nn.Module | None = None) -> dict[st
     splits = spec.tp_splits(root if model is None else model)
     styles = {"columns": ColwiseParallel, "rows": RowwiseParallel}
     return {name: styles[splits[m]]() for name, m in root.named_modules() if m in splits}
+
+
+def split(spec: Spec, root: nn.Module, mesh: DeviceMesh, model: nn.Module | None = None) -> None:
+    """Split ``root``'s layers over ``mesh`` as the family's :func:`plan` says, each layer given
+    its style itself: torch 2.6's ``parallelize_module`` matched a dotted name's later parts
+    against the parent's children again (``blocks.0.mlp.0`` also split ``blocks.0``, and failed)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    for name, style in plan(spec, root, model).items():
+        parallelize_module(root.get_submodule(name), mesh, style)
 
 
 def tp_traffic(spec: Spec, tp: int) -> list[Traffic]:

@@ -14,7 +14,7 @@ from hpcdl.parallel.backends import BACKENDS, MakeOptimizer, Traffic, Wrapped
 from hpcdl.parallel.backends.torch_ddp import DistGroup
 from hpcdl.parallel.layout import Layout, device_mesh, fit_layout
 from hpcdl.parallel.placement import average_across
-from hpcdl.parallel.tensor import local_tensor, plan, time_collective, tp_traffic
+from hpcdl.parallel.tensor import local_tensor, split, time_collective, tp_traffic
 from hpcdl.parallel.world import World
 
 if TYPE_CHECKING:
@@ -64,10 +64,8 @@ class TensorParallel(DistGroup):
         # every rank built the same weights from the spec's seed; the dp replicas still take
         # their first rank's, as DDP would, so that no build difference can go unseen
         if self.layout.tp > 1:
-            from torch.distributed.tensor.parallel import parallelize_module  # 0.5 s: tp runs only
-
             assert self.spec is not None, "tensor parallelism splits a spec's model: start it with the spec"
-            parallelize_module(model, self.mesh["tp"], plan(self.spec, model))
+            split(self.spec, model, self.mesh["tp"])
         if self.layout.dp > 1:
             source = self.layout.dp_group(self.rank)[0]
             for t in [*model.parameters(), *model.buffers()]:
