@@ -145,3 +145,10 @@ def test_no_page_or_module_points_at_a_file_that_is_gone() -> None:
         if name in p.read_text(errors="replace")
     ]
     assert found == []
+
+
+def test_the_rules_name_the_record_version_the_code_writes() -> None:
+    from hpcdl.records import schema
+
+    rules = (ROOT / "docs" / "rules.md").read_text()
+    assert f"`{schema.RESULT}` version {schema.RESULT_VERSION} " in rules
