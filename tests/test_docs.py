@@ -151,4 +151,4 @@ def test_the_rules_name_the_record_version_the_code_writes() -> None:
     from hpcdl.records import schema
 
     rules = (ROOT / "docs" / "rules.md").read_text()
-    assert f"`{schema.RESULT}` version {schema.RESULT_VERSION} " in rules
+    assert re.search(rf"`{schema.RESULT}` version {schema.RESULT_VERSION}\b", rules)
