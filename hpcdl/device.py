@@ -80,20 +80,13 @@ def fp32_math() -> dict[str, str]:
 def tf32_matmuls() -> Iterator[None]:
     """cuBLAS allowed TF32 for fp32 products while inside, its setting restored after."""
     matmul = torch.backends.cuda.matmul
-    if _per_backend_precision():
-        before = matmul.fp32_precision
-        matmul.fp32_precision = "tf32"
-        try:
-            yield
-        finally:
-            matmul.fp32_precision = before
-        return
-    allowed = matmul.allow_tf32
-    matmul.allow_tf32 = True
+    name, tf32 = ("fp32_precision", "tf32") if _per_backend_precision() else ("allow_tf32", True)
+    before = getattr(matmul, name)
+    setattr(matmul, name, tf32)
     try:
         yield
     finally:
-        matmul.allow_tf32 = allowed
+        setattr(matmul, name, before)
 
 
 def synchronize(device: torch.device) -> None:
